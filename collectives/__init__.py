@@ -1,0 +1,1 @@
+"""DiLoCo-style outer steps on hivemind, with a consistency layer."""

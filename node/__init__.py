@@ -1,0 +1,1 @@
+"""The peer: CLI, config, supervisor, learner, checkpoints, status and the local swarm."""

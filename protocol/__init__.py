@@ -1,0 +1,80 @@
+"""Wire formats of swarm-node: everything that crosses a process or network boundary.
+
+Pure Python: no torch, no trio, no network I/O. The only file I/O is the identity key file
+and the atomic-write helper that every process shares (``protocol.files``).
+
+Layers, bottom up::
+
+    errors    – the exception tree (ProtocolError and its children)
+    limits    – size limits (Limits) and the strict msgpack codec (codec)
+    schema    – typed message fields, checked on decode
+    messages  – PeerAnnouncement, RolloutBatch, OuterStepCommit, ...
+    identity  – Ed25519 node identity and libp2p peer ids
+    envelope  – signed envelope: seal() / open_envelope()
+    replay    – ReplayGuard: time window + nonce dedupe with bounded memory
+"""
+
+from __future__ import annotations
+
+from protocol.envelope import Envelope, open_envelope, seal
+from protocol.errors import (
+    DecodeError,
+    DuplicateNonce,
+    FutureMessage,
+    ProtocolError,
+    ReplayError,
+    SchemaError,
+    SignatureError,
+    StaleMessage,
+    TooLarge,
+    UnknownMessageType,
+    VersionError,
+    IdentityError,
+)
+from protocol.files import atomic_write_bytes
+from protocol.identity import Identity, load_or_create_identity, peer_id_from_public_key
+from protocol.limits import Limits
+from protocol.messages import (
+    MESSAGE_TYPES,
+    Message,
+    OuterStepCommit,
+    PeerAnnouncement,
+    Rollout,
+    RolloutBatch,
+    TaskSpec,
+)
+from protocol.replay import ReplayGuard
+from protocol.version import PROTOCOL_VERSION, SOFTWARE_VERSION
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SOFTWARE_VERSION",
+    "MESSAGE_TYPES",
+    "DecodeError",
+    "DuplicateNonce",
+    "Envelope",
+    "FutureMessage",
+    "Identity",
+    "IdentityError",
+    "Limits",
+    "Message",
+    "OuterStepCommit",
+    "PeerAnnouncement",
+    "ProtocolError",
+    "ReplayError",
+    "ReplayGuard",
+    "Rollout",
+    "RolloutBatch",
+    "SchemaError",
+    "SignatureError",
+    "StaleMessage",
+    "TaskSpec",
+    "TooLarge",
+    "UnknownMessageType",
+    "VersionError",
+    "atomic_write_bytes",
+    "load_or_create_identity",
+    "open_envelope",
+    "peer_id_from_public_key",
+    "seal",
+]

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import pytest
+
+from protocol import (
+    Identity,
+    OuterStepCommit,
+    PeerAnnouncement,
+    Rollout,
+    RolloutBatch,
+    TaskSpec,
+)
+
+
+def sample_messages():
+    task = TaskSpec(family="arith", config={"digits": 2, "op": "+"}, seed=7, index=3)
+    rollout = Rollout(task=task, prompt="2+2=", completions=("4", "5"), rewards=(1.0, 0.0),
+                      token_counts=(1, 1))
+    return [
+        RolloutBatch(model="tiny-abc123", round=4, rollouts=(rollout, rollout)),
+        PeerAnnouncement(peer_id="12D3KooWabc", addrs=("/ip4/127.0.0.1/tcp/4001",),
+                         model="tiny-abc123", capabilities=("train",), version="0.1.0",
+                         collective_addrs=("/ip4/127.0.0.1/tcp/5001",)),
+        OuterStepCommit(group="g1", step=3, state_hash="ab" * 32, peers=4),
+    ]
+
+
+@pytest.fixture
+def identity() -> Identity:
+    return Identity.from_seed(bytes(range(32)))
+
+
+@pytest.fixture(params=range(3), ids=["rollouts", "announce", "commit"])
+def message(request):
+    return sample_messages()[request.param]
