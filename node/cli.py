@@ -1,15 +1,48 @@
-"""The `swarm-node` command line: a thin layer over the typed configs. Owns the terminal."""
+"""The `swarm-node` command line: a thin layer over NodeConfig. Owns the terminal.
+
+Precedence of settings: config file (--config) < environment (SWARM_NODE_*) < flags.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from node.config import DEFAULT_DATA_DIR, DEFAULT_LISTEN, DEFAULT_SWARM_ID, ConfigError, NodeConfig
 from protocol import IdentityError, load_or_create_identity
 
-DEFAULT_DATA_DIR = Path.home() / ".swarm-node"
+ENV = "SWARM_NODE_"
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value:
+        from node.config import load_config_file
+
+        try:
+            ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value)}
+        except ConfigError as e:
+            raise click.BadParameter(str(e)) from None
+        ctx.meta["config_file"] = value
+
+
+def _opt(name: str, **kw: Any) -> Any:
+    env = ENV + name.lstrip("-").replace("-", "_").upper()
+    return click.option(name, envvar=env, show_envvar=True, **kw)
+
+
+def _data_dir_opt() -> Any:
+    return _opt("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+                default=DEFAULT_DATA_DIR, show_default=True,
+                help="Identity, checkpoints, status and reports.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,8 +52,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=DEFAULT_DATA_DIR, show_default=True, help="Node data directory.")
+@_data_dir_opt()
 def identity(data_dir: Path) -> None:
     """Print this node's peer ID (creates the key in DATA_DIR if absent)."""
     try:
@@ -30,27 +62,105 @@ def identity(data_dir: Path) -> None:
     click.echo(ident.peer_id)
 
 
-def _not_built(name: str) -> None:
-    click.echo(f"swarm-node {name}: not built yet", err=True)
-    sys.exit(2)
-
-
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def join() -> None:
+@cli.command()
+@click.option("--config", "config_file", envvar=ENV + "CONFIG", show_envvar=True,
+              type=click.Path(dir_okay=False, exists=True), callback=_load_config_file,
+              is_eager=True, expose_value=False, help="TOML config file (lowest precedence).")
+@_opt("--bootstrap", multiple=True, help="Bootstrap multiaddr (repeatable; env: space-separated).")
+@_data_dir_opt()
+@_opt("--listen", multiple=True, default=[DEFAULT_LISTEN], show_default=True,
+      help="Listen multiaddr (repeatable).")
+@_opt("--announce", multiple=True, help="Multiaddr to advertise, e.g. your public IP behind NAT.")
+@_opt("--swarm-id", default=DEFAULT_SWARM_ID, show_default=True)
+@_opt("--model", default="embedded", show_default=True,
+      help="Hugging Face id or local path; 'embedded' = tiny built-in model.")
+@_opt("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
+@_opt("--rounds", type=click.IntRange(min=0), default=None, help="Stop after R rounds.")
+@_opt("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+      help="Write the node report (JSON) here on exit.")
+@_opt("--metrics-port", type=click.IntRange(0, 65535), default=None,
+      help="Serve Prometheus metrics on this port.")
+@_opt("--plain", is_flag=True, help="Plain log lines even on a terminal.")
+@click.option("-v", "--verbose", is_flag=True)
+@click.pass_context
+def join(ctx: click.Context, verbose: bool, plain: bool, **opts: Any) -> None:
     """Run a training node that joins the swarm through a bootstrap peer."""
-    _not_built("join")
+    _setup_logging(verbose)
+    default_map = ctx.default_map or {}
+    extra = {k: default_map[k] for k in ("gossip", "learner", "outer", "max_restarts",
+                                         "stop_timeout_s", "restart_window_s") if k in default_map}
+    if not opts["bootstrap"]:
+        raise click.UsageError("--bootstrap is required (or SWARM_NODE_BOOTSTRAP / config file); "
+                               "start one with `swarm-node bootstrap`, or try `swarm-node local`")
+    config = _node_config(opts, extra)
+    from node.launch import run_node
+
+    sys.exit(run_node(config, live=sys.stderr.isatty() and not plain))
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def bootstrap() -> None:
-    """Run a non-training peer that others bootstrap from."""
-    _not_built("bootstrap")
+@cli.command()
+@_data_dir_opt()
+@_opt("--listen", multiple=True, default=[DEFAULT_LISTEN], show_default=True)
+@_opt("--announce", multiple=True)
+@_opt("--bootstrap", multiple=True, help="Other bootstrap peers to link up with.")
+@_opt("--swarm-id", default=DEFAULT_SWARM_ID, show_default=True)
+@click.option("-v", "--verbose", is_flag=True)
+def bootstrap(verbose: bool, **opts: Any) -> None:
+    """Run a non-training peer that others bootstrap from; prints its multiaddr."""
+    _setup_logging(verbose)
+    config = _node_config(opts, {})
+    from node.launch import run_bootstrap
+
+    sys.exit(run_bootstrap(config, on_ready=lambda addrs: [click.echo(a) for a in addrs]))
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def local() -> None:
-    """Start a bootstrap peer and N training nodes on loopback."""
-    _not_built("local")
+@cli.command()
+@_data_dir_opt()
+@click.option("--max-age", type=float, default=30.0, show_default=True,
+              help="Seconds after which a silent node counts as down.")
+def status(data_dir: Path, max_age: float) -> None:
+    """Is the node with this data dir alive? Exit 0 if so (the Docker HEALTHCHECK)."""
+    from node.status import check_status
+
+    healthy, summary = check_status(data_dir, max_age_s=max_age)
+    click.echo(("healthy: " if healthy else "unhealthy: ") + summary)
+    sys.exit(0 if healthy else 1)
+
+
+@cli.command()
+@click.option("--nodes", type=click.IntRange(1, 64), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("swarm-report.json"), show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Base dir for the nodes' data dirs (default: a fresh temp dir).")
+@click.option("--model", default="embedded", show_default=True)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, exists=True),
+              default=None, help="TOML config passed to every node.")
+@click.option("-v", "--verbose", is_flag=True)
+def local(nodes: int, rounds: int, report: Path, data_dir: Path | None, model: str,
+          config_file: str | None, verbose: bool) -> None:
+    """Start a bootstrap peer and N training nodes on 127.0.0.1 and run R rounds."""
+    _setup_logging(verbose)
+    from node.local import LocalSwarm
+
+    swarm = LocalSwarm(nodes=nodes, rounds=rounds, report=report, base_dir=data_dir,
+                       model=model, config_file=config_file)
+    sys.exit(swarm.run())
+
+
+def _node_config(opts: dict[str, Any], extra: dict[str, Any]) -> NodeConfig:
+    def addrs(value: Any) -> tuple[str, ...]:  # env vars give one space-separated string
+        return tuple(a for v in (value or ()) for a in str(v).split())
+
+    values = dict(opts)
+    for key in ("bootstrap", "listen", "announce"):
+        if key in values:
+            values[key] = addrs(values[key])
+    try:
+        return NodeConfig(**values, **extra)
+    except (ConfigError, TypeError) as e:
+        raise click.UsageError(str(e)) from None
 
 
 def main() -> None:

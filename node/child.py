@@ -1,0 +1,110 @@
+"""A child process of the supervisor: start, read its JSON event lines, stop, restart.
+
+Children are fresh interpreters (`python -m ...`), never forks of a process that imported
+torch, hivemind or libp2p. Each prints JSON event lines on stdout (``{"event": ...}``) and
+logs on stderr (passed through to ours). No pickle crosses: config goes in as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    child: str
+    data: dict[str, Any]
+
+
+@dataclass
+class Child:
+    """One managed child. Events land on the shared ``events`` queue, tagged with ``name``."""
+
+    name: str
+    argv: list[str]
+    events: queue.Queue[Event]
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    crashes: deque[float] = field(default_factory=deque)
+    _reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=None,
+                                     stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)  # our signals are ours to forward
+        self._reader = threading.Thread(target=self._read, args=(self.proc,),
+                                        name=f"{self.name}-stdout", daemon=True)
+        self._reader.start()
+        log.info("started %s (pid %d)", self.name, self.proc.pid)
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line:
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                data = None
+            if isinstance(data, dict) and "event" in data:
+                self.events.put(Event(child=self.name, data=data))
+            else:
+                log.info("%s: %s", self.name, line)
+        proc.wait()
+        self.events.put(Event(child=self.name, data={"event": "exit", "code": proc.returncode,
+                                                     "pid": proc.pid}))
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout_s: float) -> int | None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL. Returns the exit code."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s; killing it", self.name, timeout_s)
+            self.proc.kill()
+            return self.proc.wait()
+
+    def record_crash(self, *, window_s: float, now: float | None = None) -> int:
+        """Remember a crash; return how many fell inside the window."""
+        now = time.monotonic() if now is None else now
+        self.crashes.append(now)
+        while self.crashes and self.crashes[0] < now - window_s:
+            self.crashes.popleft()
+        return len(self.crashes)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,132 @@
+"""The learner child process: torch + transformers (+ hivemind for outer steps); never libp2p.
+
+    python -m node.learner_process --config-json '{"ipc_path":..., "rounds":..., "learner":
+        {...LearnerConfig...}, "outer": {...OuterConfig...}, "data_dir": ...}'
+
+Talks to the swarm process through the Unix-socket bridge, runs the SAPO loop, does DiLoCo
+outer steps through ``collectives.OuterLoop`` and reports JSON events on stdout for the
+supervisor: ``started``, ``round``, ``outer``, ``done``. SIGTERM/SIGINT: finish the current
+phase, checkpoint, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger("node.learner_process")
+
+
+def emit(event: str, **data: Any) -> None:
+    sys.stdout.write(json.dumps({"event": event, **data}, default=str) + "\n")
+    sys.stdout.flush()
+
+
+class AnnouncingBridge:
+    """Wraps the bridge: remembers the model fingerprint announced by the learner and adds the
+    collective's addresses to every announcement."""
+
+    def __init__(self, bridge: Any) -> None:
+        self._bridge = bridge
+        self.model: str | None = None
+        self.collective_addrs: tuple[str, ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bridge, name)
+
+    def announce(self, *, model: str, collective_addrs: tuple[str, ...] = (),
+                 capabilities: tuple[str, ...] = ()) -> None:
+        if self.model is None:
+            emit("started", model=model)
+        self.model = model
+        self._bridge.announce(model=model, collective_addrs=tuple(collective_addrs)
+                              or self.collective_addrs, capabilities=("train", *capabilities))
+
+
+class OuterHook:
+    """``outer(model, round)`` for run_learner: starts the collective lazily (the group is the
+    model fingerprint, known once the learner announced it) and runs its outer steps."""
+
+    def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str) -> None:
+        from collectives import OuterConfig
+
+        self.config = OuterConfig.from_dict(outer_cfg) if hasattr(OuterConfig, "from_dict") \
+            else OuterConfig(**outer_cfg)
+        self.bridge = bridge
+        self.data_dir = data_dir
+        self.loop: Any = None
+
+    def _discover(self) -> list[str]:
+        return [a for p in self.bridge.peers() if p.model == self.bridge.model
+                for a in p.collective_addrs]
+
+    def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:
+        if self.loop is None:
+            from collectives import OuterLoop
+            from protocol import load_or_create_identity
+
+            self.loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
+                                  group=self.bridge.model or "unknown", params=model,
+                                  data_dir=self.data_dir, discover=self._discover)
+            self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
+            self.bridge.announce(model=self.bridge.model or "unknown")
+        record = self.loop.maybe_outer_step(round_)
+        if record is not None:
+            emit("outer", record=record)
+        return record
+
+    def close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="node.learner_process")
+    parser.add_argument("--config-json", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s learner %(name)s: %(message)s")
+    payload = json.loads(args.config_json)
+
+    from node.ipc_client import SocketBridge
+    from node.learner.config import LearnerConfig
+    from node.learner.loop import run_learner
+
+    try:
+        config = LearnerConfig.from_dict(payload["learner"])
+    except (ValueError, TypeError) as e:
+        log.error("invalid learner configuration: %s", e)
+        return 2
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda *_: stop.set())
+    bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60))
+    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"])
+    try:
+        report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,
+                             on_round=lambda rec: emit("round", record=_with_peers(rec, bridge)),
+                             outer=outer)
+    finally:
+        outer.close()
+        bridge.close()
+    emit("done", rounds=len(report.get("rounds", [])))
+    return 0
+
+
+def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:
+    try:
+        stats = bridge.stats()
+    except Exception:  # the status line must never kill training
+        return record
+    return {**record, "peers": stats.get("peers", 0),
+            "rejected_by_reason": {k[len("rejected_"):]: v for k, v in stats.items()
+                                   if k.startswith("rejected_") and v}}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Prometheus metrics (opt-in port): the same counters the status view shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class Metrics:
+    def __init__(self, port: int, *, addr: str = "0.0.0.0") -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.round = Gauge("swarm_node_round", "Last completed round", registry=r)
+        self.reward = Gauge("swarm_node_mean_reward", "Mean reward of local rollouts, last round",
+                            registry=r)
+        self.peers = Gauge("swarm_node_peers", "Peers known to the swarm process", registry=r)
+        self.rollouts = Counter("swarm_node_rollouts", "Rollout groups", ["direction"], registry=r)
+        self.rejected = Counter("swarm_node_rejected", "Rejected inputs", ["reason"], registry=r)
+        self.outer = Counter("swarm_node_outer_steps", "Outer steps", ["status"], registry=r)
+        self.restarts = Counter("swarm_node_child_restarts", "Child restarts", ["child"],
+                                registry=r)
+        self.server, self._thread = start_http_server(port, addr=addr, registry=r)
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def on_round(self, rec: dict[str, Any]) -> None:
+        self.round.set(rec.get("round", 0))
+        if rec.get("mean_reward") is not None:
+            self.reward.set(rec["mean_reward"])
+        if "peers" in rec:
+            self.peers.set(rec["peers"])
+        self.rollouts.labels("published").inc(rec.get("rollouts_published", 0) or 0)
+        self.rollouts.labels("received").inc(rec.get("rollouts_received", 0) or 0)
+        self.rollouts.labels("used").inc(rec.get("external_used", 0) or 0)
+        for reason, n in (rec.get("rejected_by_reason") or {}).items():
+            self.rejected.labels(reason).inc(n)
+        if not rec.get("rejected_by_reason") and rec.get("rejected"):
+            self.rejected.labels("any").inc(rec["rejected"])
+
+    def on_outer(self, rec: dict[str, Any]) -> None:
+        self.outer.labels(str(rec.get("status", "ok"))).inc()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

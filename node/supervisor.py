@@ -1,0 +1,254 @@
+"""The supervisor of one node: identity, child processes, restarts, signals, status, report.
+
+    swarm-node join ─ Supervisor
+        ├── swarm child    python -m swarm --config-json ...   (trio + py-libp2p)
+        └── learner child  python -m node.learner_process ...  (torch + hivemind)
+
+The swarm child starts first and prints a ``ready`` event with its IPC socket; then the
+learner starts and reports ``started``/``round``/``outer``/``done`` events. A child that
+crashes is restarted with exponential backoff (the learner resumes from its checkpoint);
+after ``max_restarts`` crashes within ``restart_window_s`` the node gives up with a clear
+message. SIGINT/SIGTERM: the learner finishes its phase and checkpoints, then the swarm
+leaves; both get ``stop_timeout_s`` before they are killed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.child import Child, Event
+from node.config import NodeConfig
+from node.report import node_report, write_json
+from node.status import StatusBoard
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_GAVE_UP = 0, 1, 3
+READY_TIMEOUT_S = 180.0
+
+
+class NodeFailed(RuntimeError):
+    """The node cannot go on; the message says why and what to do."""
+
+
+def ipc_path_for(data_dir: Path) -> Path:
+    """data_dir/swarm.sock, or a short path in /tmp when that is too long for AF_UNIX."""
+    path = Path(data_dir).resolve() / "swarm.sock"
+    if len(str(path)) <= 100:
+        return path
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"swarm-node-{digest}.sock"
+
+
+@dataclass
+class Supervisor:
+    config: NodeConfig
+    swarm_argv: list[str]
+    learner_argv: Any  # Callable[[int | None], list[str]]: argv for the rounds still to run
+    live: bool = False
+    events: queue.Queue[Event] = field(default_factory=queue.Queue)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    outer_steps: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    _stop_requested: bool = False
+    _learner_done: bool = False
+
+    def run(self) -> int:
+        cfg = self.config
+        self.board = StatusBoard(cfg.status_path, live=self.live)
+        self.metrics = None
+        if cfg.metrics_port is not None:
+            from node.metrics import Metrics
+
+            self.metrics = Metrics(cfg.metrics_port)
+            log.info("metrics on http://0.0.0.0:%d/metrics", self.metrics.port)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.swarm = Child("swarm", self.swarm_argv, self.events)
+        self.learner: Child | None = None
+        try:
+            code = self._run()
+        except NodeFailed as e:
+            log.error("%s", e)
+            self.board.set(phase="failed", error=str(e))
+            code = EXIT_GAVE_UP if "gave up" in str(e) else EXIT_FAILED
+        finally:
+            self._shutdown()
+            for s, h in old.items():
+                signal.signal(s, h)
+            self._write_report()
+            self.board.flush()
+            self.board.close()
+            if self.metrics is not None:
+                self.metrics.close()
+        return code
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self._stop_requested:
+            log.warning("second signal: stopping now")
+            raise KeyboardInterrupt
+        log.info("%s received: finishing the current phase, checkpointing, leaving",
+                 signal.Signals(signum).name)
+        self._stop_requested = True
+        self.board.set(phase="stopping")
+        if self.learner is not None:
+            self.learner.signal(signal.SIGTERM)
+
+    # -- main loop ---------------------------------------------------------------------------
+
+    def _run(self) -> int:
+        self._start_swarm()
+        if self._stop_requested:
+            return EXIT_OK
+        self._start_learner()
+        last_flush = 0.0
+        while not self._learner_done:
+            try:
+                self._handle(self.events.get(timeout=0.5))
+            except queue.Empty:
+                pass
+            if time.monotonic() - last_flush >= 1.0:
+                self._refresh_children()
+                self.board.flush()
+                last_flush = time.monotonic()
+        self.board.set(phase="stopped")
+        return EXIT_OK
+
+    def _start_swarm(self) -> None:
+        self.board.set(phase="connecting")
+        self.swarm.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                ev = self.events.get(timeout=0.5)
+            except queue.Empty:
+                self.board.flush()
+                continue
+            if ev.child != "swarm":
+                continue
+            if ev.data["event"] == "ready":
+                self.info.update(peer_id=ev.data.get("peer_id"), addrs=ev.data.get("addrs"))
+                self.board.set(peer_id=ev.data.get("peer_id"), addrs=ev.data.get("addrs"))
+                log.info("swarm ready: %s", " ".join(ev.data.get("addrs") or []))
+                return
+            if ev.data["event"] == "exit":
+                if self._stop_requested:
+                    return
+                raise NodeFailed(f"the swarm process exited with code {ev.data['code']} before "
+                                 "it was ready (see the error above)")
+        raise NodeFailed(f"the swarm process was not ready within {READY_TIMEOUT_S:.0f} s")
+
+    def _start_learner(self) -> None:
+        remaining = None
+        if self.config.rounds is not None:
+            remaining = max(0, self.config.rounds - len(self.rounds))
+        self.learner = Child("learner", self.learner_argv(remaining), self.events)
+        self.learner.start()
+        self.board.set(phase="training")
+
+    def _handle(self, ev: Event) -> None:
+        kind = ev.data["event"]
+        if ev.child == "learner":
+            if kind == "started":
+                self.info.update(model=ev.data.get("model"))
+                self.board.set(model=ev.data.get("model"), round=ev.data.get("round"))
+            elif kind == "round":
+                rec = ev.data["record"]
+                self.rounds.append(rec)
+                self.board.on_round(rec)
+                if self.metrics is not None:
+                    self.metrics.on_round(rec)
+            elif kind == "outer":
+                rec = ev.data["record"]
+                self.outer_steps.append(rec)
+                self.board.set(outer_steps=len(self.outer_steps))
+                if self.metrics is not None:
+                    self.metrics.on_outer(rec)
+            elif kind == "exit":
+                self._on_learner_exit(ev.data["code"])
+        elif ev.child == "swarm" and kind == "exit" and not self._learner_done:
+            self._on_swarm_exit(ev.data["code"])
+
+    def _on_learner_exit(self, code: int) -> None:
+        if code == 0 or self._stop_requested:
+            self._learner_done = True
+            return
+        self._crashed(self.learner, code)  # type: ignore[arg-type]
+        self._start_learner()
+
+    def _on_swarm_exit(self, code: int) -> None:
+        if self._stop_requested:
+            return
+        self._crashed(self.swarm, code)
+        # the learner's socket died with the swarm: checkpoint it, restart both in order
+        if self.learner is not None:
+            self.learner.stop(self.config.stop_timeout_s)
+            self._drain_learner_events()
+        self._start_swarm()
+        self._start_learner()
+
+    def _drain_learner_events(self) -> None:
+        """Keep the learner's last round/outer events; drop its exit (we stopped it)."""
+        pending: list[Event] = []
+        while True:
+            try:
+                ev = self.events.get(timeout=0.2)
+            except queue.Empty:
+                break
+            if ev.child == "learner" and ev.data["event"] == "exit":
+                continue
+            if ev.child == "learner":
+                self._handle(ev)
+            else:
+                pending.append(ev)
+        for ev in pending:
+            self.events.put(ev)
+
+    def _crashed(self, child: Child, code: int) -> None:
+        n = child.record_crash(window_s=self.config.restart_window_s)
+        metric = self.metrics.restarts.labels(child.name) if self.metrics else None
+        if n > self.config.max_restarts:
+            raise NodeFailed(
+                f"gave up: the {child.name} process crashed {n} times within "
+                f"{self.config.restart_window_s:.0f} s (last exit code {code}); see the errors "
+                "above. Fix the cause and start the node again: it resumes from its checkpoint.")
+        backoff = min(30.0, 2.0 ** (n - 1))
+        log.warning("%s exited with code %s; restarting in %.0f s (crash %d of %d allowed)",
+                    child.name, code, backoff, n, self.config.max_restarts)
+        if metric is not None:
+            metric.inc()
+        self.board.set(phase=f"restarting {child.name}")
+        self.board.flush()
+        time.sleep(backoff)
+
+    def _refresh_children(self) -> None:
+        for c in (self.swarm, self.learner):
+            if c is not None:
+                self.board.child(c.name, pid=c.pid, alive=c.alive(), restarts=len(c.crashes))
+
+    def _shutdown(self) -> None:
+        if self.learner is not None and self.learner.alive():
+            self.learner.stop(self.config.stop_timeout_s)
+        self._drain_learner_events()
+        if self.swarm.alive():
+            self.swarm.stop(min(15.0, self.config.stop_timeout_s))
+        self._refresh_children()
+
+    def _write_report(self) -> None:
+        if self.config.report is None:
+            return
+        report = node_report(peer_id=self.info.get("peer_id") or "", model=self.info.get("model"),
+                             rounds=self.rounds, outer_steps=self.outer_steps,
+                             addrs=self.info.get("addrs"),
+                             restarts={c.name: len(c.crashes) for c in (self.swarm, self.learner)
+                                       if c is not None},
+                             status=self.board.state.get("phase"))
+        write_json(self.config.report, report)
+        log.info("node report written to %s", self.config.report)
