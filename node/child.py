@@ -66,6 +66,7 @@ class Child:
                 self.events.put(Event(child=self.name, data=data))
             else:
                 log.info("%s: %s", self.name, line)
+        proc.stdout.close()
         proc.wait()
         self.events.put(Event(child=self.name, data={"event": "exit", "code": proc.returncode,
                                                      "pid": proc.pid}))

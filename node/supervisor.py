@@ -149,7 +149,10 @@ class Supervisor:
         remaining = None
         if self.config.rounds is not None:
             remaining = max(0, self.config.rounds - len(self.rounds))
-        self.learner = Child("learner", self.learner_argv(remaining), self.events)
+        if self.learner is None:
+            self.learner = Child("learner", self.learner_argv(remaining), self.events)
+        else:  # same Child: its crash history counts across restarts
+            self.learner.argv = self.learner_argv(remaining)
         self.learner.start()
         self.board.set(phase="training")
 
