@@ -17,6 +17,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("node.learner_process")
@@ -102,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         log.error("invalid learner configuration: %s", e)
         return 2
+    from node.locks import DirLock
+
+    # a learner of a killed node may still be checkpointing (SIGTERM on parent death): wait
+    lock = DirLock(Path(payload["data_dir"]) / "learner.lock").acquire(wait_s=120)
     stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, lambda *_: stop.set())
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         outer.close()
         bridge.close()
     emit("done", rounds=len(report.get("rounds", [])))
+    lock.release()
     return 0
 
 

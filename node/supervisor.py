@@ -63,6 +63,20 @@ class Supervisor:
 
     def run(self) -> int:
         cfg = self.config
+        from node.locks import DataDirBusy, DirLock
+
+        try:
+            lock = DirLock(cfg.data_dir / "node.lock").acquire()
+        except DataDirBusy as e:
+            log.error("%s", e)
+            return EXIT_FAILED
+        try:
+            return self._run_locked()
+        finally:
+            lock.release()
+
+    def _run_locked(self) -> int:
+        cfg = self.config
         self.board = StatusBoard(cfg.status_path, live=self.live)
         self.metrics = None
         if cfg.metrics_port is not None:

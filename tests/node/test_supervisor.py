@@ -62,3 +62,19 @@ def test_sigterm_stops_children_and_writes_report(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert 3 <= len(report["rounds"]) < 10_000
     assert os.path.exists(tmp_path / "status.json")
+
+
+def test_a_second_node_on_the_same_data_dir_is_refused(tmp_path):
+    from node.locks import DataDirBusy, DirLock
+
+    held = DirLock(tmp_path / "node.lock").acquire()
+    try:
+        assert make(tmp_path).run() == 1
+        try:
+            DirLock(tmp_path / "node.lock").acquire()
+            raise AssertionError("lock acquired twice")
+        except DataDirBusy as e:
+            assert str(os.getpid()) in str(e)
+    finally:
+        held.release()
+    DirLock(tmp_path / "node.lock").acquire().release()
