@@ -10,6 +10,8 @@ record) and D/out/<name>-<i>.npz (θ_global before, own pseudo-gradient, θ_glob
 from __future__ import annotations
 
 import argparse
+import enum
+import signal
 import json
 import logging
 import os
@@ -21,9 +23,47 @@ import numpy as np
 import torch
 
 from collectives import OuterConfig, OuterLoop
+from collectives.allreduce import AllReduce
 from protocol import Identity
 
 SHAPES = [(100, 50), (50,), (200, 30)]
+
+
+class Fault(enum.Enum):
+    """Where a peer crashes (SIGKILL to its whole process group: python, p2pd, DHT child)."""
+
+    NONE = "none"
+    MEMBER = "member"
+    """After `after` completed member-side exchanges (0: before sending anything)."""
+    REDUCER = "reducer"
+    """After answering `after` members with its reduced shard (a partial all-gather)."""
+
+
+def crash() -> None:
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def install_fault(fault: Fault, step: int, after: int) -> None:
+    """Fault injection by wrapping AllReduce methods in this (test) process only."""
+    if fault is Fault.NONE:
+        return
+    done = {"n": 0}
+    name = "_exchange_with" if fault is Fault.MEMBER else "_on_reduce"
+    original = getattr(AllReduce, name)
+
+    async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
+        s = self.session
+        armed = s is not None and s.step == step
+        if armed and done["n"] >= after:
+            crash()
+        result = await original(self, *a, **kw)
+        if armed:
+            done["n"] += 1
+            if done["n"] >= after and fault is Fault.REDUCER:
+                crash()
+        return result
+
+    setattr(AllReduce, name, wrapped)
 
 
 def make_model(numel: int | None) -> torch.nn.ParameterList:
@@ -64,7 +104,11 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=14.0)
     ap.add_argument("--join-window", type=float, default=2.0)
     ap.add_argument("--barrier-timeout", type=float, default=30.0)
+    ap.add_argument("--fault", choices=[f.value for f in Fault], default="none")
+    ap.add_argument("--fault-step", type=int, default=-1)
+    ap.add_argument("--fault-after", type=int, default=0)
     args = ap.parse_args()
+    install_fault(Fault(args.fault), args.fault_step, args.fault_after)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s")
     root = Path(args.dir)
@@ -87,7 +131,7 @@ def main() -> None:
                 for p in model:
                     p.add_(torch.randn(p.shape, generator=gen) * 0.01)
                     if args.poison == "nan" and r % 2 == 1:
-                        p.view(-1)[0] = float("nan")
+                        p.view(-1)[::500] = float("nan")  # hits every reducer's shard
                     if args.poison == "huge" and r % 2 == 1:
                         p.mul_(1e6)
             if r % 2 == 1:
