@@ -32,8 +32,9 @@ class AnnouncingBridge:
     """Wraps the bridge: remembers the model fingerprint announced by the learner and adds the
     collective's addresses to every announcement."""
 
-    def __init__(self, bridge: Any) -> None:
+    def __init__(self, bridge: Any, peer_id: str) -> None:
         self._bridge = bridge
+        self.peer_id = peer_id  # seeds this node's task sampling: must differ per node
         self.model: str | None = None
         self.collective_addrs: tuple[str, ...] = ()
 
@@ -110,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, lambda *_: stop.set())
-    bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60))
+    from protocol import load_or_create_identity
+
+    peer_id = load_or_create_identity(payload["data_dir"]).peer_id
+    bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
     outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"])
     try:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,

@@ -29,7 +29,10 @@ def _pids(data_dir):
 
 def test_sigkilled_node_resumes_from_its_checkpoint(tmp_path, bootstrap):
     node = tmp_path / "node"
-    p = join(node, bootstrap.addr, SWARM, "--rounds", "50", "--report", str(node / "r1.json"))
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("[learner]\ncheckpoint_every = 1\n")  # also exercises the config file
+    p = join(node, bootstrap.addr, SWARM, "--rounds", "50", "--report", str(node / "r1.json"),
+             "--config", str(cfg))
     # wait until at least one checkpoint exists and the node is mid-way through later rounds
     wait_for(lambda: (status(node).get("round") or 0) >= 2, timeout_s=300,
              what=f"round 2 (log: {log_tail(node)})")
@@ -43,7 +46,8 @@ def test_sigkilled_node_resumes_from_its_checkpoint(tmp_path, bootstrap):
     assert p.returncode == -signal.SIGKILL
     time.sleep(1)
 
-    p2 = join(node, bootstrap.addr, SWARM, "--rounds", "2", "--report", str(node / "r2.json"))
+    p2 = join(node, bootstrap.addr, SWARM, "--rounds", "2", "--report", str(node / "r2.json"),
+              "--config", str(cfg))
     assert p2.wait(timeout=300) == 0, log_tail(node)
     rounds = [r["round"] for r in json.loads((node / "r2.json").read_text())["rounds"]]
     assert len(rounds) == 2
