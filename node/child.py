@@ -81,6 +81,7 @@ class Child:
                 log.info("%s: %s", self.name, line)
         proc.stdout.close()
         proc.wait()
+        _kill_group(proc.pid)
         self.events.put(Event(child=self.name, data={"event": "exit", "code": proc.returncode,
                                                      "pid": proc.pid}))
 
@@ -118,6 +119,14 @@ class Child:
         while self.crashes and self.crashes[0] < now - window_s:
             self.crashes.popleft()
         return len(self.crashes)
+
+
+def _kill_group(pgid: int) -> None:
+    """Reap what the child left behind in its session (hivemind's forked DHT process, p2pd)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def python_module(module: str, *args: str) -> list[str]:

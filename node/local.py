@@ -81,10 +81,10 @@ class LocalSwarm:
 
     def _start_bootstrap(self, data_dir: Path) -> str:
         data_dir.mkdir(parents=True, exist_ok=True)
-        logf = open(data_dir / "node.log", "ab")
-        p = subprocess.Popen(self._cli("bootstrap", "--listen", LOOPBACK, "--data-dir", str(data_dir),
-                                       "--swarm-id", self.swarm_id),
-                             stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL)
+        with open(data_dir / "node.log", "ab") as logf:  # the child keeps its own copy
+            p = subprocess.Popen(self._cli("bootstrap", "--listen", LOOPBACK, "--data-dir",
+                                           str(data_dir), "--swarm-id", self.swarm_id),
+                                 stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL)
         self._procs["bootstrap"] = p
         assert p.stdout is not None
         deadline = time.monotonic() + BOOTSTRAP_TIMEOUT_S
@@ -108,9 +108,9 @@ class LocalSwarm:
         if self.config_file:
             args += ["--config", self.config_file]
         env = {**os.environ, "SWARM_NODE_DEVICE": os.environ.get("SWARM_NODE_DEVICE", "cpu")}
-        logf = open(data_dir / "node.log", "ab")
-        self._procs[name] = subprocess.Popen(self._cli(*args), stdout=logf, stderr=logf,
-                                             stdin=subprocess.DEVNULL, env=env)
+        with open(data_dir / "node.log", "ab") as logf:
+            self._procs[name] = subprocess.Popen(self._cli(*args), stdout=logf, stderr=logf,
+                                                 stdin=subprocess.DEVNULL, env=env)
 
     def _wait(self, base: Path) -> dict[str, int]:
         nodes = [n for n in self._procs if n != "bootstrap"]

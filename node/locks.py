@@ -1,4 +1,8 @@
-"""One node per data dir: an advisory lock the kernel releases when its holder dies."""
+"""One node per data dir: an advisory lock the kernel releases when its holder dies.
+
+POSIX record locks (``lockf``), not ``flock``: a child forked by a library (hivemind's DHT
+is a fork) must not inherit the lock and keep it after its parent died.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +27,9 @@ class DirLock:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:
+            except (BlockingIOError, PermissionError):
                 if time.monotonic() >= deadline:
                     holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                     os.close(fd)
@@ -39,6 +43,6 @@ class DirLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -36,12 +36,12 @@ class Bootstrap:
 def join(data_dir: Path, bootstrap: str, swarm_id: str, *args: str,
          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = open(data_dir / "node.log", "ab")
     full_env = {**os.environ, "SWARM_NODE_DEVICE": "cpu", **(env or {})}
-    return subprocess.Popen(
-        cli("join", "--bootstrap", bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0",
-            "--data-dir", str(data_dir), "--swarm-id", swarm_id, "--plain", *args),
-        stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=full_env)
+    with open(data_dir / "node.log", "ab") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            cli("join", "--bootstrap", bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0",
+                "--data-dir", str(data_dir), "--swarm-id", swarm_id, "--plain", *args),
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=full_env)
 
 
 def status(data_dir: Path) -> dict:

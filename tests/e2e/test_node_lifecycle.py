@@ -37,9 +37,13 @@ def test_sigkilled_node_resumes_from_its_checkpoint(tmp_path, bootstrap):
     wait_for(lambda: (status(node).get("round") or 0) >= 2, timeout_s=300,
              what=f"round 2 (log: {log_tail(node)})")
     killed_round = status(node)["round"]
-    for pid in _pids(node):  # a power cut: supervisor and children at once
+    supervisor, *children = _pids(node)
+    # a power cut: everything at once (children lead their own process groups, which also
+    # hold hivemind's forked DHT process and p2pd)
+    os.kill(supervisor, signal.SIGKILL)
+    for pgid in children:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     p.wait(timeout=30)
