@@ -12,6 +12,7 @@ phase, checkpoint, exit 0.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import signal
@@ -21,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("node.learner_process")
+
+EXIT_FATAL = 2
+"""Exit code for errors a restart cannot fix (bad model id, corrupt checkpoint, full disk):
+the supervisor stops instead of restarting."""
 
 
 def emit(event: str, **data: Any) -> None:
@@ -116,10 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
     outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"])
+    from node.learner.errors import LearnerError
+
     try:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,
                              on_round=lambda rec: emit("round", record=_with_peers(rec, bridge)),
                              outer=outer)
+    except (LearnerError, ValueError) as e:
+        log.error("%s", e)
+        emit("fatal", error=str(e))
+        return EXIT_FATAL
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        log.error("out of disk space writing %s: free space in the data dir and start the node "
+                  "again (it resumes from its last good checkpoint)", e.filename)
+        emit("fatal", error=f"out of disk space: {e.filename}")
+        return EXIT_FATAL
     finally:
         outer.close()
         bridge.close()

@@ -33,10 +33,15 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_GAVE_UP = 0, 1, 3
 READY_TIMEOUT_S = 180.0
+EXIT_LEARNER_FATAL = 2  # node.learner_process.EXIT_FATAL (not imported: it pulls in torch)
 
 
 class NodeFailed(RuntimeError):
     """The node cannot go on; the message says why and what to do."""
+
+    def __init__(self, message: str, *, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def ipc_path_for(data_dir: Path) -> Path:
@@ -92,7 +97,7 @@ class Supervisor:
         except NodeFailed as e:
             log.error("%s", e)
             self.board.set(phase="failed", error=str(e))
-            code = EXIT_GAVE_UP if "gave up" in str(e) else EXIT_FAILED
+            code = e.code
         finally:
             self._shutdown()
             for s, h in old.items():
@@ -188,6 +193,8 @@ class Supervisor:
                 self.board.set(outer_steps=len(self.outer_steps))
                 if self.metrics is not None:
                     self.metrics.on_outer(rec)
+            elif kind == "fatal":
+                self.info["fatal"] = ev.data.get("error")
             elif kind == "exit":
                 self._on_learner_exit(ev.data["code"])
         elif ev.child == "swarm" and kind == "exit" and not self._learner_done:
@@ -197,6 +204,9 @@ class Supervisor:
         if code == 0 or self._stop_requested:
             self._learner_done = True
             return
+        if code == EXIT_LEARNER_FATAL:
+            raise NodeFailed(f"the learner stopped: {self.info.get('fatal') or 'see the error above'}"
+                             " (a restart cannot fix this; fix it and start the node again)")
         self._crashed(self.learner, code)  # type: ignore[arg-type]
         self._start_learner()
 
@@ -235,7 +245,8 @@ class Supervisor:
             raise NodeFailed(
                 f"gave up: the {child.name} process crashed {n} times within "
                 f"{self.config.restart_window_s:.0f} s (last exit code {code}); see the errors "
-                "above. Fix the cause and start the node again: it resumes from its checkpoint.")
+                "above. Fix the cause and start the node again: it resumes from its checkpoint.",
+                code=EXIT_GAVE_UP)
         backoff = min(30.0, 2.0 ** (n - 1))
         log.warning("%s exited with code %s; restarting in %.0f s (crash %d of %d allowed)",
                     child.name, code, backoff, n, self.config.max_restarts)

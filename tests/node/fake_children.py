@@ -43,8 +43,15 @@ def learner(rounds: int, crash_file: str, crash_at: int) -> None:
     emit("done")
 
 
+def fatal_learner() -> None:
+    emit("fatal", error="cannot load model 'nope'")
+    sys.exit(2)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "swarm":
         swarm()
+    elif sys.argv[1] == "fatal":
+        fatal_learner()
     else:
         learner(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))

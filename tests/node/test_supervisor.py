@@ -87,3 +87,12 @@ def test_a_second_node_on_the_same_data_dir_is_refused(tmp_path):
         holder.wait()
         holder.stdout.close()
     DirLock(tmp_path / "node.lock").acquire(wait_s=5).release()  # freed when the holder died
+
+
+def test_a_fatal_learner_error_is_not_restarted(tmp_path):
+    cfg = NodeConfig(data_dir=tmp_path, rounds=3, report=tmp_path / "report.json")
+    sup = Supervisor(cfg, CHILD + ["swarm"], lambda remaining: CHILD + ["fatal"])
+    assert sup.run() == 1
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert "cannot load model 'nope'" in status["error"]
+    assert status["children"]["learner"]["restarts"] == 0

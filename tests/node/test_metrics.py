@@ -1,0 +1,25 @@
+"""The opt-in Prometheus endpoint serves the same counters as the status view."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from node.metrics import Metrics
+
+
+def test_metrics_endpoint_serves_round_counters():
+    m = Metrics(0, addr="127.0.0.1")
+    try:
+        m.on_round({"round": 4, "mean_reward": 0.25, "peers": 3, "rollouts_published": 8,
+                    "rollouts_received": 5, "external_used": 4,
+                    "rejected_by_reason": {"bad_signature": 2}})
+        m.on_outer({"status": "ok"})
+        body = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
+        text = body.decode()
+    finally:
+        m.close()
+    assert "swarm_node_round 4.0" in text
+    assert "swarm_node_mean_reward 0.25" in text
+    assert 'swarm_node_rollouts_total{direction="received"} 5.0' in text
+    assert 'swarm_node_rejected_total{reason="bad_signature"} 2.0' in text
+    assert 'swarm_node_outer_steps_total{status="ok"} 1.0' in text
