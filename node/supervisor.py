@@ -64,6 +64,7 @@ class Supervisor:
     outer_steps: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     _stop_requested: bool = False
+    _stop_deadline: float = float("inf")
     _learner_done: bool = False
 
     def run(self) -> int:
@@ -116,6 +117,7 @@ class Supervisor:
         log.info("%s received: finishing the current phase, checkpointing, leaving",
                  signal.Signals(signum).name)
         self._stop_requested = True
+        self._stop_deadline = time.monotonic() + self.config.stop_timeout_s
         self.board.set(phase="stopping")
         if self.learner is not None:
             self.learner.signal(signal.SIGTERM)
@@ -129,6 +131,10 @@ class Supervisor:
         self._start_learner()
         last_flush = 0.0
         while not self._learner_done:
+            if time.monotonic() > self._stop_deadline:
+                log.warning("the learner did not stop within %.0f s; killing it",
+                            self.config.stop_timeout_s)
+                break  # _shutdown() kills what is left
             try:
                 self._handle(self.events.get(timeout=0.5))
             except queue.Empty:
@@ -263,7 +269,8 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         if self.learner is not None and self.learner.alive():
-            self.learner.stop(self.config.stop_timeout_s)
+            grace = max(1.0, min(self.config.stop_timeout_s, self._stop_deadline - time.monotonic()))
+            self.learner.stop(grace)
         self._drain_learner_events()
         if self.swarm.alive():
             self.swarm.stop(min(15.0, self.config.stop_timeout_s))

@@ -48,9 +48,21 @@ def fatal_learner() -> None:
     sys.exit(2)
 
 
+
+def stuck_learner() -> None:
+    """Ignores SIGTERM, like a learner stuck inside a library call."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    emit("started", model="stuck")
+    emit("round", record={"round": 0, "mean_reward": 0.0})
+    while True:
+        time.sleep(0.1)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "swarm":
         swarm()
+    elif sys.argv[1] == "stuck":
+        stuck_learner()
     elif sys.argv[1] == "fatal":
         fatal_learner()
     else:

@@ -96,3 +96,21 @@ def test_a_fatal_learner_error_is_not_restarted(tmp_path):
     status = json.loads((tmp_path / "status.json").read_text())
     assert "cannot load model 'nope'" in status["error"]
     assert status["children"]["learner"]["restarts"] == 0
+
+
+def test_a_learner_that_ignores_sigterm_is_killed_after_the_stop_timeout(tmp_path):
+    cfg = NodeConfig(data_dir=tmp_path, report=tmp_path / "report.json", stop_timeout_s=3)
+    sup = Supervisor(cfg, CHILD + ["swarm"], lambda remaining: CHILD + ["stuck"])
+
+    def term_after_first_round():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not sup.rounds:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=term_after_first_round, daemon=True).start()
+    started = time.monotonic()
+    assert sup.run() == EXIT_OK
+    assert time.monotonic() - started < 40
+    assert not sup.learner.alive()
+    assert json.loads((tmp_path / "report.json").read_text())["rounds"]
