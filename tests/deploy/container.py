@@ -115,9 +115,33 @@ class Container:
             raise AssertionError(f"no exit {timeout:.0f} s after SIGTERM; log:\n{self.tail()}")
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+        """SIGKILL to every process of the 'container' (as `docker kill`/teardown does):
+        the entrypoint and all its descendants, whatever process group they made."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for pid in [*_descendants(self.proc.pid), self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(30)
+
+
+def _descendants(root: int) -> list[int]:
+    """All live descendants of ``root`` (Linux /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def read_line_with(proc: subprocess.Popen[str], needle: str, *, timeout: float) -> str:

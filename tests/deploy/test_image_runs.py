@@ -2,7 +2,8 @@
 
 Multi-process: a `swarm-node bootstrap` on 127.0.0.1 and the image's `swarm-node join`
 (from the parsed Dockerfile + compose.yaml), with /data swapped for a tmp dir. A container
-restart is a second start on the same data dir: same peer id.
+restart is a second start on the same data dir: same peer id, rounds resume from the
+checkpoint that SIGTERM left.
 """
 
 from __future__ import annotations
@@ -56,13 +57,21 @@ def community_node(stages, tmp_path: Path, bootstrap: str) -> Container:
     return Container(image, tmp_path, env=env, paths={"/data": str(data)})
 
 
+def rounds_done(node: Container) -> bool:
+    status = json.loads((Path(node.env["SWARM_NODE_DATA_DIR"]) / "status.json").read_text())
+    return status.get("round") is not None
+
+
 def run_until_healthy_then_stop(node: Container) -> dict:
+    """Start, wait for the HEALTHCHECK to pass and one round to finish, then SIGTERM."""
     assert node.health().returncode != 0, "healthy before it started?"
     node.start()
     try:
         wait_until(lambda: node.health().returncode == 0, timeout=START_TIMEOUT_S,
                    what="HEALTHCHECK never passed", alive=node.died)
         assert node.health().stdout.startswith("healthy: ")
+        wait_until(lambda: rounds_done(node), timeout=START_TIMEOUT_S,
+                   what="no round finished", alive=node.died)
         code = node.stop(STOP_TIMEOUT_S)
     finally:
         node.kill()
@@ -86,6 +95,10 @@ def test_image_joins_is_healthy_stops_cleanly_and_keeps_its_peer_id(stages, tmp_
     assert first["peer_id"] == ident
     assert oct((data / "identity.key").stat().st_mode & 0o777) == "0o600"
 
+    assert any((data / "checkpoints").iterdir()), "SIGTERM must leave a checkpoint"
+
     restarted = community_node(stages, tmp_path, bootstrap_addr)  # same volume
     second = run_until_healthy_then_stop(restarted)
     assert second["peer_id"] == ident, "a restart must keep the peer id"
+    last, resumed = first["rounds"][-1]["round"], second["rounds"][0]["round"]
+    assert resumed > last, f"restart began at round {resumed}, not after {last}"
