@@ -1,1 +1,26 @@
-"""DiLoCo-style outer steps on hivemind, with a consistency layer."""
+"""DiLoCo-style outer steps on hivemind, with a consistency layer.
+
+Public surface::
+
+    loop = OuterLoop(OuterConfig(...), identity=..., group=fingerprint, params=model,
+                     data_dir=..., discover=lambda: [maddr, ...])
+    loop.collective_addrs()          # announce these
+    loop.maybe_outer_step(round)     # None, or the step record (dict)
+    loop.close()
+
+Layers, bottom up: ``codec`` (fp32/fp16/int8 strategies) and ``reduce`` (bounded,
+deterministic shard mean) are pure; ``state`` (θ_global, momentum, hash, Nesterov);
+``streams`` (frames); ``transport`` (p2pd with the node identity, DHT, asyncio thread);
+``allreduce`` (group formation, reduce-scatter/all-gather with bit-parity);
+``consistency`` (signed commits, canonical state); ``loop`` (OuterLoop).
+"""
+
+from __future__ import annotations
+
+from collectives.codec import CODECS, Codec, get_codec
+from collectives.config import OuterConfig
+from collectives.errors import CollectiveError, StepFailed, SyncError, TransportError
+from collectives.loop import OuterLoop
+
+__all__ = ["OuterConfig", "OuterLoop", "Codec", "CODECS", "get_codec", "CollectiveError",
+           "StepFailed", "SyncError", "TransportError"]

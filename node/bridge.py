@@ -26,6 +26,9 @@ class Received:
 
 
 class Bridge(Protocol):
+    peer_id: str
+    """This node's libp2p peer id (seeds its task sampling; names it in reports)."""
+
     def announce(self, *, model: str, collective_addrs: tuple[str, ...] = (),
                  capabilities: tuple[str, ...] = ()) -> None:
         """Tell the swarm what this node runs; the swarm process announces it periodically."""
@@ -72,6 +75,10 @@ class LoopbackBridge:
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     _queues: dict[str, collections.deque[Received]] = field(default_factory=dict)
     _guard: ReplayGuard = field(default_factory=ReplayGuard)
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
 
     def announce(self, *, model: str, collective_addrs: tuple[str, ...] = (),
                  capabilities: tuple[str, ...] = ()) -> None:

@@ -22,6 +22,18 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    """Linux: SIGTERM the child when the supervisor dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: children notice the closed pipe / socket instead
+
 
 @dataclass(frozen=True, kw_only=True)
 class Event:
@@ -46,7 +58,8 @@ class Child:
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=None,
                                      stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)  # our signals are ours to forward
+                                     start_new_session=True,  # our signals are ours to forward
+                                     preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._read, args=(self.proc,),
                                         name=f"{self.name}-stdout", daemon=True)
         self._reader.start()
@@ -66,6 +79,7 @@ class Child:
                 self.events.put(Event(child=self.name, data=data))
             else:
                 log.info("%s: %s", self.name, line)
+        proc.stdout.close()
         proc.wait()
         self.events.put(Event(child=self.name, data={"event": "exit", "code": proc.returncode,
                                                      "pid": proc.pid}))

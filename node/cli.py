@@ -86,13 +86,7 @@ def identity(data_dir: Path) -> None:
 def join(ctx: click.Context, verbose: bool, plain: bool, **opts: Any) -> None:
     """Run a training node that joins the swarm through a bootstrap peer."""
     _setup_logging(verbose)
-    default_map = ctx.default_map or {}
-    extra = {k: default_map[k] for k in ("gossip", "learner", "outer", "max_restarts",
-                                         "stop_timeout_s", "restart_window_s") if k in default_map}
-    if not opts["bootstrap"]:
-        raise click.UsageError("--bootstrap is required (or SWARM_NODE_BOOTSTRAP / config file); "
-                               "start one with `swarm-node bootstrap`, or try `swarm-node local`")
-    config = _node_config(opts, extra)
+    config = join_config(ctx, opts)
     from node.launch import run_node
 
     sys.exit(run_node(config, live=sys.stderr.isatty() and not plain))
@@ -147,6 +141,17 @@ def local(nodes: int, rounds: int, report: Path, data_dir: Path | None, model: s
     swarm = LocalSwarm(nodes=nodes, rounds=rounds, report=report, base_dir=data_dir,
                        model=model, config_file=config_file)
     sys.exit(swarm.run())
+
+
+def join_config(ctx: click.Context, opts: dict[str, Any]) -> NodeConfig:
+    """The NodeConfig of a `join`: flags > env > config file (click's default_map)."""
+    default_map = ctx.default_map or {}
+    extra = {k: default_map[k] for k in ("gossip", "learner", "outer", "max_restarts",
+                                         "stop_timeout_s", "restart_window_s") if k in default_map}
+    if not opts["bootstrap"]:
+        raise click.UsageError("--bootstrap is required (or SWARM_NODE_BOOTSTRAP / config file); "
+                               "start one with `swarm-node bootstrap`, or try `swarm-node local`")
+    return _node_config(opts, extra)
 
 
 def _node_config(opts: dict[str, Any], extra: dict[str, Any]) -> NodeConfig:

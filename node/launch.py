@@ -34,8 +34,23 @@ def learner_payload(config: NodeConfig, *, ipc_path: str, rounds: int | None) ->
     policy = dict(learner.get("policy", {}))
     policy.update(model=config.model, device=config.device)
     learner["policy"] = policy
+    outer = {"swarm_id": config.swarm_id,
+             "host_maddrs": [collective_addr(a) for a in config.listen],
+             "announce_maddrs": [collective_addr(a) for a in config.announce], **config.outer}
     return {"ipc_path": ipc_path, "rounds": rounds, "data_dir": str(config.data_dir),
-            "learner": learner, "outer": dict(config.outer)}
+            "learner": learner, "outer": outer}
+
+
+def collective_addr(swarm_addr: str) -> str:
+    """The collective (hivemind p2pd) listens next to the swarm: same IP, swarm port + 1
+    (port 0 stays 0). So a node behind NAT forwards two ports: 4001 and 4002 by default."""
+    parts = swarm_addr.split("/")
+    if "tcp" in parts:
+        i = parts.index("tcp") + 1
+        if i < len(parts) and parts[i].isdigit() and parts[i] != "0":
+            parts[i] = str(int(parts[i]) + 1)
+        del parts[i + 1:]  # drop /p2p/... suffixes
+    return "/".join(parts)
 
 
 def _check_identity(config: NodeConfig) -> str | None:

@@ -17,6 +17,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("node.learner_process")
@@ -31,8 +32,9 @@ class AnnouncingBridge:
     """Wraps the bridge: remembers the model fingerprint announced by the learner and adds the
     collective's addresses to every announcement."""
 
-    def __init__(self, bridge: Any) -> None:
+    def __init__(self, bridge: Any, peer_id: str) -> None:
         self._bridge = bridge
+        self.peer_id = peer_id  # seeds this node's task sampling: must differ per node
         self.model: str | None = None
         self.collective_addrs: tuple[str, ...] = ()
 
@@ -102,10 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         log.error("invalid learner configuration: %s", e)
         return 2
+    from node.locks import DirLock
+
+    # a learner of a killed node may still be checkpointing (SIGTERM on parent death): wait
+    lock = DirLock(Path(payload["data_dir"]) / "learner.lock").acquire(wait_s=120)
     stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, lambda *_: stop.set())
-    bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60))
+    from protocol import load_or_create_identity
+
+    peer_id = load_or_create_identity(payload["data_dir"]).peer_id
+    bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
     outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"])
     try:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         outer.close()
         bridge.close()
     emit("done", rounds=len(report.get("rounds", [])))
+    lock.release()
     return 0
 
 

@@ -25,6 +25,8 @@ from node.report import plot_rewards, write_json
 log = logging.getLogger(__name__)
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+# A short demo should show every mechanism: outer steps and checkpoints every 2 rounds.
+LOCAL_DEFAULTS = "[outer]\nevery_rounds = 2\n\n[learner]\ncheckpoint_every = 2\n"
 BOOTSTRAP_TIMEOUT_S = 120.0
 
 
@@ -47,6 +49,9 @@ class LocalSwarm:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         started = time.monotonic()
         try:
+            if self.config_file is None:
+                self.config_file = str(base / "local.toml")
+                Path(self.config_file).write_text(LOCAL_DEFAULTS)
             addr = self._start_bootstrap(base / "bootstrap")
             for i in range(self.nodes):
                 self._start_node(f"node-{i}", base / f"node-{i}", addr)

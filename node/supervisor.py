@@ -63,6 +63,20 @@ class Supervisor:
 
     def run(self) -> int:
         cfg = self.config
+        from node.locks import DataDirBusy, DirLock
+
+        try:
+            lock = DirLock(cfg.data_dir / "node.lock").acquire()
+        except DataDirBusy as e:
+            log.error("%s", e)
+            return EXIT_FAILED
+        try:
+            return self._run_locked()
+        finally:
+            lock.release()
+
+    def _run_locked(self) -> int:
+        cfg = self.config
         self.board = StatusBoard(cfg.status_path, live=self.live)
         self.metrics = None
         if cfg.metrics_port is not None:
@@ -149,7 +163,10 @@ class Supervisor:
         remaining = None
         if self.config.rounds is not None:
             remaining = max(0, self.config.rounds - len(self.rounds))
-        self.learner = Child("learner", self.learner_argv(remaining), self.events)
+        if self.learner is None:
+            self.learner = Child("learner", self.learner_argv(remaining), self.events)
+        else:  # same Child: its crash history counts across restarts
+            self.learner.argv = self.learner_argv(remaining)
         self.learner.start()
         self.board.set(phase="training")
 

@@ -1,1 +1,23 @@
-"""The p2p layer on py-libp2p (trio). Never imports torch or hivemind."""
+"""The p2p layer of swarm-node on py-libp2p (trio). Never imports torch or hivemind.
+
+Modules, bottom up::
+
+    config       – GossipConfig
+    errors       – SwarmError tree (what ends a swarm process)
+    topics       – topic names: /swarm-node/<version>/<swarm id>/<type>
+    ratelimit    – per-sender token buckets
+    validation   – Validator: envelope, sender, rate, replay checks → Rejected(reason)
+    inbox        – bounded per-type queues for the learner (drop oldest, counted)
+    peers        – PeerTable of signed announcements, with expiry
+    host         – host (Noise only, yamux, TCP) + gossipsub with scoring
+    discovery    – Dialer: bootstrap with backoff, keep target_peers connections
+    ipc_server   – Unix-socket server for node.ipc_client.SocketBridge
+    service      – GossipService, serve(), run(): the swarm process
+"""
+
+from __future__ import annotations
+
+from swarm.config import GossipConfig
+from swarm.errors import BootstrapError, ConfigError, ListenError, SwarmError
+
+__all__ = ["BootstrapError", "ConfigError", "GossipConfig", "ListenError", "SwarmError"]

@@ -1,0 +1,305 @@
+"""Group formation and a bit-parity reduce-scatter/all-gather on hivemind p2p streams.
+
+Why not hivemind's ``AllReduceRunner``: its reducer answers each sender with a *delta*
+(average - sender's part) that the sender adds to its own part, and keeps its own shard
+uncompressed, so peers end with different low bits (shared/notes/hivemind.md). Patching that
+means overriding the runner, the tensor-part container and the averager's in-place add, and
+its failure semantics (a failed reducer leaves each peer with its own values) still diverge.
+A compact protocol on ``hivemind.p2p`` binary streams is shorter and parity holds by
+construction:
+
+1. **Group.** Each peer stores ``join/<step>`` in the DHT (subkey = peer id, value = its state
+   hash), waits ``join_window_s`` and reads the records. Among records with the majority hash,
+   the smallest peer id leads. Others send JOIN(step, hash) to the leader; at
+   ``1.5 x join_window_s`` the leader freezes the member list (sorted peer ids) and answers
+   every JOIN with it. A peer whose hash is not the majority's does not join (it re-syncs).
+2. **Reduce-scatter.** The flat pseudo-gradient is cut into one contiguous shard per member.
+   Member i sends shard j, encoded with the codec, to member j. Reducer j decodes, applies the
+   bounds (``reduce.py``) and sums in peer-id order.
+3. **All-gather.** Reducer j encodes the mean *once* and sends the same bytes to every member;
+   it uses ``decode(those bytes)`` itself. Every member concatenates identical decoded shards.
+
+A member that misses any shard fails the step (keeps training locally; the consistency layer
+in ``loop.py`` reconciles peers that finished with peers that did not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from hivemind.p2p import P2P, PeerID
+
+from collectives.codec import Codec, CodecError
+from collectives.config import OuterConfig
+from collectives.errors import StepFailed
+from collectives.reduce import Contribution, reduce_shard, shard_bounds
+from collectives.streams import FrameError, recv_frame, recv_header, send_frame, send_header
+
+__all__ = ["Session", "AllReduce", "members_digest"]
+
+logger = logging.getLogger(__name__)
+
+
+def members_digest(members: list[str]) -> str:
+    return hashlib.sha256("\n".join(members).encode()).hexdigest()[:32]
+
+
+@dataclass
+class Session:
+    """One outer step attempt as seen by the asyncio thread."""
+
+    step: int
+    state_hash: str
+    numel: int
+    weight: float
+    deadline: float
+    """loop.time() by which everything of this attempt is over."""
+    members_fut: asyncio.Future[list[str]]
+    joins: set[str] = field(default_factory=set)
+    members: list[str] | None = None
+    contribs: dict[str, Contribution] = field(default_factory=dict)
+    excluded: dict[str, str] = field(default_factory=dict)
+    shard_done: asyncio.Event = field(default_factory=asyncio.Event)
+    result: bytes | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - asyncio.get_running_loop().time())
+
+
+class AllReduce:
+    """Stream handlers and the member-side protocol of one node (runs on the transport loop)."""
+
+    def __init__(self, p2p: P2P, config: OuterConfig, codec: Codec, *, peer_id: str, gid: str,
+                 state_provider: Callable[[], tuple[str, bytes]]) -> None:
+        self.p2p, self.config, self.codec, self.peer_id = p2p, config, codec, peer_id
+        self.names = {k: f"/swarm-node/outer/{gid}/{k}/1" for k in ("join", "reduce", "state")}
+        self.state_provider = state_provider
+        self.session: Session | None = None
+        self.rejected = 0
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.names["join"], self._guard(self._on_join))
+        await self.p2p.add_binary_stream_handler(self.names["reduce"],
+                                                 self._guard(self._on_reduce))
+        await self.p2p.add_binary_stream_handler(self.names["state"], self._guard(self._on_state))
+
+    def _guard(self, handler):  # type: ignore[no-untyped-def]
+        async def wrapped(info, reader, writer) -> None:  # type: ignore[no-untyped-def]
+            try:
+                await handler(info.peer_id.to_base58(), reader, writer)
+            except (FrameError, asyncio.IncompleteReadError, ConnectionError,
+                    asyncio.TimeoutError) as e:
+                self.rejected += 1
+                logger.info("outer stream from %s dropped: %s", info.peer_id, e)
+            except Exception:  # noqa: BLE001 - a bad peer must never crash the node
+                self.rejected += 1
+                logger.exception("outer stream handler failed (peer %s)", info.peer_id)
+            finally:
+                writer.close()
+        return wrapped
+
+    # --- session --------------------------------------------------------------------------
+    async def open_session(self, *, step: int, state_hash: str, numel: int, weight: float,
+                           deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.session = Session(step=step, state_hash=state_hash, numel=numel, weight=weight,
+                               deadline=deadline, members_fut=loop.create_future())
+
+    def _current(self, step: object) -> Session | None:
+        s = self.session
+        return s if s is not None and s.step == step else None
+
+    # --- handlers -------------------------------------------------------------------------
+    async def _on_join(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
+        req = await asyncio.wait_for(recv_header(reader), 10)
+        s = self._current(req.get("step"))
+        if s is None or req.get("hash") != s.state_hash or s.members_fut.done():
+            await send_header(writer, {"ok": False, "reason": "closed"})
+            return
+        s.joins.add(peer)
+        try:
+            members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
+        except Exception:  # noqa: BLE001 - not the leader, or the deadline passed
+            members = []
+        ok = peer in members
+        await send_header(writer, {"ok": ok, "members": members if ok else []})
+
+    async def _on_reduce(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
+        head = await asyncio.wait_for(recv_header(reader), 10)
+        s = self._current(head.get("step"))
+        if s is None:
+            await send_header(writer, {"ok": False, "reason": "step"})
+            return
+        members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
+        if head.get("digest") != members_digest(members) or peer not in members \
+                or peer == self.peer_id or peer in s.contribs or peer in s.excluded:
+            await send_header(writer, {"ok": False, "reason": "membership"})
+            return
+        lo, hi = shard_bounds(s.numel, len(members))[members.index(self.peer_id)]
+        payload = await asyncio.wait_for(recv_frame(reader, self.config.max_message_bytes),
+                                         s.remaining())
+        s.bytes_received += len(payload)
+        weight = head.get("weight")
+        try:
+            values = self.codec.decode(payload, hi - lo)
+            if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+                raise CodecError("weight is not a number")
+            self._add(s, Contribution(peer=peer, weight=float(weight), values=values))
+        except (CodecError, ValueError) as e:
+            logger.warning("step %d: contribution of %s rejected: %s", s.step, peer, e)
+            s.excluded[peer] = "decode"
+            self._maybe_finish(s)
+        await asyncio.wait_for(s.shard_done.wait(), s.remaining())
+        if s.result is None:
+            await send_header(writer, {"ok": False, "reason": "no_result"})
+            return
+        s.bytes_sent += await send_header(writer, {"ok": True})
+        s.bytes_sent += await send_frame(writer, s.result)
+
+    async def _on_state(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
+        req = await asyncio.wait_for(recv_header(reader), 10)
+        loop = asyncio.get_running_loop()
+        state_hash, data = await loop.run_in_executor(None, self.state_provider)
+        if req.get("hash") != state_hash:
+            await send_header(writer, {"ok": False, "hash": state_hash})
+            return
+        await send_header(writer, {"ok": True, "hash": state_hash})
+        await send_frame(writer, data)
+        logger.info("served outer state %s… to %s (%d bytes)", state_hash[:12], peer, len(data))
+
+    # --- reducer --------------------------------------------------------------------------
+    def _add(self, s: Session, c: Contribution) -> None:
+        s.contribs[c.peer] = c
+        self._maybe_finish(s)
+
+    def _maybe_finish(self, s: Session, *, force: bool = False) -> None:
+        if s.shard_done.is_set() or s.members is None:
+            return
+        if not force and len(s.contribs) + len(s.excluded) < len(s.members):
+            return
+        cfg = self.config
+        res = reduce_shard(list(s.contribs.values()), max_weight=cfg.max_weight,
+                           max_norm=cfg.max_norm, max_norm_ratio=cfg.max_norm_ratio)
+        for peer, why in res.excluded.items():
+            s.excluded.setdefault(peer, why)
+        for peer in s.members:
+            if peer not in s.contribs and peer not in s.excluded:
+                s.excluded[peer] = "missing"
+        s.result = self.codec.encode(res.mean) if res.mean is not None else None
+        s.shard_done.set()
+
+    async def _reducer_timer(self, s: Session, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+        self._maybe_finish(s, force=True)
+
+    # --- member side ----------------------------------------------------------------------
+    async def form_group(self, leader: str, *, freeze_at: float) -> list[str]:
+        """Members of this attempt (sorted peer ids) from the leader, or StepFailed."""
+        s = self.session
+        assert s is not None
+        if leader == self.peer_id:
+            await asyncio.sleep(max(0.0, freeze_at - asyncio.get_running_loop().time()))
+            members = sorted({self.peer_id} | s.joins)
+            if len(members) > self.config.max_peers:
+                others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
+                members = sorted([self.peer_id, *others])
+            s.members_fut.set_result(members)
+            return members
+        s.members_fut.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        try:
+            _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
+                PeerID.from_base58(leader), self.names["join"]), s.remaining())
+            try:
+                await send_header(writer, {"step": s.step, "hash": s.state_hash})
+                reply = await asyncio.wait_for(recv_header(reader), s.remaining())
+            finally:
+                writer.close()
+        except Exception as e:  # noqa: BLE001
+            s.members_fut.set_exception(StepFailed(f"join via {leader} failed: {e!r}"))
+            raise StepFailed(f"could not join leader {leader}: {e!r}") from e
+        members = reply.get("members")
+        if not reply.get("ok") or not isinstance(members, list) or self.peer_id not in members \
+                or not all(isinstance(m, str) for m in members) or members != sorted(set(members)):
+            s.members_fut.set_exception(StepFailed("not admitted"))
+            raise StepFailed(f"leader {leader} did not admit us: {reply.get('reason')}")
+        s.members_fut.set_result(members)
+        return members
+
+    async def exchange(self, delta: torch.Tensor, members: list[str], *,
+                       reduce_deadline: float) -> torch.Tensor:
+        """Reduce-scatter + all-gather of ``delta``; the group's mean or StepFailed."""
+        s = self.session
+        assert s is not None
+        s.members = members
+        bounds = shard_bounds(s.numel, len(members))
+        me = members.index(self.peer_id)
+        timer = asyncio.create_task(self._reducer_timer(s, reduce_deadline))
+        lo, hi = bounds[me]
+        own = self.codec.decode(self.codec.encode(delta[lo:hi]), hi - lo)
+        self._add(s, Contribution(peer=self.peer_id, weight=s.weight, values=own))
+        digest = members_digest(members)
+        tasks = {j: asyncio.create_task(self._exchange_with(s, peer, delta[slice(*bounds[j])],
+                                                            digest))
+                 for j, peer in enumerate(members) if j != me}
+        shards: dict[int, torch.Tensor] = {}
+        errors: dict[str, str] = {}
+        try:
+            for j, task in tasks.items():
+                try:
+                    shards[j] = await asyncio.wait_for(task, s.remaining())
+                except Exception as e:  # noqa: BLE001
+                    errors[members[j]] = repr(e)[:200]
+            try:
+                await asyncio.wait_for(s.shard_done.wait(), s.remaining())
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            for t in tasks.values():
+                t.cancel()
+        if s.result is None:
+            errors[self.peer_id] = "own shard has no result"
+        else:
+            shards[me] = self.codec.decode(s.result, hi - lo)
+        if errors:
+            raise StepFailed(f"missing shards from {sorted(errors)}: {errors}")
+        timer.cancel()
+        return torch.cat([shards[j] for j in range(len(members))])
+
+    async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor,
+                             digest: str) -> torch.Tensor:
+        _, reader, writer = await self.p2p.call_binary_stream_handler(
+            PeerID.from_base58(peer), self.names["reduce"])
+        try:
+            s.bytes_sent += await send_header(writer, {"step": s.step, "digest": digest,
+                                                       "weight": s.weight})
+            s.bytes_sent += await send_frame(writer, self.codec.encode(part))
+            head = await recv_header(reader)
+            if not head.get("ok"):
+                raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")
+            data = await recv_frame(reader, self.config.max_message_bytes)
+            s.bytes_received += len(data)
+            return self.codec.decode(data, part.numel())
+        finally:
+            writer.close()
+
+    async def fetch_state(self, peer: str, state_hash: str, timeout: float) -> bytes:
+        """The serialized state ``state_hash`` from ``peer`` (not verified here)."""
+        async def go() -> bytes:
+            _, reader, writer = await self.p2p.call_binary_stream_handler(
+                PeerID.from_base58(peer), self.names["state"])
+            try:
+                await send_header(writer, {"hash": state_hash})
+                head = await recv_header(reader)
+                if not head.get("ok"):
+                    raise StepFailed(f"{peer} no longer holds {state_hash[:12]}")
+                return await recv_frame(reader, self.config.max_message_bytes)
+            finally:
+                writer.close()
+        return await asyncio.wait_for(go(), timeout)

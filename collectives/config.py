@@ -1,0 +1,88 @@
+"""OuterConfig: every knob of the DiLoCo outer loop, validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["OuterConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterConfig:
+    """Configuration of :class:`collectives.OuterLoop`."""
+
+    every_rounds: int = 10
+    """H: an outer step is attempted after every H inner rounds."""
+    outer_lr: float = 0.7
+    """Learning rate of the outer Nesterov SGD."""
+    outer_momentum: float = 0.9
+    """Nesterov momentum of the outer SGD (0 disables momentum)."""
+    compression: str = "fp16"
+    """Codec on the wire: "none" (fp32), "fp16" or "int8" (blockwise absmax)."""
+    deadline_s: float = 30.0
+    """An outer step attempt never blocks the caller longer than this (plus ~1 s slack)."""
+    join_window_s: float = 3.0
+    """Time peers wait after announcing themselves for step k before the group is read."""
+    min_peers: int = 2
+    """Fewest peers (self included) that make a group; fewer means status "alone"."""
+    max_peers: int = 64
+    """Largest group the leader admits (peers in id order)."""
+    weight: float = 1.0
+    """Default weight of this node's contribution (e.g. samples seen); bounded by max_weight."""
+    max_weight: float = 1000.0
+    """A contribution whose declared weight is outside (0, max_weight] is excluded."""
+    max_norm: float = math.inf
+    """Absolute bound on the L2 norm of a contribution's shard; larger ones are excluded."""
+    max_norm_ratio: float = 10.0
+    """A shard whose norm exceeds this multiple of the median shard norm is excluded."""
+    dht_min_interval_s: float = 0.25
+    """Throttle: at least this long between two DHT calls of this node."""
+    dht_timeout_s: float = 10.0
+    """Timeout of one DHT call."""
+    startup_timeout_s: float = 30.0
+    """Timeout for p2pd and the DHT to start."""
+    swarm_id: str = "swarm-node"
+    """Swarm id that signed commits are sealed for (see protocol.seal)."""
+    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    """Multiaddrs p2pd listens on."""
+    announce_maddrs: tuple[str, ...] = ()
+    """Multiaddrs p2pd announces (empty: the listen addresses)."""
+    max_message_bytes: int = 2**31 - 1
+    """Largest frame accepted on an outer-step stream."""
+
+    def __post_init__(self) -> None:
+        from collectives.codec import CODECS  # local: codec imports torch
+
+        if self.every_rounds < 1:
+            raise ValueError("every_rounds must be >= 1")
+        if not (self.outer_lr > 0 and math.isfinite(self.outer_lr)):
+            raise ValueError("outer_lr must be a positive finite number")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError("outer_momentum must be in [0, 1)")
+        if self.compression not in CODECS:
+            raise ValueError(f"compression must be one of {sorted(CODECS)}")
+        if not self.deadline_s > 0:
+            raise ValueError("deadline_s must be > 0")
+        if not 0 < self.join_window_s < self.deadline_s / 2:
+            raise ValueError("join_window_s must be in (0, deadline_s / 2)")
+        if self.min_peers < 2:
+            raise ValueError("min_peers must be >= 2")
+        if self.max_peers < self.min_peers:
+            raise ValueError("max_peers must be >= min_peers")
+        if not 0 < self.weight <= self.max_weight:
+            raise ValueError("weight must be in (0, max_weight]")
+        if not self.max_norm > 0:
+            raise ValueError("max_norm must be > 0")
+        if not self.max_norm_ratio > 1:
+            raise ValueError("max_norm_ratio must be > 1")
+        if self.dht_min_interval_s < 0 or not self.dht_timeout_s > 0:
+            raise ValueError("dht_min_interval_s must be >= 0 and dht_timeout_s > 0")
+        if not self.startup_timeout_s > 0:
+            raise ValueError("startup_timeout_s must be > 0")
+        if not 0 < len(self.swarm_id) <= 64:
+            raise ValueError("swarm_id must be 1..64 characters")
+        if not self.host_maddrs:
+            raise ValueError("host_maddrs must not be empty")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be >= 1024")

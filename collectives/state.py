@@ -1,0 +1,95 @@
+"""The shared outer state (θ_global, Nesterov buffer, counters): hashing, wire form, update.
+
+Everything here is a deterministic function of its inputs; given the same state and the same
+averaged pseudo-gradient bytes, every peer computes the same bits (elementwise fp32 ops only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from protocol.errors import ProtocolError
+from protocol.limits import Limits, packb, unpackb
+
+__all__ = ["OuterState", "flatten", "unflatten_into"]
+
+_WIRE_VERSION = 1
+
+
+def flatten(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """All parameters as one contiguous fp32 CPU vector (a copy)."""
+    if not params:
+        return torch.zeros(0, dtype=torch.float32)
+    return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
+
+
+def unflatten_into(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+    """Copy ``flat`` into ``params`` in place (dtype/device of each parameter kept)."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat vector of {flat.numel()} values for {offset} parameters")
+
+
+@dataclass
+class OuterState:
+    """θ_global, the Nesterov momentum buffer, the attempt index and applied-step count."""
+
+    theta: torch.Tensor
+    momentum: torch.Tensor
+    attempt: int = 0
+    """Index of the next outer step attempt (agreed across the group)."""
+    applied: int = 0
+    """Number of outer steps that changed θ_global."""
+
+    def hash(self) -> str:
+        h = hashlib.sha256()
+        h.update(b"swarm-node/outer-state/v1")
+        h.update(self.attempt.to_bytes(8, "little"))
+        h.update(self.applied.to_bytes(8, "little"))
+        h.update(self.theta.numpy().astype("<f4", copy=False).tobytes())
+        h.update(self.momentum.numpy().astype("<f4", copy=False).tobytes())
+        return h.hexdigest()
+
+    def apply(self, avg_pseudo_grad: torch.Tensor, *, lr: float, momentum: float) -> None:
+        """Outer Nesterov SGD (as torch.optim.SGD(nesterov=True)), explicit elementwise ops."""
+        g = avg_pseudo_grad
+        if momentum > 0:
+            self.momentum.mul_(momentum).add_(g)
+            update = g + self.momentum * momentum
+        else:
+            update = g
+        self.theta.sub_(update * lr)
+        self.applied += 1
+
+    def to_bytes(self) -> bytes:
+        return packb([_WIRE_VERSION, self.attempt, self.applied, self.theta.numel(),
+                      self.theta.numpy().astype("<f4", copy=False).tobytes(),
+                      self.momentum.numpy().astype("<f4", copy=False).tobytes()])
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, numel: int) -> OuterState:
+        """Parse a state; ValueError if malformed or of the wrong size."""
+        limits = Limits(max_message_bytes=len(data) + 1, max_str=4 * numel + 64)
+        try:
+            raw = unpackb(data, limits)
+        except ProtocolError as e:
+            raise ValueError(f"outer state does not decode: {e}") from e
+        if not (isinstance(raw, list) and len(raw) == 6 and raw[0] == _WIRE_VERSION):
+            raise ValueError("not an outer state")
+        _, attempt, applied, n, theta, mom = raw
+        if n != numel or len(theta) != 4 * numel or len(mom) != 4 * numel:
+            raise ValueError(f"outer state of {n} values, expected {numel}")
+        if not (isinstance(attempt, int) and isinstance(applied, int) and attempt >= 0 <= applied):
+            raise ValueError("bad counters in outer state")
+        t = torch.from_numpy(np.frombuffer(theta, "<f4").astype(np.float32))
+        m = torch.from_numpy(np.frombuffer(mom, "<f4").astype(np.float32))
+        return cls(theta=t, momentum=m, attempt=attempt, applied=applied)

@@ -1,0 +1,204 @@
+"""hivemind transport: our own p2pd (node identity), a DHT on it, and an asyncio thread.
+
+The p2pd daemon is started in *this* process with ``identity_path`` = the node's Ed25519 key
+(written 0600 to ``data_dir``), so the hivemind peer id equals the node's libp2p peer id. The
+DHT runs in hivemind's child process and shares that daemon (``DHT(p2p=...)``), so a DHT that
+died (shared/notes/hivemind.md: ``BlockingIOError`` in ``DHT._run``) is restarted without
+losing the peer id or the stream handlers. DHT calls are throttled, bounded by timeouts, and
+return None instead of raising: the outer loop treats a missing answer like an absent peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, Awaitable, Callable, TypeVar
+
+from hivemind.dht import DHT
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils.timed_storage import get_dht_time
+from multiaddr import Multiaddr
+
+from collectives.config import OuterConfig
+from collectives.errors import TransportError
+from protocol import Identity, atomic_write_bytes
+
+__all__ = ["Transport"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+IDENTITY_FILE = "hivemind_identity.key"
+
+
+async def _ping_peers(_dht: DHT, node: Any, peers: list[str]) -> bool:
+    """Runs inside the DHT process: add ``peers`` to the routing table."""
+    results = await asyncio.gather(*(node.protocol.call_ping(PeerID.from_base58(p))
+                                     for p in peers), return_exceptions=True)
+    return any(r is not None and not isinstance(r, BaseException) for r in results)
+
+
+class Transport:
+    """Owns the asyncio thread, the P2P daemon and the DHT of one node."""
+
+    def __init__(self, config: OuterConfig, *, identity: Identity, data_dir: str,
+                 initial_peers: list[str]) -> None:
+        self.config = config
+        self.peer_id = identity.peer_id
+        os.makedirs(data_dir, exist_ok=True)
+        self._identity_path = os.path.join(data_dir, IDENTITY_FILE)
+        atomic_write_bytes(self._identity_path, identity.libp2p_private_key_protobuf(), mode=0o600)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="collectives-loop",
+                                        daemon=True)
+        self._thread.start()
+        self._dht_lock = threading.Lock()
+        self._last_dht_call = 0.0
+        self.dht_restarts = 0
+        self.dht_failures = 0
+        self._dht: DHT | None = None
+        self._dht_known: set[str] = set()
+        try:
+            self.p2p: P2P = self.run(self._create_p2p(initial_peers), config.startup_timeout_s + 5)
+            if self.p2p.peer_id.to_base58() != self.peer_id:
+                raise TransportError("p2pd peer id differs from the node identity")
+            self._start_dht(initial_peers)
+        except BaseException:
+            self.close()
+            raise
+
+    async def _create_p2p(self, initial_peers: list[str]) -> P2P:
+        cfg = self.config
+        return await P2P.create(
+            initial_peers=initial_peers or None, host_maddrs=list(cfg.host_maddrs),
+            announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=self._identity_path,
+            startup_timeout=cfg.startup_timeout_s, check_if_identity_free=False,
+            auto_nat=False, nat_port_map=False, use_relay=False)
+
+    def _start_dht(self, initial_peers: list[str]) -> None:
+        try:
+            self._dht = DHT(initial_peers=initial_peers or None, start=True, p2p=self.p2p,
+                            await_ready=True)
+        except Exception as e:
+            raise TransportError(f"DHT did not start: {e}") from e
+
+    # --- asyncio thread -------------------------------------------------------------------
+    def submit(self, coro: Awaitable[T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+
+    def run(self, coro: Awaitable[T], timeout: float) -> T:
+        """Run ``coro`` on the transport's loop; TimeoutError after ``timeout`` seconds."""
+        fut = self.submit(coro)
+        try:
+            return fut.result(timeout=max(0.01, timeout))
+        except TimeoutError:
+            fut.cancel()
+            raise
+
+    def maddrs(self) -> list[str]:
+        return [str(m) for m in self.run(self.p2p.get_visible_maddrs(), 10)]
+
+    async def connect(self, maddrs: list[str]) -> None:
+        """Dial peers by full multiaddr (``.../p2p/<id>``); unreachable ones are skipped."""
+        by_peer: dict[str, list[Multiaddr]] = {}
+        for text in maddrs:
+            try:
+                m = Multiaddr(text)
+                pid = m.value_for_protocol("p2p")
+                by_peer.setdefault(pid, []).append(m.decapsulate(Multiaddr(f"/p2p/{pid}")))
+            except Exception:  # noqa: BLE001 - bad input from announcements: skip, log
+                logger.warning("ignoring malformed collective maddr %r", text[:200])
+        for pid, addrs in by_peer.items():
+            if pid == self.peer_id:
+                continue
+            try:
+                await asyncio.wait_for(self.p2p._client.connect(PeerID.from_base58(pid), addrs), 5)
+            except Exception as e:  # noqa: BLE001 - unreachable peer is normal churn
+                logger.debug("could not dial %s: %s", pid, e)
+
+    def add_dht_peers(self, maddrs: list[str], timeout: float) -> None:
+        """Ping newly discovered peers from the DHT so that separately started DHTs merge."""
+        peers = set()
+        for text in maddrs:
+            try:
+                peers.add(Multiaddr(text).value_for_protocol("p2p"))
+            except Exception:  # noqa: BLE001 - malformed input was logged by connect()
+                continue
+        new = sorted(peers - self._dht_known - {self.peer_id})
+        if not new:
+            return
+        if self._dht_call("ping", lambda d: d.run_coroutine(partial(_ping_peers, peers=new),
+                                                             return_future=True), timeout):
+            self._dht_known.update(new)
+
+    # --- DHT ------------------------------------------------------------------------------
+    def _dht_call(self, name: str, call: Callable[[DHT], Any], timeout: float) -> Any:
+        with self._dht_lock:
+            wait = self._last_dht_call + self.config.dht_min_interval_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            self._last_dht_call = time.monotonic()
+            dht = self._ensure_dht()
+            if dht is None:
+                return None
+            try:
+                return call(dht).result(timeout=max(0.05, min(timeout, self.config.dht_timeout_s)))
+            except Exception as e:  # noqa: BLE001 - DHT errors are transient by nature
+                self.dht_failures += 1
+                logger.warning("DHT %s failed: %s: %s", name, type(e).__name__, e)
+                return None
+
+    def _ensure_dht(self) -> DHT | None:
+        if self._dht is not None and self._dht.is_alive():
+            return self._dht
+        logger.warning("DHT process is dead; restarting it (peer %s)", self.peer_id)
+        self.dht_restarts += 1
+        try:
+            peers = [str(p.addrs[0].encapsulate(Multiaddr(f"/p2p/{p.peer_id}")))
+                     for p in self.run(self.p2p.list_peers(), 5) if p.addrs]
+            self._start_dht(peers)
+            self._dht_known.clear()
+        except Exception as e:  # noqa: BLE001
+            logger.error("DHT restart failed: %s", e)
+            self._dht = None
+        return self._dht
+
+    def dht_store(self, key: str, subkey: str, value: bytes, *, ttl: float, timeout: float) -> bool:
+        exp = get_dht_time() + ttl
+        ok = self._dht_call("store", lambda d: d.store(key, value, exp, subkey=subkey,
+                                                       return_future=True), timeout)
+        return bool(ok)
+
+    def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
+        """Subkey -> value of a dictionary key; {} if absent or on failure."""
+        found = self._dht_call("get", lambda d: d.get(key, latest=True, return_future=True),
+                               timeout)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        out: dict[str, bytes] = {}
+        for sub, item in found.value.items():
+            if isinstance(sub, str) and isinstance(getattr(item, "value", None), bytes):
+                out[sub] = item.value
+        return out
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._dht is not None:
+            try:
+                self._dht.shutdown()
+            except Exception as e:  # noqa: BLE001
+                logger.debug("DHT shutdown: %s", e)
+            self._dht = None
+        p2p = getattr(self, "p2p", None)
+        if p2p is not None and self._loop.is_running():
+            try:
+                self.run(p2p.shutdown(), 10)
+            except Exception as e:  # noqa: BLE001
+                logger.debug("p2p shutdown: %s", e)
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)

@@ -1,0 +1,175 @@
+"""Atomic checkpoints of the learner: weights, optimizer, round counter and RNG state.
+
+Layout under ``<data_dir>/checkpoints/``::
+
+    round-00000012/
+        model.safetensors     trained weights (safetensors, no pickle)
+        optimizer.pt          optimizer state_dict (tensors/numbers only; weights_only load)
+        rng.pt                torch RNG state (weights_only load)
+        meta.json             round, fingerprint, sha256 of every file above
+
+A checkpoint is written into a temp dir, every file fsynced, then renamed into place, so a
+crash leaves either the old or the new one. The newest ``keep`` are kept; on load a corrupt
+newest one (bad checksum, unreadable file) is skipped with a warning naming the file, and the
+previous good one is used. If checkpoints exist but none loads, ``CheckpointError`` names them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from node.learner.errors import CheckpointError
+
+__all__ = ["Checkpoint", "latest_round", "load_checkpoint", "save_checkpoint"]
+
+log = logging.getLogger(__name__)
+_FILES = ("model.safetensors", "optimizer.pt", "rng.pt")
+
+
+@dataclass
+class Checkpoint:
+    """What ``load_checkpoint`` restored."""
+
+    round: int
+    path: Path
+    fingerprint: str
+
+
+def _ckpt_dir(data_dir: str | Path) -> Path:
+    return Path(data_dir) / "checkpoints"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _candidates(data_dir: str | Path) -> list[Path]:
+    root = _ckpt_dir(data_dir)
+    if not root.is_dir():
+        return []
+    dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("round-")]
+    return sorted(dirs, key=lambda p: p.name, reverse=True)
+
+
+def latest_round(data_dir: str | Path) -> int | None:
+    """Round number of the newest checkpoint directory (unverified), or None."""
+    c = _candidates(data_dir)
+    return int(c[0].name.split("-")[1]) if c else None
+
+
+def save_checkpoint(data_dir: str | Path, *, round: int, fingerprint: str, model: Any,
+                    optimizer: torch.optim.Optimizer, keep: int = 2) -> Path:
+    """Write the checkpoint for ``round`` (rounds completed) atomically; prune to ``keep``."""
+    root = _ckpt_dir(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    final = root / f"round-{round:08d}"
+    try:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(_dedupe_shared(state), str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({"cpu": torch.get_rng_state()}, tmp / "rng.pt")
+        meta = {"round": round, "fingerprint": fingerprint,
+                "sha256": {name: _sha256(tmp / name) for name in _FILES}}
+        (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
+        for name in (*_FILES, "meta.json"):
+            _fsync(tmp / name)
+        _fsync(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in _candidates(data_dir)[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("checkpoint saved: %s", final)
+    return final
+
+
+def _dedupe_shared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors sharing storage (tied embeddings): clone duplicates."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
+
+
+def load_checkpoint(data_dir: str | Path, *, model: Any, optimizer: torch.optim.Optimizer,
+                    fingerprint: str) -> Checkpoint | None:
+    """Restore the newest good checkpoint into ``model``/``optimizer``; None if there is none."""
+    failures = []
+    for path in _candidates(data_dir):
+        try:
+            ckpt = _load_one(path, model, optimizer, fingerprint)
+        except CheckpointError as e:
+            log.warning("skipping checkpoint %s: %s; trying the previous one", path, e)
+            failures.append(str(e))
+            continue
+        if failures:
+            log.warning("resumed from older checkpoint %s after %d failure(s)", path, len(failures))
+        return ckpt
+    if failures:
+        raise CheckpointError("no usable checkpoint: " + "; ".join(failures))
+    return None
+
+
+def _load_one(path: Path, model: Any, optimizer: torch.optim.Optimizer, fingerprint: str) -> Checkpoint:
+    meta_path = path / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        expected = meta["sha256"]
+        round_ = int(meta["round"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable ({e})") from None
+    if meta.get("fingerprint") != fingerprint:
+        raise CheckpointError(f"{meta_path}: checkpoint is for model {meta.get('fingerprint')!r}, "
+                              f"not {fingerprint!r}")
+    for name in _FILES:
+        file = path / name
+        try:
+            ok = _sha256(file) == expected.get(name)
+        except OSError as e:
+            raise CheckpointError(f"{file}: unreadable ({e})") from None
+        if not ok:
+            raise CheckpointError(f"{file}: checksum mismatch (corrupt)")
+    try:
+        state = load_file(str(path / "model.safetensors"))
+        opt_state = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+        rng = torch.load(path / "rng.pt", weights_only=True)
+    except Exception as e:  # checksum matched, yet unreadable: report which file
+        raise CheckpointError(f"{path}: cannot load ({type(e).__name__}: {e})") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:
+        raise CheckpointError(f"{path / 'model.safetensors'}: keys do not match the model "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    optimizer.load_state_dict(opt_state)
+    torch.set_rng_state(rng["cpu"])
+    return Checkpoint(round=round_, path=path, fingerprint=fingerprint)

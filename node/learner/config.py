@@ -1,0 +1,238 @@
+"""Configuration of the learner: one frozen dataclass per component, composed in LearnerConfig.
+
+Every field has a docstring and is validated in ``__post_init__`` (``ValueError`` naming the
+field). ``LearnerConfig.to_dict()`` / ``from_dict()`` give a JSON-able form so a supervisor
+can hand the config to a child process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "EngineConfig",
+    "LearnerConfig",
+    "PolicyConfig",
+    "SapoConfig",
+    "TaskConfig",
+    "TrainerConfig",
+]
+
+
+def _positive(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value > 0:
+            raise ValueError(f"{type(obj).__name__}.{name} must be positive, got {value!r}")
+
+
+def _non_negative(obj: object, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not value >= 0:
+            raise ValueError(f"{type(obj).__name__}.{name} must be >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    """Which causal LM the node trains and where it runs."""
+
+    model: str = "embedded"
+    """``"embedded"`` (tiny built-in model + char tokenizer), a hub id, or a local path."""
+    device: str = "auto"
+    """``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``."""
+    dtype: str = "float32"
+    """Parameter dtype: ``float32``, ``bfloat16`` or ``float16``."""
+    threads: int = 0
+    """torch intra-op threads for this process; 0 leaves torch's default."""
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("PolicyConfig.model must be non-empty")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"PolicyConfig.dtype must be float32/bfloat16/float16, got {self.dtype!r}")
+        if not (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")):
+            raise ValueError(f"PolicyConfig.device: unknown device {self.device!r}")
+        _non_negative(self, "threads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How completions are sampled."""
+
+    backend: str = "transformers"
+    """Inference backend name in ``node.learner.engine.ENGINES``."""
+    max_new_tokens: int = 6
+    """Longest completion, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    stop: tuple[str, ...] = ("\n",)
+    """Stop strings; a completion ends after the first one (which is kept in its text)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        _positive(self, "max_new_tokens", "temperature", "top_p")
+        if self.top_p > 1:
+            raise ValueError(f"EngineConfig.top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise ValueError("EngineConfig.stop must not contain empty strings")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """Where questions come from."""
+
+    families: tuple[str, ...] = ("tiny_add",)
+    """Task families drawn uniformly per question: built-in (``tiny_add``, ``tiny_copy``)
+    or any ReasoningGYM dataset name (``basic_arithmetic``, ``base_conversion``, ...)."""
+    family_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-family generator config (difficulty), e.g. ``{"basic_arithmetic": {"max_terms": 2}}``.
+    Values must be scalars: they travel inside TaskSpec."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "families", tuple(self.families))
+        if not self.families:
+            raise ValueError("TaskConfig.families must name at least one family")
+        for fam, cfg in self.family_config.items():
+            if not isinstance(cfg, dict):
+                raise ValueError(f"TaskConfig.family_config[{fam!r}] must be a dict")
+            for k, v in cfg.items():
+                if not isinstance(v, (str, int, float, bool)):
+                    raise ValueError(f"TaskConfig.family_config[{fam!r}][{k!r}] must be a scalar")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """The GRPO update."""
+
+    lr: float = 1e-3
+    """Adam learning rate (the SAPO paper used 1e-3)."""
+    clip_low: float = 0.2
+    """Lower clip of the probability ratio: 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper clip of the ratio: 1 + clip_high (DAPO clip-higher)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the base model (0 disables it and keeps no reference copy)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+    epochs: int = 1
+    """Gradient steps per round over the same training set (ratio departs from 1 after the first)."""
+    minibatch_groups: int = 8
+    """Question groups per gradient-accumulation micro-batch (memory knob, not a maths knob)."""
+    max_completion_tokens: int = 256
+    """Completions (local or external) are truncated to this many tokens for training."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens")
+        _non_negative(self, "clip_low", "clip_high", "kl_coef", "grad_clip", "weight_decay")
+        if self.clip_low >= 1:
+            raise ValueError(f"TrainerConfig.clip_low must be < 1, got {self.clip_low}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SapoConfig:
+    """How a round's training set is built (SAPO's I local + J external question groups)."""
+
+    questions_per_round: int = 8
+    """Question-group budget per round (I + J), equal in every configuration, as the paper."""
+    completions_per_question: int = 8
+    """Completions sampled per local question (the paper's L = 8)."""
+    local: int = 4
+    """I: question groups generated locally each round when enough external groups exist."""
+    external: int = 4
+    """J: external question groups wanted per round; shortfall is filled with local ones.
+    ``external = 0`` is plain single-node RL."""
+    filter_zero_advantage: bool = True
+    """Discard external groups whose re-scored rewards are all equal before sampling (paper)."""
+    pool_capacity: int = 256
+    """Most valid external groups kept waiting between rounds (oldest dropped first)."""
+    max_receive: int = 256
+    """Most RolloutBatch messages taken from the bridge per round."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "questions_per_round", "completions_per_question", "pool_capacity",
+                  "max_receive")
+        _non_negative(self, "local", "external")
+        if self.local + self.external != self.questions_per_round:
+            raise ValueError(
+                f"SapoConfig.local + external must equal questions_per_round "
+                f"({self.local} + {self.external} != {self.questions_per_round})")
+        if self.completions_per_question < 2:
+            raise ValueError("SapoConfig.completions_per_question must be >= 2 (group advantages)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    """Everything one learner process needs."""
+
+    data_dir: str
+    """Directory for the base model, fingerprint and checkpoints (created if absent)."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The model."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Sampling."""
+    tasks: TaskConfig = field(default_factory=TaskConfig)
+    """Task source."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """GRPO update."""
+    sapo: SapoConfig = field(default_factory=SapoConfig)
+    """Rollout sharing."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N rounds (and always on stop); 0 saves only on stop."""
+    keep_checkpoints: int = 2
+    """How many good checkpoints to keep (>= 1; the previous one is the fallback)."""
+    seed: int = 0
+    """Seeds task sampling and generation (mixed with the round number)."""
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            raise ValueError("LearnerConfig.data_dir must be non-empty")
+        _non_negative(self, "checkpoint_every", "seed")
+        _positive(self, "keep_checkpoints")
+        if not math.isfinite(self.seed):
+            raise ValueError("LearnerConfig.seed must be finite")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (tuples become lists)."""
+        return _jsonable(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LearnerConfig:
+        """Inverse of ``to_dict``; unknown keys raise ValueError."""
+        subs = {"policy": PolicyConfig, "engine": EngineConfig, "tasks": TaskConfig,
+                "trainer": TrainerConfig, "sapo": SapoConfig}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in subs:
+                kwargs[key] = _build(subs[key], value)
+            else:
+                kwargs[key] = value
+        return _build(cls, kwargs)
+
+
+def _build(cls: type, data: Any) -> Any:
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected a dict, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj

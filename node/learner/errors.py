@@ -1,0 +1,40 @@
+"""Errors of the learner.
+
+::
+
+    LearnerError
+     ├── PolicyError        the model or tokenizer cannot be loaded
+     ├── EngineError        unknown inference backend, bad sampling request
+     ├── TaskError          a TaskSpec cannot be regenerated (unknown family, bad config,
+     │                      prompt mismatch); received rollouts raising it are rejected
+     └── CheckpointError    no readable checkpoint (message names the file)
+"""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "EngineError", "LearnerError", "PolicyError", "TaskError"]
+
+
+class LearnerError(Exception):
+    """Base of every learner error."""
+
+
+class PolicyError(LearnerError):
+    """The model or tokenizer cannot be loaded."""
+
+
+class EngineError(LearnerError):
+    """Unknown backend or bad sampling request."""
+
+
+class TaskError(LearnerError):
+    """A task spec cannot be turned into a question and verifier."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        """Short label for counters: unknown_family, bad_config, prompt_mismatch, ..."""
+
+
+class CheckpointError(LearnerError):
+    """No usable checkpoint; the message names the file that failed."""

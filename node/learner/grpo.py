@@ -1,0 +1,189 @@
+"""The GRPO update (no critic): group-normalised advantages and a clipped ratio loss.
+
+Reads top to bottom like cleanrl's ``ppo.py``: ``group_advantages`` → ``build_batch`` →
+``token_logprobs`` → ``grpo_loss`` (named intermediates ``pg_loss1``/``pg_loss2`` and the
+diagnostics ``approx_kl`` and ``clipfrac``) → ``GrpoTrainer.step``.
+
+How off-policy data is handled (read this before changing the maths)
+--------------------------------------------------------------------
+Every completion, local or external, is re-tokenised from its text with the local tokenizer,
+and ``old_logp`` is the *current* policy's detached log-probability of those tokens, computed
+once before the first gradient step of the round. So on the first epoch the ratio is exactly
+1 and the loss gradient is the plain policy gradient ``-A ∇log π``; clipping only acts from
+the second epoch on (``TrainerConfig.epochs > 1``), where it bounds how far this round's steps
+move the policy away from where it started, as PPO intends.
+
+We do not importance-weight external completions by ``π_local / π_sender``: the sender's
+log-probabilities are not shared (and may come from another model and tokenizer), and the SAPO
+paper likewise trains on shared completions as if they were the node's own samples. For local
+completions the current policy *is* the sampling policy (no update happens between generation
+and training), up to the sampling temperature. The consequence is a biased but low-variance
+gradient for external data; the paper reports that this helps when the external groups are
+filtered for signal (the zero-advantage filter in ``sapo.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from node.learner.config import TrainerConfig
+
+__all__ = ["Batch", "GrpoTrainer", "TrainingGroup", "build_batch", "group_advantages",
+           "grpo_loss", "token_logprobs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingGroup:
+    """One question group for the update: prompt, completion texts and locally computed rewards."""
+
+    prompt: str
+    completions: tuple[str, ...]
+    rewards: tuple[float, ...]
+    source: str = "local"
+    """``local`` or ``external`` (for diagnostics only: the maths is the same)."""
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor | None:
+    """(r - mean) / std within one group (population std); ``None`` if all rewards are equal."""
+    if rewards.numel() < 2:
+        return None
+    std = rewards.std(unbiased=False)
+    if float(std) <= eps:
+        return None
+    return (rewards - rewards.mean()) / (std + eps)
+
+
+@dataclass
+class Batch:
+    """Right-padded prompt+completion ids; ``loss_mask[b, t]`` marks completion token t+1."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+
+
+def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_tokens: int,
+                device: torch.device) -> tuple[Batch | None, int]:
+    """Tokenise the groups with non-zero variance; returns (batch or None, groups skipped)."""
+    rows: list[tuple[list[int], int, float]] = []
+    skipped = 0
+    for g in groups:
+        adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float32))
+        if adv is None:
+            skipped += 1
+            continue
+        prompt_ids = tokenizer.encode(g.prompt, add_special_tokens=False)
+        for text, a in zip(g.completions, adv.tolist()):
+            comp = tokenizer.encode(text, add_special_tokens=False)[:max_completion_tokens]
+            if comp and prompt_ids:
+                rows.append((prompt_ids + comp, len(prompt_ids), a))
+    if not rows:
+        return None, skipped
+    width = max(len(ids) for ids, _, _ in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+    for b, (ids, n_prompt, _) in enumerate(rows):
+        input_ids[b, :len(ids)] = torch.tensor(ids)
+        attention[b, :len(ids)] = 1
+        loss_mask[b, n_prompt - 1:len(ids) - 1] = 1.0  # predictions of completion tokens
+    advantages = torch.tensor([a for _, _, a in rows], dtype=torch.float32)
+    return Batch(input_ids.to(device), attention.to(device), loss_mask.to(device),
+                 advantages.to(device)), skipped
+
+
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log π(token t+1 | tokens ≤ t) for every position, shape (B, T-1), float32."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+              mask: torch.Tensor, *, clip_low: float, clip_high: float,
+              ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0
+              ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate, token-level mean over completion tokens (DAPO), plus optional KL."""
+    logratio = logp - old_logp
+    ratio = logratio.exp()
+    adv = advantages[:, None]
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg_loss_tok = torch.max(pg_loss1, pg_loss2)
+    n_tokens = mask.sum().clamp(min=1.0)
+    pg_loss = (pg_loss_tok * mask).sum() / n_tokens
+    loss = pg_loss
+    kl = torch.zeros(())
+    if ref_logp is not None and kl_coef > 0:
+        d = ref_logp - logp  # k3 estimator of KL(π || π_ref), always >= 0
+        kl = ((d.exp() - d - 1.0) * mask).sum() / n_tokens
+        loss = loss + kl_coef * kl
+    with torch.no_grad():
+        approx_kl = (((ratio - 1.0) - logratio) * mask).sum() / n_tokens
+        clipped = ((ratio - 1.0).abs() > 0) & ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high))
+        clipfrac = (clipped.float() * mask).sum() / n_tokens
+    return loss, {"pg_loss": pg_loss.item(), "approx_kl": approx_kl.item(),
+                  "clipfrac": clipfrac.item(), "kl": kl.item()}
+
+
+class GrpoTrainer:
+    """Owns the optimizer (and the frozen reference model when ``kl_coef > 0``)."""
+
+    def __init__(self, config: TrainerConfig, model: Any, tokenizer: Any,
+                 ref_model: Any | None = None) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.ref_model = ref_model if config.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
+                                           weight_decay=config.weight_decay)
+
+    def step(self, groups: list[TrainingGroup]) -> dict[str, float]:
+        """One round's update: ``epochs`` optimizer steps over all groups. Returns diagnostics."""
+        cfg = self.config
+        stats: dict[str, float] = {"groups": float(len(groups)), "skipped_zero_variance": 0.0,
+                                   "optimizer_steps": 0.0}
+        chunks = [groups[i:i + cfg.minibatch_groups] for i in range(0, len(groups), cfg.minibatch_groups)]
+        batches = []
+        for chunk in chunks:
+            batch, skipped = build_batch(chunk, self.tokenizer, device=self.model.device,
+                                         max_completion_tokens=cfg.max_completion_tokens)
+            stats["skipped_zero_variance"] += skipped
+            if batch is not None:
+                batches.append(batch)
+        if not batches:
+            return stats
+        self.model.train()
+        with torch.no_grad():  # old log-probs: the current policy, detached (see module doc)
+            old = [token_logprobs(self.model, b.input_ids, b.attention_mask) for b in batches]
+            ref = [token_logprobs(self.ref_model, b.input_ids, b.attention_mask)
+                   if self.ref_model is not None else None for b in batches]
+        total_tokens = float(sum(b.loss_mask.sum() for b in batches))
+        for _ in range(cfg.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            diag = {"loss": 0.0, "pg_loss": 0.0, "approx_kl": 0.0, "clipfrac": 0.0, "kl": 0.0}
+            for b, old_logp, ref_logp in zip(batches, old, ref):
+                logp = token_logprobs(self.model, b.input_ids, b.attention_mask)
+                loss, d = grpo_loss(logp, old_logp, b.advantages, b.loss_mask,
+                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                    ref_logp=ref_logp, kl_coef=cfg.kl_coef)
+                weight = float(b.loss_mask.sum()) / total_tokens
+                (loss * weight).backward()
+                diag["loss"] += loss.item() * weight
+                for k, v in d.items():
+                    diag[k] += v * weight
+            grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                         if cfg.grad_clip > 0 else torch.zeros(()))
+            self.optimizer.step()
+            stats["optimizer_steps"] += 1
+        stats.update(diag)
+        stats["grad_norm"] = float(grad_norm)
+        stats["train_tokens"] = total_tokens
+        return stats

@@ -1,0 +1,224 @@
+"""The learner's round loop: ``run_learner`` drives SAPO rounds against a ``Bridge``.
+
+One round (each phase timed in the record's ``seconds``; ``stop`` is checked between them)::
+
+    receive   take RolloutBatches from the bridge, re-score them into the external pool
+    plan      J = min(wanted, pool), I = budget - J  (sapo.plan_round)
+    generate  I local questions x G completions with the inference engine
+    score     local verifier
+    publish   one RolloutBatch of this round's local groups
+    train     GRPO on I local + J external groups (grpo.GrpoTrainer)
+
+The learner never imports libp2p; the bridge is its only way to the swarm.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from node.bridge import Bridge
+from node.learner.checkpoint import load_checkpoint, save_checkpoint
+from node.learner.config import LearnerConfig
+from node.learner.engine import Engine, make_engine
+from node.learner.grpo import GrpoTrainer, TrainingGroup
+from node.learner.policy import Policy, load_policy
+from node.learner.report import node_report
+from node.learner.sapo import ExternalPool, plan_round
+from node.learner.tasks import build_task, get_family
+from protocol import Rollout, RolloutBatch
+
+__all__ = ["Learner", "run_learner"]
+
+log = logging.getLogger(__name__)
+_PUBLISH_CHARS = 256 * 1024
+"""Split a round's rollouts into several RolloutBatches above this many characters of text."""
+
+
+def _peer_id(bridge: Bridge) -> str:
+    pid = getattr(bridge, "peer_id", None)
+    if pid is None and getattr(bridge, "identity", None) is not None:
+        pid = bridge.identity.peer_id  # type: ignore[attr-defined]
+    return str(pid or "")
+
+
+def _derive_seed(*parts: object) -> int:
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class Learner:
+    """The learner's state: policy, engine, trainer, external pool and round counter."""
+
+    def __init__(self, config: LearnerConfig, peer_id: str = "") -> None:
+        self.config = config
+        self.peer_id = peer_id
+        if config.policy.threads:
+            torch.set_num_threads(config.policy.threads)
+        self.policy: Policy = load_policy(config.policy, config.data_dir)
+        self.engine: Engine = make_engine(config.engine, self.policy.model, self.policy.tokenizer)
+        ref = None
+        if config.trainer.kl_coef > 0:
+            ref = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+        self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref)
+        self.pool = ExternalPool(config.sapo)
+        self.round = 0
+        self.resumed_from: str | None = None
+        ckpt = load_checkpoint(config.data_dir, model=self.policy.model,
+                               optimizer=self.trainer.optimizer, fingerprint=self.policy.fingerprint)
+        if ckpt is not None:
+            self.round = ckpt.round
+            self.resumed_from = str(ckpt.path)
+            log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
+        for family in config.tasks.families:  # fail fast on a misconfigured family
+            get_family(family).sample_spec(random.Random(0), config.tasks.family_config.get(family, {}))
+
+    @property
+    def fingerprint(self) -> str:
+        return self.policy.fingerprint
+
+    def save(self) -> None:
+        save_checkpoint(self.config.data_dir, round=self.round, fingerprint=self.fingerprint,
+                        model=self.policy.model, optimizer=self.trainer.optimizer,
+                        keep=self.config.keep_checkpoints)
+
+    def run_round(self, bridge: Bridge, stop: threading.Event | None = None) -> dict[str, Any] | None:
+        """Run one round; None if ``stop`` was set before it finished (nothing trained)."""
+        cfg = self.config
+        stopped = stop.is_set if stop is not None else (lambda: False)
+        seconds: dict[str, float] = {}
+        rng = random.Random(_derive_seed(cfg.seed, self.peer_id, self.round))
+
+        t = time.perf_counter()
+        ingest = self.pool.ingest(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
+        zero_adv_before = self.pool.zero_advantage_discarded
+        n_local, n_external = plan_round(cfg.sapo, len(self.pool))
+        seconds["receive"] = time.perf_counter() - t
+        if stopped():
+            return None
+
+        t = time.perf_counter()
+        tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
+        completions = self.engine.generate([task.prompt for task in tasks],
+                                           n=cfg.sapo.completions_per_question,
+                                           seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen"))
+        seconds["generate"] = time.perf_counter() - t
+        if stopped():
+            return None
+
+        t = time.perf_counter()
+        local = [TrainingGroup(prompt=task.prompt, completions=tuple(c.text for c in group),
+                               rewards=tuple(task.score(c.text) for c in group))
+                 for task, group in zip(tasks, completions)]
+        seconds["score"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        published = self._publish(bridge, tasks, local, completions)
+        seconds["publish"] = time.perf_counter() - t
+        if stopped():
+            return None
+
+        t = time.perf_counter()
+        external = self.pool.take(n_external, rng)
+        train = self.trainer.step(local + external)
+        seconds["train"] = time.perf_counter() - t
+
+        local_rewards = [r for g in local for r in g.rewards]
+        ext_rewards = [r for g in external for r in g.rewards]
+        return {
+            "round": self.round,
+            "mean_reward": sum(local_rewards) / max(1, len(local_rewards)),
+            "accuracy": sum(r >= 1.0 for r in local_rewards) / max(1, len(local_rewards)),
+            "mean_reward_external": sum(ext_rewards) / len(ext_rewards) if ext_rewards else None,
+            "rollouts_published": published,
+            "rollouts_received": ingest.rollouts,
+            "batches_received": ingest.batches,
+            "local_used": len(local),
+            "external_used": len(external),
+            "external_pool": len(self.pool),
+            "external_zero_advantage": self.pool.zero_advantage_discarded - zero_adv_before,
+            "rejected": sum(ingest.rejected.values()),
+            "rejected_by_reason": dict(ingest.rejected),
+            "tokens_generated": sum(c.token_count for group in completions for c in group),
+            "skipped_zero_variance": int(train.get("skipped_zero_variance", 0)),
+            "train": {k: v for k, v in train.items() if k != "skipped_zero_variance"},
+            "seconds": seconds,
+        }
+
+    def _sample_spec(self, rng: random.Random):  # type: ignore[no-untyped-def]
+        families = self.config.tasks.families
+        family = families[rng.randrange(len(families))]
+        return get_family(family).sample_spec(rng, self.config.tasks.family_config.get(family, {}))
+
+    def _publish(self, bridge: Bridge, tasks: list[Any], groups: list[TrainingGroup],
+                 completions: list[Any]) -> int:
+        rollouts = [Rollout(task=task.spec, prompt=task.prompt, completions=g.completions,
+                            rewards=g.rewards, token_counts=tuple(c.token_count for c in comp))
+                    for task, g, comp in zip(tasks, groups, completions)]
+        chunk: list[Rollout] = []
+        size = 0
+        for r in rollouts:
+            r_size = len(r.prompt) + sum(len(c) for c in r.completions)
+            if chunk and (size + r_size > _PUBLISH_CHARS or len(chunk) == 64):
+                bridge.publish(RolloutBatch(model=self.fingerprint, round=self.round, rollouts=tuple(chunk)))
+                chunk, size = [], 0
+            chunk.append(r)
+            size += r_size
+        if chunk:
+            bridge.publish(RolloutBatch(model=self.fingerprint, round=self.round, rollouts=tuple(chunk)))
+        return len(rollouts)
+
+
+def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = None,
+                stop: threading.Event | None = None,
+                on_round: Callable[[dict[str, Any]], None] | None = None,
+                outer: Callable[[torch.nn.Module, int], dict[str, Any] | None] | None = None,
+                ) -> dict[str, Any]:
+    """Run ``rounds`` more SAPO rounds (None: until ``stop`` is set); return the node report.
+
+    Resumes from the data dir's checkpoint if there is one (the round counter continues),
+    announces the model fingerprint, calls ``on_round(record)`` and ``outer(model, round)``
+    after every round, checkpoints every ``config.checkpoint_every`` rounds and on exit.
+    """
+    if rounds is None and stop is None:
+        raise ValueError("run_learner needs rounds or a stop event (or both)")
+    if rounds is not None and rounds < 0:
+        raise ValueError(f"rounds must be >= 0, got {rounds}")
+    learner = Learner(config, peer_id=_peer_id(bridge))
+    bridge.announce(model=learner.fingerprint, capabilities=("learner", "sapo"))
+    records: list[dict[str, Any]] = []
+    outer_steps: list[dict[str, Any]] = []
+    start_round = learner.round
+    saved_round = learner.round if learner.resumed_from else None
+    while (rounds is None or learner.round < start_round + rounds) and not (stop and stop.is_set()):
+        record = learner.run_round(bridge, stop)
+        if record is None:
+            break
+        learner.round += 1
+        records.append(record)
+        log.info("peer %s round %d: reward %.3f, published %d, received %d, external %d, rejected %d",
+                 learner.peer_id[:16], record["round"], record["mean_reward"],
+                 record["rollouts_published"], record["rollouts_received"],
+                 record["external_used"], record["rejected"])
+        if on_round is not None:
+            on_round(record)
+        if outer is not None:
+            step = outer(learner.policy.model, record["round"])
+            if step is not None:
+                outer_steps.append(step)
+        every = config.checkpoint_every
+        if every and learner.round % every == 0:
+            learner.save()
+            saved_round = learner.round
+    if saved_round != learner.round:
+        learner.save()
+    return node_report(peer_id=learner.peer_id, model=learner.fingerprint, rounds=records,
+                       outer_steps=outer_steps, start_round=start_round,
+                       resumed_from=learner.resumed_from)

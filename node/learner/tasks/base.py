@@ -1,0 +1,35 @@
+"""A task is a question plus its verifier, regenerated from a ``protocol.TaskSpec``."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from protocol import TaskSpec
+
+__all__ = ["Task", "TaskFamily"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """One question: its spec, the prompt shown to the policy and the verifier."""
+
+    spec: TaskSpec
+    prompt: str
+    answer: str
+    """Ground truth (for logs and reports; scoring goes through ``score``)."""
+    score: Callable[[str], float]
+    """Reward of one completion's text, in [0, 1]."""
+
+
+class TaskFamily(Protocol):
+    """Generates tasks of one family; must be deterministic in the spec."""
+
+    name: str
+
+    def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
+        """A fresh spec for this family with the given (validated) config."""
+
+    def build(self, spec: TaskSpec) -> Task:
+        """Regenerate the task; raise ``TaskError`` if the spec is not valid."""

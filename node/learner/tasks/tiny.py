@@ -1,0 +1,67 @@
+"""``tiny_add``: single-operation arithmetic a ~1M-parameter model can learn from scratch.
+
+Prompt ``"3+4="``, answer ``"7"``, a completion ends with ``"\\n"``. The reward is graded so
+that a randomly initialised policy already sees signal (most random groups have variance):
+
+- 0.2 when the completion starts with a number,
+- up to 0.5 more for how close that number is to the answer,
+- 0.1 more when the number is followed directly by the end of line,
+- exactly 1.0 for the right answer ended cleanly.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from node.learner.errors import TaskError
+from node.learner.tasks.base import Task
+from protocol import TaskSpec
+
+__all__ = ["TinyAdd", "tiny_add_reward"]
+
+_LEADING_INT = re.compile(r"\d{1,6}")
+_DEFAULTS = {"max_operand": 9}
+
+
+def tiny_add_reward(completion: str, answer: int, max_answer: int) -> float:
+    """Graded reward of ``completion`` for the integer ``answer`` (see the module docstring)."""
+    m = _LEADING_INT.match(completion)
+    if m is None:
+        return 0.0
+    value = int(m.group())
+    clean = completion == m.group() + "\n"
+    if clean and value == answer:
+        return 1.0
+    closeness = max(0.0, 1.0 - abs(value - answer) / (max_answer + 1))
+    return 0.2 + 0.5 * closeness + (0.1 if clean else 0.0)
+
+
+class TinyAdd:
+    """Family ``tiny_add``; config ``{"max_operand": int in [1, 999]}``."""
+
+    name = "tiny_add"
+
+    def _config(self, config: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(config) - set(_DEFAULTS)
+        if unknown:
+            raise TaskError("bad_config", f"tiny_add: unknown config keys {sorted(unknown)}")
+        merged = {**_DEFAULTS, **config}
+        mo = merged["max_operand"]
+        if not isinstance(mo, int) or isinstance(mo, bool) or not 1 <= mo <= 999:
+            raise TaskError("bad_config", f"tiny_add: max_operand must be an int in [1, 999], got {mo!r}")
+        return merged
+
+    def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
+        cfg = self._config(config)
+        return TaskSpec(family=self.name, config=cfg, seed=rng.randrange(2**31), index=0)
+
+    def build(self, spec: TaskSpec) -> Task:
+        cfg = self._config(dict(spec.config))
+        rng = random.Random(f"tiny_add:{spec.seed}:{spec.index}")
+        mo = cfg["max_operand"]
+        a, b = rng.randint(0, mo), rng.randint(0, mo)
+        answer = a + b
+        return Task(spec=spec, prompt=f"{a}+{b}=", answer=str(answer),
+                    score=lambda text: tiny_add_reward(text, answer, 2 * mo))

@@ -1,0 +1,143 @@
+"""GossipConfig: every knob of the swarm process, JSON-able so a supervisor can pass it on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GossipConfig"]
+
+_TUPLES = ("listen", "announce", "bootstrap", "capabilities", "collective_addrs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GossipConfig:
+    """Configuration of one swarm process (``python -m swarm --config-json ...``)."""
+
+    data_dir: str
+    """Node data directory; the identity key is ``protocol.load_or_create_identity(data_dir)``."""
+    listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/4001",)
+    """TCP multiaddrs to listen on; port 0 picks a free port (the ready line reports it)."""
+    announce: tuple[str, ...] = ()
+    """Multiaddrs to advertise instead of the listen ones (NAT / port forwarding)."""
+    bootstrap: tuple[str, ...] = ()
+    """Full multiaddrs (``.../p2p/<peer id>``) of peers to join through."""
+    swarm_id: str = "swarm-node-main"
+    """Swarm namespace: part of every topic name and of every signed envelope."""
+    bootstrap_only: bool = False
+    """Relay gossip and announce, but serve no learner (a bootstrap peer)."""
+    ipc_path: str | None = None
+    """Unix socket path the learner connects to; None = no learner."""
+    model: str = ""
+    """Model fingerprint announced until the learner announces its own."""
+    capabilities: tuple[str, ...] = ()
+    """Capabilities announced until the learner announces its own."""
+    collective_addrs: tuple[str, ...] = ()
+    """hivemind multiaddrs announced until the learner announces its own."""
+    target_peers: int = 8
+    """Connections to keep: dial peers learned from announcements while below this."""
+    max_peers: int = 64
+    """Stop dialing discovered peers at this many connections."""
+    bootstrap_timeout_s: float = 60.0
+    """Give up (exit non-zero) when no bootstrap peer answered within this time."""
+    dial_timeout_s: float = 10.0
+    """Limit for one dial."""
+    announce_interval_s: float = 5.0
+    """Period of this peer's signed PeerAnnouncement."""
+    peer_ttl_s: float = 30.0
+    """Forget a peer whose last announcement is older than this."""
+    maintain_interval_s: float = 2.0
+    """Period of the connection-maintenance loop (dial up to target_peers)."""
+    heartbeat_interval_s: int = 1
+    """Gossipsub heartbeat period (mesh maintenance, score decay), whole seconds."""
+    gossip_degree: int = 6
+    """Gossipsub mesh degree D (D_low = D - 2, D_high = 2 D)."""
+    publish_interval_s: float = 0.02
+    """Minimum spacing between two of this peer's publishes (the outbound queue is 32)."""
+    outbox_size: int = 64
+    """Messages waiting to be published; a learner publishing faster waits."""
+    inbox_size: int = 1024
+    """Validated messages held per type for the learner; beyond, the oldest are dropped."""
+    rate_per_s: float = 20.0
+    """Token-bucket refill rate: messages per second accepted from one sender."""
+    rate_burst: int = 40
+    """Token-bucket capacity per sender."""
+    replay_window_s: float = 300.0
+    """Accept messages created at most this long ago (and remember their nonces)."""
+    max_future_s: float = 30.0
+    """Accept messages created at most this far in the future (clock skew)."""
+    invalid_message_weight: float = 10.0
+    """Gossipsub score penalty per invalid message (P4; positive: py-libp2p subtracts it)."""
+    graylist_threshold: float = -100.0
+    """Score below which a peer's messages are ignored (graylisted)."""
+    log_every_s: float = 10.0
+    """At most one log line per rejection reason and period (rate-limited logging)."""
+
+    def __post_init__(self) -> None:
+        for name in _TUPLES:
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+                raise ValueError(f"GossipConfig.{name} must be a sequence of non-empty strings")
+            object.__setattr__(self, name, tuple(value))
+        if not self.data_dir:
+            raise ValueError("GossipConfig.data_dir must be set")
+        if not self.listen:
+            raise ValueError("GossipConfig.listen needs at least one multiaddr")
+        if not self.swarm_id or len(self.swarm_id) > 64 or "/" in self.swarm_id:
+            raise ValueError("GossipConfig.swarm_id must be 1..64 characters without '/'")
+        if self.ipc_path is not None and not self.ipc_path:
+            raise ValueError("GossipConfig.ipc_path must be a path or None")
+        if self.ipc_path is not None and self.bootstrap_only:
+            raise ValueError("GossipConfig: a bootstrap_only peer serves no learner (ipc_path)")
+        positive = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s",
+                    "announce_interval_s", "peer_ttl_s", "maintain_interval_s",
+                    "heartbeat_interval_s", "gossip_degree", "outbox_size", "inbox_size",
+                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"GossipConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.gossip_degree < 3:
+            raise ValueError("GossipConfig.gossip_degree must be at least 3")
+        if self.max_peers < self.target_peers:
+            raise ValueError("GossipConfig.max_peers must be >= target_peers")
+        if self.publish_interval_s < 0 or self.max_future_s < 0:
+            raise ValueError("GossipConfig.publish_interval_s and max_future_s must be >= 0")
+        if self.invalid_message_weight < 0:
+            raise ValueError("GossipConfig.invalid_message_weight must be >= 0 (it is subtracted)")
+        if self.graylist_threshold >= 0:
+            raise ValueError("GossipConfig.graylist_threshold must be negative")
+        if self.peer_ttl_s <= self.announce_interval_s:
+            raise ValueError("GossipConfig.peer_ttl_s must exceed announce_interval_s")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (tuples become lists)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GossipConfig:
+        """Inverse of to_dict; unknown keys raise ValueError (a typo must not pass silently)."""
+        if not isinstance(d, dict):
+            raise ValueError("GossipConfig.from_dict expects a dict")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"GossipConfig: unknown keys {unknown}")
+        values = {k: (tuple(v) if k in _TUPLES and isinstance(v, list) else v) for k, v in d.items()}
+        try:
+            return cls(**values)
+        except TypeError as e:
+            raise ValueError(f"GossipConfig: {e}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> GossipConfig:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"GossipConfig: invalid JSON: {e}") from None
+        return cls.from_dict(d)

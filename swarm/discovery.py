@@ -1,0 +1,121 @@
+"""Bootstrap and connection maintenance.
+
+``Dialer.bootstrap`` dials the bootstrap peers with exponential backoff until one answers
+(BootstrapError after ``bootstrap_timeout_s``). ``Dialer.maintain`` then runs forever: it
+expires peers whose announcements stopped, re-dials lost bootstrap peers, and dials peers
+learned from announcements while fewer than ``target_peers`` are connected.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.abc import IHost
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+import multiaddr
+
+from swarm.config import GossipConfig
+from swarm.errors import BootstrapError
+from swarm.peers import PeerTable
+
+__all__ = ["Dialer"]
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 8.0
+
+
+@dataclass(kw_only=True)
+class Dialer:
+    host: IHost
+    config: GossipConfig
+    bootstrap_peers: list[PeerInfo]
+    table: PeerTable
+    _retry_at: dict[ID, tuple[float, float]] = field(default_factory=dict, repr=False)
+
+    def connected(self) -> set[ID]:
+        return set(self.host.get_connected_peers())
+
+    async def dial(self, info: PeerInfo) -> bool:
+        """One dial under dial_timeout_s; failures set a per-peer backoff."""
+        now = trio.current_time()
+        at, delay = self._retry_at.get(info.peer_id, (0.0, BACKOFF_START_S / 2))
+        if now < at:
+            return False
+        try:
+            with trio.fail_after(self.config.dial_timeout_s):
+                await self.host.connect(info)
+        except Exception as e:  # py-libp2p raises many unrelated types for one failed dial
+            delay = min(BACKOFF_MAX_S, delay * 2)
+            self._retry_at[info.peer_id] = (now + delay * random.uniform(0.8, 1.2), delay)
+            logger.debug("dial %s failed: %s: %s", info.peer_id, type(e).__name__, e)
+            return False
+        self._retry_at.pop(info.peer_id, None)
+        return True
+
+    async def bootstrap(self) -> None:
+        """Return once a bootstrap peer is connected; raise BootstrapError at the deadline."""
+        if not self.bootstrap_peers:
+            return
+        deadline = trio.current_time() + self.config.bootstrap_timeout_s
+        delay = BACKOFF_START_S
+        attempt = 0
+        while True:
+            attempt += 1
+            for info in self.bootstrap_peers:
+                self._retry_at.pop(info.peer_id, None)
+                if info.peer_id in self.connected() or await self.dial(info):
+                    logger.info("connected to bootstrap peer %s", info.peer_id)
+                    return
+            left = deadline - trio.current_time()
+            if left <= 0:
+                addrs = ", ".join(f"{a}/p2p/{i.peer_id}" for i in self.bootstrap_peers for a in i.addrs)
+                raise BootstrapError(f"no bootstrap peer reachable after "
+                                     f"{self.config.bootstrap_timeout_s:g} s ({attempt} attempts): {addrs}")
+            logger.warning("bootstrap attempt %d failed; retrying in %.1f s (giving up in %.0f s)",
+                           attempt, min(delay, left), left)
+            await trio.sleep(min(delay, left))
+            delay = min(BACKOFF_MAX_S, delay * 2)
+
+    async def maintain(self, self_id: ID) -> None:
+        while True:
+            await trio.sleep(self.config.maintain_interval_s)
+            for pid in self.table.expire(trio.current_time()):
+                logger.info("forgot peer %s: no announcement for %.0f s", pid, self.config.peer_ttl_s)
+            await self._top_up(self_id)
+
+    async def _top_up(self, self_id: ID) -> None:
+        connected = self.connected()
+        wanted: list[PeerInfo] = [i for i in self.bootstrap_peers if i.peer_id not in connected]
+        room = min(self.config.target_peers, self.config.max_peers) - len(connected)
+        candidates = [i for i in self._announced() if i.peer_id not in connected
+                      and i.peer_id != self_id]
+        random.shuffle(candidates)
+        wanted += candidates[:max(0, room)]
+        if not wanted:
+            return
+        async with trio.open_nursery() as nursery:
+            for info in wanted:
+                nursery.start_soon(self.dial, info)
+
+    def _announced(self) -> list[PeerInfo]:
+        out = []
+        for ann in self.table.live():
+            if ann.bootstrap_only and any(ann.peer_id == str(i.peer_id) for i in self.bootstrap_peers):
+                continue
+            addrs = []
+            for text in ann.addrs:
+                try:
+                    info = info_from_p2p_addr(multiaddr.Multiaddr(text))
+                except Exception:
+                    continue
+                if str(info.peer_id) == ann.peer_id:
+                    addrs.extend(info.addrs)
+            if addrs:
+                out.append(PeerInfo(ID.from_base58(ann.peer_id), addrs))
+        return out

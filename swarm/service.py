@@ -1,0 +1,280 @@
+"""The swarm process: host, gossip, validation, discovery and the learner's IPC server.
+
+``serve(config)`` is the trio entry point (``nursery.start``-able; it reports ``Ready`` once
+listening, subscribed, bootstrapped and serving IPC). ``run(config)`` wraps it for a process:
+it prints the ready line on stdout, stops cleanly on SIGTERM/SIGINT (exit 0) and turns a
+SwarmError into one line on stderr and a non-zero exit status.
+
+Task tree (one nursery, closed on shutdown)::
+
+    serve ─ host.run ─ pubsub ─ router
+          ├── drain <topic>      × topics   (keeps gossipsub's 32-slot channels empty)
+          ├── serve_ipc                      (if ipc_path)
+          ├── publish loop                   (spaces this peer's publishes)
+          ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
+          └── Dialer.maintain                (expiry, re-dial, top up to target_peers)
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import trio
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.tools.anyio_service import background_trio_service
+
+from protocol import (
+    PROTOCOL_VERSION,
+    SOFTWARE_VERSION,
+    Identity,
+    IdentityError,
+    Message,
+    PeerAnnouncement,
+    ReplayGuard,
+    TooLarge,
+    load_or_create_identity,
+    seal,
+)
+from protocol.ipc import MAX_RECEIVE_ITEMS, Request, message_from_ipc, message_to_ipc
+from swarm.config import GossipConfig
+from swarm.discovery import Dialer
+from swarm.errors import ListenError, SwarmError
+from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_listen, parse_peer_addr
+from swarm.inbox import Delivery, Inbox
+from swarm.ipc_server import RequestError, serve_ipc
+from swarm.peers import PeerTable
+from swarm.ratelimit import TokenBuckets
+from swarm.topics import topics
+from swarm.validation import Rejected, Validator
+
+__all__ = ["Ready", "GossipService", "run", "serve"]
+
+logger = logging.getLogger(__name__)
+
+PUBLISHABLE = ("rollouts", "outer_commit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready:
+    peer_id: str
+    addrs: list[str]
+    ipc: str | None
+
+    def line(self) -> str:
+        return json.dumps({"event": "ready", "peer_id": self.peer_id, "addrs": self.addrs,
+                           "ipc": self.ipc})
+
+
+class GossipService:
+    """The state of one swarm process and the tasks that act on it."""
+
+    def __init__(self, config: GossipConfig, identity: Identity, stack: Stack) -> None:
+        self.config = config
+        self.identity = identity
+        self.stack = stack
+        self.self_id = stack.host.get_id()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.inbox = Inbox(size=config.inbox_size, counters=self.counters)
+        self.table = PeerTable(ttl_s=config.peer_ttl_s)
+        self.validator = Validator(
+            swarm_id=config.swarm_id, counters=self.counters, log_every_s=config.log_every_s,
+            buckets=TokenBuckets(rate=config.rate_per_s, burst=config.rate_burst),
+            guard=ReplayGuard(max_age_ms=int(config.replay_window_s * 1000),
+                              max_future_ms=int(config.max_future_s * 1000)))
+        self.dialer = Dialer(host=stack.host, config=config, table=self.table,
+                             bootstrap_peers=[parse_peer_addr(b) for b in config.bootstrap])
+        self.topics = topics(config.swarm_id)
+        self.addrs: list[str] = []
+        self.profile = {"model": config.model, "capabilities": config.capabilities,
+                        "collective_addrs": config.collective_addrs}
+        self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str, bytes]](
+            config.outbox_size)
+        self._announce_now = trio.Event()
+
+    # -- inbound -------------------------------------------------------------------------
+    def make_validator(self, type_: str) -> Any:
+        def validate(forwarder: ID, msg: rpc_pb2.Message) -> bool:
+            if msg.from_id == self.self_id.to_bytes():
+                return True  # our own publish
+            try:
+                from_peer = ID(msg.from_id).to_base58()
+                env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
+            except Rejected:
+                return False
+            self._accept(env.type, from_peer, env.message)
+            return True
+        return validate
+
+    def _accept(self, type_: str, sender: str, message: Message) -> None:
+        # Delivered here, at validation time, rather than from the subscription channel:
+        # pubsub drops silently when that 32-slot channel is full (notes/py-libp2p.md).
+        self.counters[f"received_{type_}"] += 1
+        if isinstance(message, PeerAnnouncement):
+            if self.table.update(message, trio.current_time()):
+                logger.info("discovered peer %s (%s)", sender,
+                            "bootstrap" if message.bootstrap_only else message.model or "no model")
+        if type_ in PUBLISHABLE and not self.config.bootstrap_only:
+            self.inbox.put(type_, Delivery(sender=sender, message=message,
+                                           received_ms=int(time.time() * 1000)))
+
+    async def drain(self, type_: str, *, task_status: trio.TaskStatus[None]) -> None:
+        topic = self.topics[type_]
+        self.stack.pubsub.set_topic_validator(topic, self.make_validator(type_), False)
+        subscription = await self.stack.pubsub.subscribe(topic)
+        task_status.started()
+        async for _ in subscription:
+            pass  # validated messages were taken by the validator; keep the channel empty
+
+    # -- outbound ------------------------------------------------------------------------
+    async def enqueue(self, message: Message) -> None:
+        try:
+            data = seal(self.identity, message, swarm_id=self.config.swarm_id)
+        except TooLarge as e:
+            raise RequestError(f"message too large for gossip: {e}; publish fewer rollouts "
+                               "per batch") from None
+        await self._outbox_send.send((message.TYPE, data))
+
+    async def publish_loop(self) -> None:
+        async for type_, data in self._outbox_recv:
+            await self.stack.pubsub.publish(self.topics[type_], data)
+            self.counters[f"published_{type_}"] += 1
+            await trio.sleep(self.config.publish_interval_s)
+
+    def announcement(self) -> PeerAnnouncement:
+        return PeerAnnouncement(
+            peer_id=self.identity.peer_id, addrs=tuple(self.addrs[:16]),
+            model=self.profile["model"], capabilities=tuple(self.profile["capabilities"]),
+            version=SOFTWARE_VERSION, collective_addrs=tuple(self.profile["collective_addrs"]),
+            bootstrap_only=self.config.bootstrap_only)
+
+    async def announce_loop(self) -> None:
+        while True:
+            await self.enqueue(self.announcement())
+            with trio.move_on_after(self.config.announce_interval_s):
+                await self._announce_now.wait()
+            self._announce_now = trio.Event()
+
+    # -- the learner's requests ----------------------------------------------------------
+    async def handle(self, request: Request) -> Any:
+        args = request.args
+        if request.op == "publish":
+            message = message_from_ipc(args)
+            if message.TYPE not in PUBLISHABLE:
+                raise RequestError(f"publish takes {PUBLISHABLE}, not {message.TYPE!r}")
+            await self.enqueue(message)
+            return None
+        if request.op == "receive":
+            type_, n = args.get("type"), args.get("max_items", 256)
+            if not isinstance(type_, str) or type(n) is not int or not 1 <= n <= MAX_RECEIVE_ITEMS:
+                raise RequestError(f"receive needs type: str and max_items in 1..{MAX_RECEIVE_ITEMS}")
+            return [{"sender": d.sender, "received_ms": d.received_ms, **message_to_ipc(d.message)}
+                    for d in self.inbox.take(type_, n)]
+        if request.op == "announce":
+            self._set_profile(args)
+            self._announce_now.set()
+            return None
+        if request.op == "peers":
+            return [a.to_wire() for a in self.table.live() if a.peer_id != self.identity.peer_id]
+        if request.op == "stats":
+            return self.stats()
+        raise RequestError(f"unknown op {request.op!r}")
+
+    def _set_profile(self, args: dict[str, Any]) -> None:
+        probe = PeerAnnouncement.from_wire({"peer_id": self.identity.peer_id, "addrs": [],
+                                            **{k: args[k] for k in self.profile if k in args}})
+        self.profile = {"model": probe.model, "capabilities": probe.capabilities,
+                        "collective_addrs": probe.collective_addrs}
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self.counters)
+        out["peers"] = len(self.stack.host.get_connected_peers())
+        out["known_peers"] = len(self.table)
+        out["inbox"] = len(self.inbox)
+        return out
+
+
+async def serve(config: GossipConfig, *,
+                task_status: trio.TaskStatus[Ready] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the swarm process's trio side until cancelled; ``started(Ready)`` when up."""
+    try:
+        identity = load_or_create_identity(config.data_dir)
+    except IdentityError as e:
+        raise SwarmError(str(e)) from None
+    listen = parse_listen(config.listen)
+    for b in config.bootstrap:
+        parse_peer_addr(b)
+    check_listen(listen)
+    stack = build_stack(identity, config)
+    service = GossipService(config, identity, stack)
+    async with stack.host.run(listen):
+        if not stack.host.get_transport_addrs():
+            raise ListenError(f"cannot listen on {', '.join(config.listen)}")
+        service.addrs = dialable_addrs(stack.host)
+        async with background_trio_service(stack.pubsub), background_trio_service(stack.router):
+            await stack.pubsub.wait_until_ready()
+            async with trio.open_nursery() as nursery:
+                for type_ in service.topics:
+                    await nursery.start(service.drain, type_)
+                nursery.start_soon(service.publish_loop)
+                await service.dialer.bootstrap()
+                if config.ipc_path is not None and not config.bootstrap_only:
+                    await nursery.start(serve_ipc, config.ipc_path, service.handle,
+                                        service.counters)
+                nursery.start_soon(service.announce_loop)
+                nursery.start_soon(service.dialer.maintain, service.self_id)
+                logger.info("swarm process %s up: %s (protocol %d, swarm %r)", identity.peer_id,
+                            service.addrs, PROTOCOL_VERSION, config.swarm_id)
+                task_status.started(Ready(peer_id=identity.peer_id, addrs=service.addrs,
+                                          ipc=config.ipc_path))
+
+
+async def _watch_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            logger.info("received %s: leaving", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def _main(config: GossipConfig, out: TextIO) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        ready = await nursery.start(serve, config)
+        out.write(ready.line() + "\n")
+        out.flush()
+
+
+def _first_swarm_error(e: BaseException) -> SwarmError | None:
+    if isinstance(e, SwarmError):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            found = _first_swarm_error(sub)
+            if found is not None:
+                return found
+    return None
+
+
+def run(config: GossipConfig, *, out: TextIO | None = None) -> int:
+    """Run a swarm process in this thread until SIGTERM/SIGINT; return the exit status.
+
+    A SwarmError (bad address, port in use, bootstrap unreachable) is one line on stderr and
+    its ``exit_code``; anything else is a bug and propagates with its traceback.
+    """
+    try:
+        trio.run(_main, config, out or sys.stdout)
+    except BaseException as e:
+        found = _first_swarm_error(e)
+        if found is None:
+            raise
+        print(f"swarm: error: {found}", file=sys.stderr)
+        return found.exit_code
+    return 0

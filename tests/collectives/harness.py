@@ -1,0 +1,81 @@
+"""Real multi-process outer-loop swarms on loopback for the tests (see peer_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+class Swarm:
+    """Peers started as separate processes (each its own process group), in one directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, seed: int, **opts: object) -> None:
+        cmd = [sys.executable, "-m", "tests.collectives.peer_worker", "--dir", str(self.root),
+               "--name", name, "--seed", str(seed)]
+        for k, v in opts.items():
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+        log = open(self.root / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True, env=os.environ.copy())
+        log.close()
+
+    def wait_done(self, names: list[str], timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if all((self.root / "out" / f"{n}.done").exists() for n in names):
+                return
+            dead = [n for n in names if self.procs[n].poll() is not None
+                    and not (self.root / "out" / f"{n}.done").exists()]
+            if dead:
+                raise AssertionError(f"peers died: {dead}\n{self.logs(dead)}")
+            time.sleep(0.2)
+        raise AssertionError(f"timeout waiting for {names}\n{self.logs(names)}")
+
+    def wait_exit(self, name: str, timeout: float) -> int:
+        return self.procs[name].wait(timeout)
+
+    def records(self, name: str) -> dict[int, dict]:
+        path = self.root / "out" / f"{name}.jsonl"
+        if not path.exists():
+            return {}
+        return {r["i"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+    def arrays(self, name: str, i: int) -> dict[str, np.ndarray]:
+        with np.load(self.root / "out" / f"{name}-{i}.npz") as z:
+            return {k: z[k] for k in z.files}
+
+    def logs(self, names: list[str], tail: int = 4000) -> str:
+        return "\n".join(f"--- {n}\n" + (self.root / f"{n}.log").read_text()[-tail:]
+                         for n in names if (self.root / f"{n}.log").exists())
+
+    def close(self) -> None:
+        (self.root / "stop").touch()
+        for name, p in self.procs.items():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # the worker's own session: python, its p2pd and its DHT child
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+
+
+def reference_theta(before: np.ndarray, deltas: list[np.ndarray], momentum: np.ndarray, *,
+                    lr: float, mu: float) -> tuple[np.ndarray, np.ndarray]:
+    """θ_global after one outer Nesterov step on the true mean (float64), and the momentum."""
+    g = np.mean(np.stack([d.astype(np.float64) for d in deltas]), axis=0)
+    m = mu * momentum + g
+    return before.astype(np.float64) - lr * (g + mu * m), m

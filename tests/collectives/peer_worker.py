@@ -1,0 +1,158 @@
+"""One outer-loop peer in its own process, driven by tests/collectives and the bench.
+
+Usage: python -m tests.collectives.peer_worker --dir D --name NAME --seed S [options]
+
+Peers find each other through D/addrs/<name>.txt (their collective_addrs), meet at a file
+barrier D/barrier/<i>/ before each outer step, and write per step: D/out/<name>.jsonl (the
+record) and D/out/<name>-<i>.npz (θ_global before, own pseudo-gradient, θ_global after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import signal
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from collectives import OuterConfig, OuterLoop
+from collectives.allreduce import AllReduce
+from protocol import Identity
+
+SHAPES = [(100, 50), (50,), (200, 30)]
+
+
+class Fault(enum.Enum):
+    """Where a peer crashes (SIGKILL to its whole process group: python, p2pd, DHT child)."""
+
+    NONE = "none"
+    MEMBER = "member"
+    """After `after` completed member-side exchanges (0: before sending anything)."""
+    REDUCER = "reducer"
+    """After answering `after` members with its reduced shard (a partial all-gather)."""
+
+
+def crash() -> None:
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def install_fault(fault: Fault, step: int, after: int) -> None:
+    """Fault injection by wrapping AllReduce methods in this (test) process only."""
+    if fault is Fault.NONE:
+        return
+    done = {"n": 0}
+    name = "_exchange_with" if fault is Fault.MEMBER else "_on_reduce"
+    original = getattr(AllReduce, name)
+
+    async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
+        s = self.session
+        armed = s is not None and s.step == step
+        if armed and done["n"] >= after:
+            crash()
+        result = await original(self, *a, **kw)
+        if armed:
+            done["n"] += 1
+            if done["n"] >= after and fault is Fault.REDUCER:
+                crash()
+        return result
+
+    setattr(AllReduce, name, wrapped)
+
+
+def make_model(numel: int | None) -> torch.nn.ParameterList:
+    g = torch.Generator().manual_seed(1234)  # the same initial weights on every peer
+    shapes = SHAPES if numel is None else [(numel,)]
+    return torch.nn.ParameterList(
+        [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in shapes])
+
+
+def discover(root: Path, me: str) -> list[str]:
+    out: list[str] = []
+    for f in sorted((root / "addrs").glob("*.txt")):
+        if f.stem != me:
+            out += [line for line in f.read_text().split() if line]
+    return out
+
+
+def barrier(root: Path, i: int, me: str, n: int, timeout: float) -> None:
+    d = root / "barrier" / str(i)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / me).touch()
+    end = time.monotonic() + timeout
+    while len(list(d.iterdir())) < n and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--start-step", type=int, default=0)
+    ap.add_argument("--peers", type=int, default=4, help="barrier size")
+    ap.add_argument("--compression", default="fp16")
+    ap.add_argument("--poison", choices=["none", "nan", "huge"], default="none")
+    ap.add_argument("--numel", type=int, default=None)
+    ap.add_argument("--deadline", type=float, default=14.0)
+    ap.add_argument("--join-window", type=float, default=2.0)
+    ap.add_argument("--barrier-timeout", type=float, default=30.0)
+    ap.add_argument("--fault", choices=[f.value for f in Fault], default="none")
+    ap.add_argument("--fault-step", type=int, default=-1)
+    ap.add_argument("--fault-after", type=int, default=0)
+    args = ap.parse_args()
+    install_fault(Fault(args.fault), args.fault_step, args.fault_after)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s")
+    root = Path(args.dir)
+    (root / "out").mkdir(parents=True, exist_ok=True)
+    (root / "addrs").mkdir(parents=True, exist_ok=True)
+    identity = Identity.from_seed(args.seed.to_bytes(32, "little"))
+    model = make_model(args.numel)
+    cfg = OuterConfig(every_rounds=2, compression=args.compression, deadline_s=args.deadline,
+                      join_window_s=args.join_window)
+    loop = OuterLoop(cfg, identity=identity, group="test-model", params=model,
+                     data_dir=str(root / "data" / args.name),
+                     discover=lambda: discover(root, args.name))
+    tmp = root / "addrs" / f".{args.name}.tmp"
+    tmp.write_text("\n".join(loop.collective_addrs()))
+    os.replace(tmp, root / "addrs" / f"{args.name}.txt")
+    gen = torch.Generator().manual_seed(args.seed)
+    for i in range(args.start_step, args.start_step + args.steps):
+        for r in range(2 * i, 2 * i + 2):
+            with torch.no_grad():  # "inner training": a deterministic local drift
+                for p in model:
+                    p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+                    if args.poison == "nan" and r % 2 == 1:
+                        p.view(-1)[::500] = float("nan")  # hits every reducer's shard
+                    if args.poison == "huge" and r % 2 == 1:
+                        p.mul_(1e6)
+            if r % 2 == 1:
+                barrier(root, i, args.name, args.peers, args.barrier_timeout)
+                before = loop._state.theta.clone().numpy()
+                local = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
+            rec = loop.maybe_outer_step(r)
+            if rec is not None:
+                after = loop._state.theta.clone().numpy()
+                np.savez(root / "out" / f"{args.name}-{i}.npz", before=before,
+                         delta=before - local, after=after)
+                rec["i"] = i
+                with open(root / "out" / f"{args.name}.jsonl", "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+    (root / "out" / f"{args.name}.done").touch()
+    # stay reachable as a state holder until the test says stop
+    end = time.monotonic() + 60
+    while not (root / "stop").exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    loop.close()
+
+
+if __name__ == "__main__":
+    main()

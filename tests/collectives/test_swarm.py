@@ -1,0 +1,68 @@
+"""Multi-process outer steps on loopback: parity, reference mean, joiner, poison."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.collectives.harness import Swarm, reference_theta
+
+pytestmark = pytest.mark.slow
+LR, MU = 0.7, 0.9
+
+
+def _check_reference(swarm: Swarm, names: list[str], steps: range, rel_tol: float) -> None:
+    momentum = None
+    for i in steps:
+        arrs = [swarm.arrays(n, i) for n in names]
+        before = arrs[0]["before"]
+        for a in arrs:
+            assert np.array_equal(a["before"], before)
+        if momentum is None:
+            momentum = np.zeros(before.shape, np.float64)
+        ref, momentum = reference_theta(before, [a["delta"] for a in arrs], momentum,
+                                        lr=LR, mu=MU)
+        for a in arrs:
+            err = np.linalg.norm(a["after"] - ref) / np.linalg.norm(before - ref)
+            assert err < rel_tol, (i, err)
+
+
+def test_four_peers_bit_parity_reference_mean_then_joiner(swarm: Swarm) -> None:
+    names = [f"p{i}" for i in range(4)]
+    for i, n in enumerate(names):
+        swarm.spawn(n, seed=i + 1, steps=5, peers=4, compression="fp16")
+    swarm.spawn("joiner", seed=99, steps=2, start_step=3, peers=5, compression="fp16")
+    # steps 3 and 4 have five peers: the barriers of the first four wait for the joiner
+    swarm.wait_done(names + ["joiner"], timeout=240)
+    recs = {n: swarm.records(n) for n in names + ["joiner"]}
+    for i in range(3):
+        hashes = {recs[n][i]["param_hash"] for n in names}
+        assert len(hashes) == 1, (i, [recs[n][i] for n in names])
+        for n in names:
+            r = recs[n][i]
+            assert (r["status"], r["peers"], r["resync_bytes"]) == ("ok", 4, 0), r
+            assert r["bytes_sent"] > 0
+    _check_reference(swarm, names, range(3), rel_tol=5e-3)
+    # the joiner fetched the canonical state at step 3 and joined; same hash from then on
+    j3 = recs["joiner"][3]
+    assert j3["resync_bytes"] > 0, j3
+    for i in (3, 4):
+        hashes = {recs[n][i]["param_hash"] for n in names + ["joiner"]}
+        assert len(hashes) == 1, (i, [recs[n][i] for n in names + ["joiner"]])
+    assert recs["joiner"][4]["status"] == "ok" and recs["joiner"][4]["peers"] == 5
+
+
+def test_poisoned_peers_are_excluded(swarm: Swarm) -> None:
+    honest = ["h1", "h2", "h3"]
+    for i, n in enumerate(honest):
+        swarm.spawn(n, seed=i + 1, steps=2, peers=5, compression="none")
+    swarm.spawn("nan", seed=10, steps=2, peers=5, compression="none", poison="nan")
+    swarm.spawn("huge", seed=11, steps=2, peers=5, compression="none", poison="huge")
+    swarm.wait_done(honest + ["nan", "huge"], timeout=200)
+    for i in range(2):
+        recs = [swarm.records(n)[i] for n in honest]
+        assert len({r["param_hash"] for r in recs}) == 1, recs
+        for r in recs:
+            assert r["status"] == "ok" and r["peers"] == 5, r
+            assert set(r["excluded"].values()) == {"non_finite", "norm"}, r
+    _check_reference(swarm, honest, range(2), rel_tol=1e-5)

@@ -1,0 +1,34 @@
+"""`swarm-node local`: the README's main command, end to end on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.e2e.procs import cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
+    report = tmp_path / "r.json"
+    out = subprocess.run(cli("local", "--nodes", "3", "--rounds", "3", "--report", str(report),
+                             "--data-dir", str(tmp_path / "swarm")),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    data = json.loads(report.read_text())
+    assert len(data["nodes"]) == 3 and data["ok"]
+    peer_ids = {n["peer_id"] for n in data["nodes"]}
+    assert len(peer_ids) == 3
+    for node in data["nodes"]:
+        rounds = node["rounds"]
+        assert len(rounds) == 3, node["name"]
+        for key in ("round", "mean_reward", "rollouts_published", "rollouts_received",
+                    "external_used", "rejected"):
+            assert key in rounds[0], key
+        assert sum(r["rollouts_received"] for r in rounds) > 0, node["name"]
+        assert sum(r["external_used"] for r in rounds) > 0, node["name"]
+        assert "outer_steps" in node
+    assert report.with_suffix(".png").stat().st_size > 1000

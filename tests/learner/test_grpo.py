@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from node.learner.grpo import TrainingGroup, build_batch, group_advantages, grpo_loss
+
+
+def test_group_advantages_are_normalised():
+    adv = group_advantages(torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    assert adv is not None
+    assert torch.allclose(adv, torch.tensor([-1.0, 1.0, 1.0, -1.0]), atol=1e-4)
+    adv = group_advantages(torch.tensor([0.2, 0.5, 0.8]))
+    assert adv is not None
+    assert abs(float(adv.mean())) < 1e-6 and abs(float(adv.std(unbiased=False)) - 1) < 1e-4
+
+
+def test_zero_variance_group_has_no_advantage():
+    assert group_advantages(torch.tensor([0.7, 0.7, 0.7])) is None
+    assert group_advantages(torch.tensor([1.0])) is None
+
+
+def test_ratio_one_gives_plain_policy_gradient():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    adv = torch.tensor([2.0])
+    mask = torch.ones(1, 2)
+    loss, d = grpo_loss(logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.28)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -1.0]]))  # -A / n_tokens each
+    assert d["approx_kl"] == pytest.approx(0.0) and d["clipfrac"] == 0.0
+
+
+def test_clipping_is_asymmetric_and_stops_gradient():
+    old = torch.zeros(1, 3)
+    # ratios 1.25 (inside 1+0.28), 1.35 (above), 0.75 (below 1-0.2)
+    logp = torch.log(torch.tensor([[1.25, 1.35, 0.75]])).requires_grad_(True)
+    loss, d = grpo_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 3), clip_low=0.2, clip_high=0.28)
+    loss.backward()
+    g = logp.grad[0]
+    assert g[0] != 0          # positive advantage, ratio inside: gradient flows
+    assert g[1] == 0          # positive advantage, ratio above 1+clip_high: clipped
+    assert g[2] != 0          # positive advantage, ratio low: min() keeps unclipped term
+    assert d["clipfrac"] == pytest.approx(2 / 3)
+    assert d["approx_kl"] > 0
+
+
+def test_mask_excludes_prompt_tokens():
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    loss, _ = grpo_loss(logp, logp.detach(), torch.tensor([1.0]), torch.tensor([[0.0, 1.0]]),
+                        clip_low=0.2, clip_high=0.28)
+    loss.backward()
+    assert logp.grad[0, 0] == 0 and logp.grad[0, 1] == -1.0
+
+
+def test_build_batch_masks_completion_tokens_and_skips_flat_groups(embedded_base):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_base)
+    groups = [TrainingGroup(prompt="1+2=", completions=("3\n", "45"), rewards=(1.0, 0.0)),
+              TrainingGroup(prompt="1+1=", completions=("2\n", "2\n"), rewards=(1.0, 1.0))]
+    batch, skipped = build_batch(groups, tok, max_completion_tokens=8, device=torch.device("cpu"))
+    assert skipped == 1 and batch is not None
+    assert batch.input_ids.shape == (2, 6)
+    # predictions of completion tokens: positions 3 and 4 (next tokens at 4 and 5)
+    assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+    assert batch.advantages.tolist() == pytest.approx([1.0, -1.0], abs=1e-4)

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from node.bridge import LoopbackHub
+from node.learner import LearnerConfig, PolicyConfig, SapoConfig, run_learner
+from protocol import Identity, RolloutBatch
+from tests.learner.conftest import make_data_dir
+
+REQUIRED = {"round", "mean_reward", "rollouts_published", "rollouts_received", "external_used",
+            "rejected", "tokens_generated", "skipped_zero_variance", "seconds"}
+
+
+def _config(d, **kw):
+    return LearnerConfig(data_dir=str(d), policy=PolicyConfig(device="cpu"), checkpoint_every=0, **kw)
+
+
+def test_two_learners_train_on_each_others_rollouts(tmp_path, embedded_base):
+    hub = LoopbackHub()
+    ids = [Identity.from_seed(bytes([i]) * 32) for i in (1, 2)]
+    bridges = [hub.bridge(i) for i in ids]
+    dirs = [make_data_dir(tmp_path, embedded_base, f"n{i}") for i in range(2)]
+    reports: list[list[dict]] = [[], []]
+    for _ in range(3):  # round-robin; each call also resumes from the previous call's checkpoint
+        for k in range(2):
+            rep = run_learner(_config(dirs[k]), bridges[k], rounds=1)
+            reports[k].append(rep)
+    for k in range(2):
+        rounds = [r for rep in reports[k] for r in rep["rounds"]]
+        assert [r["round"] for r in rounds] == [0, 1, 2]          # resume continues the counter
+        assert all(REQUIRED <= set(r) for r in rounds)
+        assert all(r["rollouts_published"] == r["local_used"] for r in rounds)
+        assert sum(r["external_used"] for r in rounds) > 0
+        assert sum(r["rollouts_received"] for r in rounds) > 0
+        assert reports[k][-1]["peer_id"] == ids[k].peer_id
+        assert reports[k][-1]["model"] == reports[0][0]["model"]  # same embedded fingerprint
+        assert bridges[k].announcement is not None and bridges[k].announcement.model == reports[k][0]["model"]
+    # B's first round used A's round-0 rollouts: budget filled as I + J = 8
+    first_b = reports[1][0]["rounds"][0]
+    assert first_b["local_used"] + first_b["external_used"] == 8 and first_b["external_used"] > 0
+
+
+def test_bad_rollouts_are_rejected_and_counted(data_dir):
+    hub = LoopbackHub()
+    me, evil = hub.bridge(Identity.generate()), hub.bridge(Identity.generate())
+    from protocol import Rollout, TaskSpec
+    bad = Rollout(task=TaskSpec(family="no_such", config={}, seed=1, index=0), prompt="1+1=",
+                  completions=("2\n", "3\n"))
+    lie = Rollout(task=TaskSpec(family="tiny_add", config={"max_operand": 9}, seed=1, index=0),
+                  prompt="0+0=", completions=("0\n", "1\n"), rewards=(1.0, 0.0))
+    evil.publish(RolloutBatch(model="x", round=0, rollouts=(bad, lie)))
+    rep = run_learner(_config(data_dir), me, rounds=1)
+    r = rep["rounds"][0]
+    assert r["rollouts_received"] == 2 and r["rejected"] == 2 and r["external_used"] == 0
+    assert r["rejected_by_reason"] == {"unknown_family": 1, "prompt_mismatch": 1}
+
+
+def test_stop_event_on_round_and_outer_callbacks(data_dir):
+    hub = LoopbackHub()
+    bridge = hub.bridge(Identity.generate())
+    stop = threading.Event()
+    seen, outer_calls = [], []
+
+    def on_round(rec):
+        seen.append(rec["round"])
+        if len(seen) == 2:
+            stop.set()
+
+    def outer(model, rnd):
+        outer_calls.append(rnd)
+        return {"step": rnd, "peers": 1, "param_hash": "h", "seconds": 0.0, "bytes_sent": 0} if rnd == 1 else None
+
+    rep = run_learner(_config(data_dir), bridge, stop=stop, on_round=on_round, outer=outer)
+    assert seen == [0, 1] and outer_calls == [0, 1]
+    assert [o["step"] for o in rep["outer_steps"]] == [1]
+    assert (data_dir / "checkpoints" / "round-00000002" / "meta.json").exists()
+    rep2 = run_learner(_config(data_dir), bridge, rounds=1)
+    assert rep2["rounds"][0]["round"] == 2 and rep2["start_round"] == 2
+
+
+def test_needs_rounds_or_stop(data_dir):
+    with pytest.raises(ValueError):
+        run_learner(_config(data_dir), LoopbackHub().bridge(Identity.generate()))

@@ -1,0 +1,50 @@
+"""The health check behind `swarm-node status` and the Docker HEALTHCHECK."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from node.status import StatusBoard, check_status
+from node.supervisor import ipc_path_for
+
+
+def test_fresh_status_of_a_live_node_is_healthy(tmp_path):
+    board = StatusBoard(tmp_path / "status.json")
+    board.child("swarm", pid=os.getpid(), alive=True, restarts=0)
+    board.set(phase="training")
+    board.on_round({"round": 3, "mean_reward": 0.5, "rollouts_published": 4})
+    board.flush()
+    healthy, summary = check_status(tmp_path, max_age_s=30)
+    assert healthy, summary
+    assert "round=3" in summary
+    out = subprocess.run([sys.executable, "-m", "node", "status", "--data-dir", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_stale_dead_or_failed_nodes_are_unhealthy(tmp_path):
+    board = StatusBoard(tmp_path / "status.json")
+    board.flush()
+    assert not check_status(tmp_path, max_age_s=-1)[0]          # stale
+    board.child("learner", pid=None, alive=False, restarts=2)
+    board.flush()
+    healthy, summary = check_status(tmp_path, max_age_s=30)      # a child is down
+    assert not healthy and "learner" in summary
+    s = json.loads((tmp_path / "status.json").read_text())
+    s.update(pid=2**22 + 12345, children={}, time=time.time())   # supervisor gone
+    (tmp_path / "status.json").write_text(json.dumps(s))
+    assert not check_status(tmp_path, max_age_s=30)[0]
+    out = subprocess.run([sys.executable, "-m", "node", "status", "--data-dir", str(tmp_path / "x")],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "no node status" in out.stdout
+
+
+def test_ipc_path_stays_short_enough_for_unix_sockets(tmp_path):
+    assert ipc_path_for(tmp_path) == (tmp_path / "swarm.sock").resolve()
+    deep = tmp_path / ("x" * 120)
+    assert len(str(ipc_path_for(deep))) <= 100
+    assert ipc_path_for(deep) == ipc_path_for(deep)
