@@ -60,6 +60,7 @@ class Container:
                  entrypoint: list[str] | None = None, paths: dict[str, str] | None = None):
         self.paths = {VENV: sys.prefix, **(paths or {})}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_NODE_")}
+        self.env["PYTHONFAULTHANDLER"] = "1"  # diagnostics only: stacks if a stop hangs
         for key, value in {**image.env, **(env or {})}.items():
             value = host_paths(value, self.paths)
             self.env[key] = value.replace("$PATH", os.environ.get("PATH", ""))
@@ -111,8 +112,22 @@ class Container:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self._dump_stacks()
             self.kill()
-            raise AssertionError(f"no exit {timeout:.0f} s after SIGTERM; log:\n{self.tail()}")
+            raise AssertionError(f"no exit {timeout:.0f} s after SIGTERM; log:\n"
+                                 f"{self.tail(250)}") from None
+
+    def _dump_stacks(self) -> None:
+        """SIGABRT every Python process of the tree: with PYTHONFAULTHANDLER=1 (set by the
+        tests) each prints its threads' stacks into the log, which says where it hung."""
+        assert self.proc is not None
+        for pid in _descendants(self.proc.pid) + [self.proc.pid]:
+            try:
+                if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:
+                    os.kill(pid, signal.SIGABRT)
+            except (OSError, ProcessLookupError):
+                pass
+        time.sleep(5)
 
     def kill(self) -> None:
         """SIGKILL to every process of the 'container' (as `docker kill`/teardown does):

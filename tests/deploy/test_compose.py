@@ -90,7 +90,7 @@ def test_community_node_needs_a_bootstrap_and_keeps_its_data(stages):
     assert node["environment"]["SWARM_NODE_BOOTSTRAP"] == REQUIRED["SWARM_NODE_BOOTSTRAP"]
     data_dir = stages["cpu"].image.env["SWARM_NODE_DATA_DIR"]
     assert any(m.endswith(":" + data_dir) for m in node["volumes"])
-    assert "4001:4001/tcp" in node["ports"]
+    assert {"4001:4001/tcp", "4002:4002/tcp"} <= set(node["ports"])
     metrics_port = node["environment"]["SWARM_NODE_METRICS_PORT"]
     assert f"127.0.0.1:9400:{metrics_port}/tcp" in node["ports"], "metrics only on loopback"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from node.cli import join
+from node.launch import collective_addr
 from tests.deploy.conftest import DEPLOY, ROOT, TARGETS
 
 
@@ -26,8 +27,10 @@ def test_target_runs_join_as_non_root_with_data_on_a_volume(stages, target):
     assert data_dir in img.volumes
     assert img.env["HF_HOME"].startswith(data_dir + "/"), "model cache must survive restarts"
     assert img.env["SWARM_NODE_REPORT"].startswith(data_dir + "/")
-    assert "4001/tcp" in img.expose
-    assert img.env["SWARM_NODE_LISTEN"].endswith("/tcp/4001")
+    listen = img.env["SWARM_NODE_LISTEN"]
+    assert listen.endswith("/tcp/4001")
+    collective = collective_addr(listen)  # where the node's hivemind p2pd listens
+    assert {"4001/tcp", collective.rsplit("/", 1)[1] + "/tcp"} <= set(img.expose)
 
 
 @pytest.mark.parametrize("target", TARGETS)
