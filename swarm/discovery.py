@@ -4,6 +4,12 @@
 (BootstrapError after ``bootstrap_timeout_s``). ``Dialer.maintain`` then runs forever: it
 expires peers whose announcements stopped, re-dials lost bootstrap peers, and dials peers
 learned from announcements while fewer than ``target_peers`` are connected.
+
+Dial rule: of two peers that learned of each other, only the one with the smaller peer id
+dials, and a bootstrap-only peer dials nobody it learned of. Measured with py-libp2p 0.8.1:
+when two peers dial each other at once they keep two connections, and gossip between them is
+then lost silently (8 processes on loopback: nodes holding a duplicate connection missed up
+to 20 of 35 batches; with this rule none were missed).
 """
 
 from __future__ import annotations
@@ -93,8 +99,12 @@ class Dialer:
         connected = self.connected()
         wanted: list[PeerInfo] = [i for i in self.bootstrap_peers if i.peer_id not in connected]
         room = min(self.config.target_peers, self.config.max_peers) - len(connected)
-        candidates = [i for i in self._announced() if i.peer_id not in connected
-                      and i.peer_id != self_id]
+        # Only the peer with the smaller id dials: py-libp2p loses gossip silently between two
+        # peers that hold two connections to each other (both dialed at once); see
+        # tests/swarm/test_swarm.py and the module docstring.
+        candidates = [] if self.config.bootstrap_only else [
+            i for i in self._announced()
+            if i.peer_id not in connected and str(self_id) < str(i.peer_id)]
         random.shuffle(candidates)
         wanted += candidates[:max(0, room)]
         if not wanted:

@@ -198,6 +198,11 @@ class GossipService:
         out["peers"] = len(self.stack.host.get_connected_peers())
         out["known_peers"] = len(self.table)
         out["inbox"] = len(self.inbox)
+        out["pubsub_peers"] = len(self.stack.pubsub.peers)
+        out["connections"] = sum(len(c) for c in
+                                 self.stack.host.get_network().get_connections_map().values())
+        for type_, topic in self.topics.items():
+            out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(topic, ()))
         return out
 
 

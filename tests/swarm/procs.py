@@ -50,13 +50,19 @@ class SwarmProc:
         Path(self.config.data_dir).parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swarm", "--config-json", self.config.to_json()],
+            [sys.executable, "-m", "swarm", "--config-json", self.config.to_json(),
+             *[f"--log={x}" for x in os.environ.get("SN_SWARM_LOG", "").split(",") if x]],
             stdout=subprocess.PIPE, stderr=log, env=os.environ.copy())
         log.close()
         if expect_ready:
-            line = self._readline(timeout_s)
-            self.ready = json.loads(line)
-            assert self.ready.get("event") == "ready", line
+            self.wait_ready(timeout_s=timeout_s)
+        return self
+
+    def wait_ready(self, *, timeout_s: float = 60.0) -> SwarmProc:
+        line = self._readline(timeout_s)
+        self.ready = json.loads(line)
+        if self.ready.get("event") != "ready":
+            raise RuntimeError(f"{self.name}: unexpected first line {line!r}")
         return self
 
     def _readline(self, timeout_s: float) -> str:

@@ -1,0 +1,94 @@
+"""A real attacker process: our host builder, then raw publishes of crafted payloads.
+
+``python -m tests.swarm.attacker '<json>'`` with keys: data_dir, victim (full multiaddr),
+swarm_id, topic_type, rate_burst (how many valid messages to send back to back), plan
+("all", or "invalid_only": rate_burst malformed payloads), pause_s. It prints
+one JSON line ``{"event": "done", "peer_id": ..., "sent": {...}}`` and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.peer.id import ID
+from libp2p.tools.anyio_service import background_trio_service
+
+from protocol import Identity, load_or_create_identity, seal
+from protocol.limits import packb, unpackb
+from swarm.config import GossipConfig
+from swarm.host import build_stack, parse_peer_addr
+from swarm.topics import topic_for
+from tests.swarm.conftest import batch
+
+
+def crafted(me: Identity, swarm_id: str, burst: int) -> list[tuple[str, bytes]]:
+    """(label, payload) in sending order; the label is also the batch's model name."""
+    now = int(time.time() * 1000)
+
+    def good(label: str, **kw: Any) -> bytes:
+        return seal(me, batch(label, 0), swarm_id=kw.pop("swarm", swarm_id), **kw)
+
+    forged = unpackb(good("forged"))
+    forged["s"] = bytes(64 - 1) + b"\x01"
+    oversized = unpackb(good("oversized"))
+    oversized["b"] = b"\0" * (100 * 1024)  # a byte string over the 64 KiB limit
+    replay = good("replay", now_ms=now - 200_000)  # old but inside the 300 s window
+    out = [
+        ("forged", packb(forged)),
+        ("wrong_swarm", good("wrong_swarm", swarm="another-swarm")),
+        ("oversized", packb(oversized)),
+        ("malformed", b"\xc1 not msgpack"),
+        ("wrong_sender", seal(Identity.generate(), batch("wrong_sender", 0), swarm_id=swarm_id)),
+        ("replay", replay),
+        ("replay", replay),  # the same envelope again, under a new pubsub seqno
+        ("stale", good("stale", now_ms=now - 400_000)),
+    ]
+    out += [("burst", good("burst")) for _ in range(burst)]
+    return out
+
+
+async def attack(args: dict[str, Any]) -> dict[str, Any]:
+    me = load_or_create_identity(args["data_dir"])
+    config = GossipConfig(data_dir=args["data_dir"], listen=("/ip4/127.0.0.1/tcp/0",),
+                          swarm_id=args["swarm_id"])
+    stack = build_stack(me, config)
+    victim = parse_peer_addr(args["victim"])
+    topic = topic_for(args["swarm_id"], args.get("topic_type", "rollouts"))
+    sent: dict[str, int] = {}
+    async with stack.host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        async with background_trio_service(stack.pubsub), background_trio_service(stack.router):
+            await stack.pubsub.wait_until_ready()
+            with trio.fail_after(30):
+                await stack.host.connect(victim)
+                # publish through fanout: wait until the victim's subscription is known
+                while victim.peer_id not in stack.pubsub.peer_topics.get(topic, set()) or \
+                        victim.peer_id not in stack.router.peer_protocol:
+                    await trio.sleep(0.05)
+            await trio.sleep(0.5)
+            plan = crafted(me, args["swarm_id"], int(args["rate_burst"]))
+            if args.get("plan") == "invalid_only":
+                plan = [("malformed", b"\xc1 not msgpack")] * int(args["rate_burst"])
+            for label, payload in plan:
+                await stack.pubsub.publish(topic, payload)
+                sent[label] = sent.get(label, 0) + 1
+                await trio.sleep(0.01 if label == "burst" else 0.05)
+            await trio.sleep(float(args.get("pause_s", 2.5)))  # let the victim's bucket refill
+            await stack.pubsub.publish(topic, seal(me, batch("good", 1), swarm_id=args["swarm_id"]))
+            sent["good"] = 1
+            await trio.sleep(1.0)  # let the outbound queue drain before leaving
+    return {"event": "done", "peer_id": me.peer_id, "sent": sent}
+
+
+def main() -> None:
+    args = json.loads(sys.argv[1])
+    result = trio.run(attack, args)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
