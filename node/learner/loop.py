@@ -33,7 +33,7 @@ from node.learner.policy import Policy, load_policy
 from node.learner.report import node_report
 from node.learner.sapo import ExternalPool, plan_round
 from node.learner.tasks import build_task, get_family
-from protocol import Rollout, RolloutBatch
+from protocol import Rollout, RolloutBatch, TaskSpec
 
 __all__ = ["Learner", "run_learner"]
 
@@ -152,7 +152,7 @@ class Learner:
             "seconds": seconds,
         }
 
-    def _sample_spec(self, rng: random.Random):  # type: ignore[no-untyped-def]
+    def _sample_spec(self, rng: random.Random) -> TaskSpec:
         families = self.config.tasks.families
         family = families[rng.randrange(len(families))]
         return get_family(family).sample_spec(rng, self.config.tasks.family_config.get(family, {}))
