@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--entropy", type=float, default=None, help="override TrainerConfig.entropy_coef")
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--max-operand", type=int, default=None)
+    ap.add_argument("--closeness", type=float, default=None, help="tiny_add closeness weight")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="learner_curve")
     args = ap.parse_args()
@@ -54,8 +55,9 @@ def main() -> None:
     defaults = LearnerConfig(data_dir="x")
     trainer = dataclasses.replace(defaults.trainer, **{k: v for k, v in (("lr", args.lr), ("entropy_coef", args.entropy)) if v is not None})
     engine = EngineConfig(temperature=args.temperature) if args.temperature else defaults.engine
-    tasks = (TaskConfig(family_config={"tiny_add": {"max_operand": args.max_operand}})
-             if args.max_operand else defaults.tasks)
+    tiny = {k: v for k, v in (("max_operand", args.max_operand), ("closeness", args.closeness))
+            if v is not None}
+    tasks = TaskConfig(family_config={"tiny_add": tiny}) if tiny else defaults.tasks
     data_dir = tempfile.mkdtemp(prefix="learner-curve-")
     config = LearnerConfig(data_dir=data_dir, seed=args.seed, checkpoint_every=0,
                            policy=PolicyConfig(device="cpu", threads=args.threads),
@@ -82,7 +84,7 @@ def main() -> None:
         "rounds": len(rewards), "seconds": seconds, "config": config.to_dict(),
         "first_reward": sum(rewards[:k]) / k, "last_reward": sum(rewards[-k:]) / k,
         "first_accuracy": sum(acc[:k]) / k, "last_accuracy": sum(acc[-k:]) / k,
-        "window_rounds": k, "skipped_zero_variance": sum(r["skipped_zero_variance"] for r in report["rounds"]),
+        "window_rounds": k, "first10_reward": sum(rewards[:10]) / max(1, len(rewards[:10])), "skipped_zero_variance": sum(r["skipped_zero_variance"] for r in report["rounds"]),
         "reward": rewards, "accuracy": acc,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

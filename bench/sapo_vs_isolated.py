@@ -6,7 +6,7 @@ reward (sum over nodes and rounds of the mean reward of each node's own local ro
 figure of merit. Nodes run round-robin in one process on a LoopbackHub (every message really
 signed and verified); both configurations use the same identities, seeds and base model.
 
-    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py [--nodes 4] [--rounds 300] [--local 4 --external 4]
+    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py [--nodes 4] [--rounds 150] [--local 4 --external 4]
 
 Writes bench/results/sapo_vs_isolated.json and .png (cumulative reward and per-round reward).
 """
@@ -96,7 +96,7 @@ def plot(runs: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--local", type=int, default=4)
     ap.add_argument("--external", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
@@ -105,15 +105,17 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     budget = args.local + args.external
+    RESULTS.mkdir(parents=True, exist_ok=True)
     sapo = run_swarm(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external,
                      seed=args.seed, threads=args.threads, label="sapo")
+    (RESULTS / f"{args.name}.partial.json").write_text(json.dumps({"runs": [sapo]}))
     alone = run_swarm(nodes=args.nodes, rounds=args.rounds, local=budget, external=0,
                       seed=args.seed, threads=args.threads, label="isolated")
     ratio = sapo["cumulative_reward"] / max(alone["cumulative_reward"], 1e-9)
-    summary = {"ratio": ratio, "paper_ratio_4_4": 1093.31 / 561.79,
+    summary = {"ratio": ratio, "paper_ratio_4_4": 1093.31 / 561.79, "nodes": args.nodes,
+               "rounds": args.rounds, "config": LearnerConfig(data_dir="-").to_dict(),
                **{f"{r['label']}_{k}": r[k] for r in (sapo, alone)
                   for k in ("cumulative_reward", "cumulative_accuracy", "external_used", "seconds")}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"summary": summary, "runs": [sapo, alone]}))
     plot([sapo, alone], RESULTS / f"{args.name}.png")
     print(json.dumps(summary, indent=1))
