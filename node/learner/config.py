@@ -118,6 +118,10 @@ class TrainerConfig:
     """Upper clip of the ratio: 1 + clip_high (DAPO clip-higher)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the base model (0 disables it and keeps no reference copy)."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus on completion tokens (0 = plain GRPO). Counters the
+    collapse into one deterministic answer per prompt, after which every group has zero
+    variance and GRPO stops learning; zero-variance groups then still feed this term."""
     grad_clip: float = 1.0
     """Max global gradient norm; 0 disables clipping."""
     epochs: int = 1
@@ -131,7 +135,8 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens")
-        _non_negative(self, "clip_low", "clip_high", "kl_coef", "grad_clip", "weight_decay")
+        _non_negative(self, "clip_low", "clip_high", "kl_coef", "entropy_coef", "grad_clip",
+                      "weight_decay")
         if self.clip_low >= 1:
             raise ValueError(f"TrainerConfig.clip_low must be < 1, got {self.clip_low}")
 

@@ -70,18 +70,29 @@ class Batch:
 
 
 def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_tokens: int,
-                device: torch.device) -> tuple[Batch | None, int]:
-    """Tokenise the groups with non-zero variance; returns (batch or None, groups skipped)."""
+                device: torch.device, max_length: int | None = None,
+                keep_flat: bool = False) -> tuple[Batch | None, int]:
+    """Tokenise the groups with non-zero variance; returns (batch or None, groups skipped).
+
+    Completions are cut to ``max_completion_tokens`` and every row to ``max_length`` tokens
+    (the model's context); a row whose prompt alone fills the context is dropped. With
+    ``keep_flat`` zero-variance groups stay in with advantage 0 (they then only feed the
+    entropy bonus); they are counted as skipped either way.
+    """
     rows: list[tuple[list[int], int, float]] = []
     skipped = 0
     for g in groups:
         adv = group_advantages(torch.tensor(g.rewards, dtype=torch.float32))
         if adv is None:
             skipped += 1
-            continue
+            if not keep_flat:
+                continue
+            adv = torch.zeros(len(g.rewards))
         prompt_ids = tokenizer.encode(g.prompt, add_special_tokens=False)
         for text, a in zip(g.completions, adv.tolist()):
             comp = tokenizer.encode(text, add_special_tokens=False)[:max_completion_tokens]
+            if max_length is not None:
+                comp = comp[:max(0, max_length - len(prompt_ids))]
             if comp and prompt_ids:
                 rows.append((prompt_ids + comp, len(prompt_ids), a))
     if not rows:
@@ -100,17 +111,24 @@ def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_t
                  advantages.to(device)), skipped
 
 
-def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log π(token t+1 | tokens ≤ t) for every position, shape (B, T-1), float32."""
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(token t+1 | tokens ≤ t) for every position, shape (B, T-1), float32, and
+    (if asked) the entropy of π at every position."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, *, clip_low: float, clip_high: float,
-              ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0
+              ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+              entropy: torch.Tensor | None = None, entropy_coef: float = 0.0
               ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate, token-level mean over completion tokens (DAPO), plus optional KL."""
+    """Clipped surrogate, token-level mean over completion tokens (DAPO), plus optional KL
+    penalty and entropy bonus."""
     logratio = logp - old_logp
     ratio = logratio.exp()
     adv = advantages[:, None]
@@ -125,12 +143,17 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         d = ref_logp - logp  # k3 estimator of KL(π || π_ref), always >= 0
         kl = ((d.exp() - d - 1.0) * mask).sum() / n_tokens
         loss = loss + kl_coef * kl
+    entropy_loss = torch.zeros(())
+    if entropy is not None:
+        entropy_loss = (entropy * mask).sum() / n_tokens
+        loss = loss - entropy_coef * entropy_loss
     with torch.no_grad():
         approx_kl = (((ratio - 1.0) - logratio) * mask).sum() / n_tokens
         clipped = ((ratio - 1.0).abs() > 0) & ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high))
         clipfrac = (clipped.float() * mask).sum() / n_tokens
     return loss, {"pg_loss": pg_loss.item(), "approx_kl": approx_kl.item(),
-                  "clipfrac": clipfrac.item(), "kl": kl.item()}
+                  "clipfrac": clipfrac.item(), "kl": kl.item(),
+                  "entropy": entropy_loss.item()}
 
 
 class GrpoTrainer:
@@ -142,6 +165,7 @@ class GrpoTrainer:
         self.model = model
         self.tokenizer = tokenizer
         self.ref_model = ref_model if config.kl_coef > 0 else None
+        self._max_length: int | None = getattr(model.config, "max_position_embeddings", None)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
                                            weight_decay=config.weight_decay)
 
@@ -154,7 +178,9 @@ class GrpoTrainer:
         batches = []
         for chunk in chunks:
             batch, skipped = build_batch(chunk, self.tokenizer, device=self.model.device,
-                                         max_completion_tokens=cfg.max_completion_tokens)
+                                         max_completion_tokens=cfg.max_completion_tokens,
+                                         max_length=self._max_length,
+                                         keep_flat=cfg.entropy_coef > 0)
             stats["skipped_zero_variance"] += skipped
             if batch is not None:
                 batches.append(batch)
@@ -162,18 +188,20 @@ class GrpoTrainer:
             return stats
         self.model.train()
         with torch.no_grad():  # old log-probs: the current policy, detached (see module doc)
-            old = [token_logprobs(self.model, b.input_ids, b.attention_mask) for b in batches]
-            ref = [token_logprobs(self.ref_model, b.input_ids, b.attention_mask)
+            old = [token_logprobs(self.model, b.input_ids, b.attention_mask)[0] for b in batches]
+            ref = [token_logprobs(self.ref_model, b.input_ids, b.attention_mask)[0]
                    if self.ref_model is not None else None for b in batches]
         total_tokens = float(sum(b.loss_mask.sum() for b in batches))
         for _ in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            diag = {"loss": 0.0, "pg_loss": 0.0, "approx_kl": 0.0, "clipfrac": 0.0, "kl": 0.0}
+            diag = dict.fromkeys(("loss", "pg_loss", "approx_kl", "clipfrac", "kl", "entropy"), 0.0)
             for b, old_logp, ref_logp in zip(batches, old, ref):
-                logp = token_logprobs(self.model, b.input_ids, b.attention_mask)
+                logp, entropy = token_logprobs(self.model, b.input_ids, b.attention_mask,
+                                               with_entropy=cfg.entropy_coef > 0)
                 loss, d = grpo_loss(logp, old_logp, b.advantages, b.loss_mask,
                                     clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                    ref_logp=ref_logp, kl_coef=cfg.kl_coef)
+                                    ref_logp=ref_logp, kl_coef=cfg.kl_coef,
+                                    entropy=entropy, entropy_coef=cfg.entropy_coef)
                 weight = float(b.loss_mask.sum()) / total_tokens
                 (loss * weight).backward()
                 diag["loss"] += loss.item() * weight

@@ -31,9 +31,9 @@ from node.learner.engine import Engine, make_engine
 from node.learner.grpo import GrpoTrainer, TrainingGroup
 from node.learner.policy import Policy, load_policy
 from node.learner.report import node_report
-from node.learner.sapo import ExternalPool, plan_round
+from node.learner.sapo import ExternalPool, IngestStats, plan_round
 from node.learner.tasks import build_task, get_family
-from protocol import Rollout, RolloutBatch
+from protocol import Rollout, RolloutBatch, TaskSpec
 
 __all__ = ["Learner", "run_learner"]
 
@@ -129,7 +129,14 @@ class Learner:
         external = self.pool.take(n_external, rng)
         train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
+        return self._record(local=local, external=external, completions=completions, train=train,
+                            published=published, ingest=ingest, seconds=seconds,
+                            zero_advantage=self.pool.zero_advantage_discarded - zero_adv_before)
 
+    def _record(self, *, local: list[TrainingGroup], external: list[TrainingGroup],
+                completions: list[Any], train: dict[str, float], published: int,
+                ingest: IngestStats, seconds: dict[str, float], zero_advantage: int) -> dict[str, Any]:
+        """The per-round record (report.py lists the contract keys)."""
         local_rewards = [r for g in local for r in g.rewards]
         ext_rewards = [r for g in external for r in g.rewards]
         return {
@@ -143,7 +150,7 @@ class Learner:
             "local_used": len(local),
             "external_used": len(external),
             "external_pool": len(self.pool),
-            "external_zero_advantage": self.pool.zero_advantage_discarded - zero_adv_before,
+            "external_zero_advantage": zero_advantage,
             "rejected": sum(ingest.rejected.values()),
             "rejected_by_reason": dict(ingest.rejected),
             "tokens_generated": sum(c.token_count for group in completions for c in group),
@@ -152,7 +159,7 @@ class Learner:
             "seconds": seconds,
         }
 
-    def _sample_spec(self, rng: random.Random):  # type: ignore[no-untyped-def]
+    def _sample_spec(self, rng: random.Random) -> TaskSpec:
         families = self.config.tasks.families
         family = families[rng.randrange(len(families))]
         return get_family(family).sample_spec(rng, self.config.tasks.family_config.get(family, {}))

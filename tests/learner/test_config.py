@@ -34,3 +34,11 @@ def test_invalid_values_raise_value_error(build):
 def test_unknown_keys_are_rejected():
     with pytest.raises(ValueError, match="unknown keys"):
         LearnerConfig.from_dict({"data_dir": "/tmp/x", "trainer": {"learning_rate": 1}})
+
+
+def test_public_surface_is_listed_and_importable():
+    import node.learner as pkg
+
+    assert {"run_learner", "LearnerConfig", "TaskError"} <= set(pkg.__all__)
+    for name in pkg.__all__:
+        assert getattr(pkg, name) is not None

@@ -64,3 +64,14 @@ def test_build_batch_masks_completion_tokens_and_skips_flat_groups(embedded_base
     # predictions of completion tokens: positions 3 and 4 (next tokens at 4 and 5)
     assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
     assert batch.advantages.tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
+
+
+def test_rows_are_cut_to_the_model_context(embedded_base):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_base)
+    groups = [TrainingGroup(prompt="1+2=", completions=("3" * 50, "x" * 50), rewards=(1.0, 0.0)),
+              TrainingGroup(prompt="9" * 30, completions=("a", "b"), rewards=(1.0, 0.0))]
+    batch, _ = build_batch(groups, tok, max_completion_tokens=40, device=torch.device("cpu"),
+                           max_length=20)
+    assert batch is not None and batch.input_ids.shape == (2, 20)  # long prompt rows dropped

@@ -23,13 +23,13 @@ def test_two_learners_train_on_each_others_rollouts(tmp_path, embedded_base):
     bridges = [hub.bridge(i) for i in ids]
     dirs = [make_data_dir(tmp_path, embedded_base, f"n{i}") for i in range(2)]
     reports: list[list[dict]] = [[], []]
-    for _ in range(3):  # round-robin; each call also resumes from the previous call's checkpoint
+    for _ in range(2):  # round-robin; each call also resumes from the previous call's checkpoint
         for k in range(2):
             rep = run_learner(_config(dirs[k]), bridges[k], rounds=1)
             reports[k].append(rep)
     for k in range(2):
         rounds = [r for rep in reports[k] for r in rep["rounds"]]
-        assert [r["round"] for r in rounds] == [0, 1, 2]          # resume continues the counter
+        assert [r["round"] for r in rounds] == [0, 1]          # resume continues the counter
         assert all(REQUIRED <= set(r) for r in rounds)
         assert all(r["rollouts_published"] == r["local_used"] for r in rounds)
         assert sum(r["external_used"] for r in rounds) > 0
@@ -48,7 +48,7 @@ def test_bad_rollouts_are_rejected_and_counted(data_dir):
     from protocol import Rollout, TaskSpec
     bad = Rollout(task=TaskSpec(family="no_such", config={}, seed=1, index=0), prompt="1+1=",
                   completions=("2\n", "3\n"))
-    lie = Rollout(task=TaskSpec(family="tiny_add", config={"max_operand": 9}, seed=1, index=0),
+    lie = Rollout(task=TaskSpec(family="tiny_add", config={"max_operand": 9, "closeness": 0.5}, seed=1, index=0),
                   prompt="0+0=", completions=("0\n", "1\n"), rewards=(1.0, 0.0))
     evil.publish(RolloutBatch(model="x", round=0, rollouts=(bad, lie)))
     rep = run_learner(_config(data_dir), me, rounds=1)

@@ -11,7 +11,7 @@ from protocol import PeerAnnouncement, Rollout, RolloutBatch, TaskSpec
 
 def _rollout(seed: int, completions: tuple[str, ...], *, family="tiny_add", prompt=None,
              rewards=None) -> Rollout:
-    spec = TaskSpec(family=family, config={"max_operand": 9}, seed=seed, index=0)
+    spec = TaskSpec(family=family, config={"max_operand": 9, "closeness": 0.5}, seed=seed, index=0)
     if prompt is None:
         prompt = build_task(spec).prompt if family == "tiny_add" else "?"
     return Rollout(task=spec, prompt=prompt, completions=completions,
@@ -19,7 +19,7 @@ def _rollout(seed: int, completions: tuple[str, ...], *, family="tiny_add", prom
 
 
 def _answer(seed: int) -> str:
-    return build_task(TaskSpec(family="tiny_add", config={"max_operand": 9}, seed=seed, index=0)).answer
+    return build_task(TaskSpec(family="tiny_add", config={"max_operand": 9, "closeness": 0.5}, seed=seed, index=0)).answer
 
 
 def _received(*rollouts: Rollout) -> Received:

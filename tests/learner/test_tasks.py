@@ -50,7 +50,7 @@ def test_bad_specs_are_rejected_with_a_reason(spec, reason):
 
 
 def test_prompt_mismatch_is_rejected():
-    spec = TaskSpec(family="tiny_add", config={"max_operand": 9}, seed=3, index=0)
+    spec = TaskSpec(family="tiny_add", config={"max_operand": 9, "closeness": 0.5}, seed=3, index=0)
     with pytest.raises(TaskError) as e:
         build_task(spec, prompt=build_task(spec).prompt + " ")
     assert e.value.reason == "prompt_mismatch"
