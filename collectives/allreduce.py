@@ -68,6 +68,8 @@ class Session:
     result: bytes | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    suspects: set[str] = field(default_factory=set)
+    """Members whose shard or contribution never came: their commits are not awaited."""
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
@@ -267,6 +269,8 @@ class AllReduce:
             errors[self.peer_id] = "own shard has no result"
         else:
             shards[me] = self.codec.decode(s.result, hi - lo)
+        s.suspects |= set(errors) - {self.peer_id}
+        s.suspects |= {p for p, why in s.excluded.items() if why == "missing"}
         if errors:
             raise StepFailed(f"missing shards from {sorted(errors)}: {errors}")
         timer.cancel()

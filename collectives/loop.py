@@ -144,8 +144,10 @@ class OuterLoop:
         else:
             leader = min(p for p, h in records.items() if h == majority)
             rec["leader"] = leader
-            expect = self._run_group(rec, k, leader, delta, t0)
-            self._publish(k, len(expect))
+            try:
+                expect = self._run_group(rec, k, leader, delta, t0)
+            finally:  # failed attempts advance the attempt index too: keep heads current
+                self._publish(k, rec["peers"])
         self._reconcile(rec, k, expect, commit_until=t0 + 0.9 * cfg.deadline_s, end=end)
 
     def _run_group(self, rec: dict[str, Any], k: int, leader: str, delta: torch.Tensor,
@@ -185,6 +187,7 @@ class OuterLoop:
             if s is not None:
                 rec["bytes_sent"], rec["bytes_received"] = s.bytes_sent, s.bytes_received
                 rec["excluded"] = dict(s.excluded)
+                return set(members) - s.suspects
         return set(members)
 
     def _publish(self, k: int, peers: int) -> None:
@@ -236,15 +239,15 @@ class OuterLoop:
     def _fetch(self, rec: dict[str, Any], want: str, holders: list[str], *, end: float) -> None:
         numel = self._state.theta.numel()
         for peer in holders:
-            if peer == self.peer_id or time.monotonic() >= end:
+            left = end - time.monotonic()
+            if peer == self.peer_id or left <= 0:
                 continue
+            budget = min(left, max(2.0, left / 2))  # a dead holder must not eat it all
             try:
-                data = self._transport.run(
-                    self._ar.fetch_state(peer, want, max(0.1, end - time.monotonic())),
-                    max(0.1, end - time.monotonic()) + 1)
+                data = self._transport.run(self._ar.fetch_state(peer, want, budget), budget + 1)
                 state = OuterState.from_bytes(data, numel=numel)
-            except (CollectiveError, TimeoutError, ValueError, OSError) as e:
-                logger.info("state fetch from %s failed: %s", peer, e)
+            except Exception as e:  # noqa: BLE001 - dial errors, timeouts, bad bytes: next
+                logger.info("state fetch from %s failed: %s: %s", peer, type(e).__name__, e)
                 continue
             if state.hash() != want:
                 logger.warning("state from %s does not match its commit; ignored", peer)

@@ -54,12 +54,12 @@ def install_fault(fault: Fault, step: int, after: int) -> None:
     async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
         s = self.session
         armed = s is not None and s.step == step
-        if armed and done["n"] >= after:
+        if armed and after == 0:
             crash()
         result = await original(self, *a, **kw)
         if armed:
             done["n"] += 1
-            if done["n"] >= after and fault is Fault.REDUCER:
+            if done["n"] >= after:
                 crash()
         return result
 
