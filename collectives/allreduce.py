@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from hivemind.p2p import P2P, PeerID
 
+from collectives._hivemind import P2P, PeerID
 from collectives.codec import Codec, CodecError
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed

@@ -19,11 +19,9 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, Awaitable, Callable, TypeVar
 
-from hivemind.dht import DHT
-from hivemind.p2p import P2P, PeerID
-from hivemind.utils.timed_storage import get_dht_time
 from multiaddr import Multiaddr
 
+from collectives._hivemind import DHT, P2P, PeerID, get_dht_time
 from collectives.config import OuterConfig
 from collectives.errors import TransportError
 from protocol import Identity, atomic_write_bytes
