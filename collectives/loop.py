@@ -35,7 +35,7 @@ from collectives.config import OuterConfig
 from collectives.consistency import CommitBook, canonical
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.state import OuterState, flatten, unflatten_into
-from collectives.transport import Transport
+from collectives.transport import Transport, sanitize_maddrs
 from protocol import Identity
 
 __all__ = ["OuterLoop"]
@@ -168,10 +168,12 @@ class OuterLoop:
             with self._lock:
                 self._state.attempt = k + 1
             return set()
+        t_ar = time.monotonic()
         try:
             avg = self._transport.run(
                 self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s),
                 t0 + 0.7 * cfg.deadline_s - time.monotonic() + 1)
+            rec["allreduce_seconds"] = round(time.monotonic() - t_ar, 4)
         except (StepFailed, TimeoutError) as e:
             rec["error"] = repr(e)[:500]
             with self._lock:
@@ -195,9 +197,11 @@ class OuterLoop:
             h = self._state.hash()
         data = self._book.seal(k, h, peers)
         ttl = 3 * self.config.deadline_s + 60
-        self._transport.dht_store(self._book.key(k), self.peer_id, data, ttl=ttl, timeout=5)
+        timeout = min(5.0, self.config.deadline_s / 4)
+        self._transport.dht_store(self._book.key(k), self.peer_id, data, ttl=ttl,
+                                  timeout=timeout)
         self._transport.dht_store(self._book.head_key, self.peer_id, data, ttl=ttl * 20,
-                                  timeout=5)
+                                  timeout=timeout)
 
     # --- consistency ----------------------------------------------------------------------
     def _reconcile(self, rec: dict[str, Any], k: int, expect: set[str], *, commit_until: float,
@@ -267,7 +271,8 @@ class OuterLoop:
 
     def _safe_discover(self) -> list[str]:
         try:
-            return [a for a in self._discover() if isinstance(a, str)][:256]
+            found = [a for a in self._discover() if isinstance(a, str)][:256]
+            return sanitize_maddrs(found)
         except Exception as e:  # noqa: BLE001 - the caller's callback must not break us
             logger.warning("discover() failed: %s", e)
             return []

@@ -20,11 +20,16 @@ class Swarm:
         self.root = root
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, name: str, seed: int, **opts: object) -> None:
-        cmd = [sys.executable, "-m", "tests.collectives.peer_worker", "--dir", str(self.root),
-               "--name", name, "--seed", str(seed)]
+    def spawn(self, name: str, seed: int, *, prefix: list[str] | None = None,
+              **opts: object) -> None:
+        """Start a peer; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
+        cmd = [*(prefix or []), sys.executable, "-m", "tests.collectives.peer_worker",
+               "--dir", str(self.root), "--name", name, "--seed", str(seed)]
         for k, v in opts.items():
-            cmd += [f"--{k.replace('_', '-')}", str(v)]
+            if v is True:
+                cmd.append(f"--{k.replace('_', '-')}")
+            elif v is not None and v is not False:
+                cmd += [f"--{k.replace('_', '-')}", str(v)]
         log = open(self.root / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True, env=os.environ.copy())
