@@ -144,10 +144,13 @@ def main() -> None:
     ap.add_argument("--netns-only", action="store_true")
     ap.add_argument("--churn-trials", type=int, default=0)
     ap.add_argument("--out", default="bench/results/collectives.json")
+    ap.add_argument("--append", action="store_true", help="add to an existing --out file")
     args = ap.parse_args()
+    out_path = Path(args.out)
     results: dict = {"host": platform.node(), "cpus": os.cpu_count(), "started": time.time(),
                      "allreduce": [], "churn": None}
-    out_path = Path(args.out)
+    if args.append and out_path.exists():
+        results = json.loads(out_path.read_text())
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
@@ -158,7 +161,7 @@ def main() -> None:
     modes = ([] if args.netns_only else [False]) + ([True] if args.netns or args.netns_only
                                                       else [])
     for netns_mode in modes:
-        for size in map(int, args.sizes.split(",")):
+        for size in [int(x) for x in args.sizes.split(",") if x]:
             for peers in map(int, args.peers.split(",")):
                 ns = netns_up(peers) if netns_mode else None
                 try:

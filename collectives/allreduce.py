@@ -162,8 +162,8 @@ class AllReduce:
         if s.result is None:
             await send_header(writer, {"ok": False, "reason": "no_result"})
             return
-        s.bytes_sent += await send_header(writer, {"ok": True})
-        s.bytes_sent += await send_frame(writer, s.result)
+        await send_header(writer, {"ok": True})
+        await send_frame(writer, s.result)
 
     async def _on_state(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
@@ -195,6 +195,9 @@ class AllReduce:
             if peer not in s.contribs and peer not in s.excluded:
                 s.excluded[peer] = "missing"
         s.result = self.codec.encode(res.mean) if res.mean is not None else None
+        if s.result is not None:  # counted here: our own exchange may end before the sends
+            waiting = [p for p in s.contribs if p != self.peer_id]
+            s.bytes_sent += (len(s.result) + 2 * 8 + 16) * len(waiting)
         s.shard_done.set()
 
     async def _reducer_timer(self, s: Session, at: float) -> None:
