@@ -39,3 +39,21 @@ def test_alone_loop_keeps_params_and_respects_deadline(tmp_path) -> None:
         assert loop.maybe_outer_step(5)["step"] == 1
     finally:
         loop.close()
+
+
+def test_dead_dht_process_is_restarted(tmp_path) -> None:
+    import signal
+
+    from collectives.transport import Transport
+
+    t = Transport(OuterConfig(dht_min_interval_s=0.0), identity=Identity.generate(),
+                  data_dir=str(tmp_path), initial_peers=[])
+    try:
+        assert t.dht_store("k", "a", b"1", ttl=30, timeout=5)
+        os.kill(t._dht.pid, signal.SIGKILL)  # the failure mode seen in the field
+        t._dht.join(10)
+        assert t.dht_store("k", "b", b"2", ttl=30, timeout=5)
+        assert t.dht_restarts == 1
+        assert t.dht_get("k", timeout=5).get("b") == b"2"
+    finally:
+        t.close()
