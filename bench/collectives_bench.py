@@ -62,7 +62,13 @@ def netns_up(n: int) -> list[str]:
 def netns_down(n: int) -> None:
     for i in range(max(n, 8)):
         subprocess.run(["ip", "netns", "del", f"coll{i}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"vcoll{i}b"], capture_output=True)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+    for _ in range(50):  # veth pairs of a deleted namespace disappear asynchronously
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        if "vcoll" not in links and BRIDGE not in links:
+            return
+        time.sleep(0.1)
 
 
 # --- raw TCP baseline -------------------------------------------------------------------

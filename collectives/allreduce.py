@@ -9,7 +9,7 @@ A compact protocol on ``hivemind.p2p`` binary streams is shorter and parity hold
 construction:
 
 1. **Group.** Each peer stores ``join/<step>`` in the DHT (subkey = peer id, value = its state
-   hash), waits ``join_window_s`` and reads the records. Among records with the majority hash,
+   hash, signed), waits ``join_window_s`` and reads the records. Among records with the majority hash,
    the smallest peer id leads. Others send JOIN(step, hash) to the leader; at
    ``1.5 x join_window_s`` the leader freezes the member list (sorted peer ids) and answers
    every JOIN with it. A peer whose hash is not the majority's does not join (it re-syncs).

@@ -5,7 +5,8 @@ One attempt (every ``every_rounds`` rounds), all under ``deadline_s`` from its s
     catch-up   read <gid>/head; if the group's canonical commit is at or past our attempt
                index, fetch that state from a holder, verify its hash, adopt it (joiners,
                stragglers)
-    join       store <gid>/join/<k> = our state hash; after join_window_s read the records
+    join       store <gid>/join/<k> = our state hash (a signed OuterStepCommit with
+               peers=0); after join_window_s read the records that verify
     group      majority-hash peers; smallest id leads; JOIN / freeze (allreduce.py)
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline
     apply      outer Nesterov SGD on θ_global; copy θ_global into the params in place
@@ -128,11 +129,12 @@ class OuterLoop:
                                                   numel=delta.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
         join_key = f"{self._gid}/join/{k}"
-        self._transport.dht_store(join_key, self.peer_id, my_hash.encode(),
+        self._transport.dht_store(join_key, self.peer_id, self._book.seal(k, my_hash, 0),
                                   ttl=3 * cfg.deadline_s + 60, timeout=cfg.join_window_s)
         time.sleep(max(0.0, t0 + cfg.join_window_s - time.monotonic()))
-        records = {p: v.decode("ascii", "replace") for p, v in
-                   self._transport.dht_get(join_key, timeout=cfg.join_window_s / 2).items()}
+        signed = self._book.verify(self._transport.dht_get(
+            join_key, timeout=cfg.join_window_s / 2), step=k)
+        records = {p: c.state_hash for p, c in signed.items()}
         records[self.peer_id] = my_hash
         counts = Counter(records.values())
         majority = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
