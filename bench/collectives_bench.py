@@ -176,7 +176,10 @@ def main() -> None:
                         r = run_config(size, peers, codec, args.steps, ns, args.deadline)
                         r["wall_s"] = round(time.monotonic() - t, 1)
                         print(json.dumps(r), flush=True)
-                        results["allreduce"].append(r)
+                        key = (size, peers, codec, netns_mode)  # a rerun replaces a row
+                        results["allreduce"] = [
+                            x for x in results["allreduce"]
+                            if (x["size"], x["peers"], x["codec"], x["netns"]) != key] + [r]
                         save()
                 finally:
                     if netns_mode:

@@ -205,12 +205,20 @@ class AllReduce:
         self._maybe_finish(s, force=True)
 
     # --- member side ----------------------------------------------------------------------
-    async def form_group(self, leader: str, *, freeze_at: float) -> list[str]:
-        """Members of this attempt (sorted peer ids) from the leader, or StepFailed."""
+    async def form_group(self, leader: str, *, freeze_at: float, expected: set[str],
+                         latest: float) -> list[str]:
+        """Members of this attempt (sorted peer ids) from the leader, or StepFailed.
+
+        The leader freezes at ``freeze_at``, or later (up to ``latest``) while a peer whose
+        join record it saw (``expected``) has not sent its JOIN yet: slow peers (a large
+        model to hash) are not dropped for being a second late."""
         s = self.session
         assert s is not None
         if leader == self.peer_id:
-            await asyncio.sleep(max(0.0, freeze_at - asyncio.get_running_loop().time()))
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(max(0.0, freeze_at - loop.time()))
+            while not expected <= s.joins | {self.peer_id} and loop.time() < latest:
+                await asyncio.sleep(0.05)
             members = sorted({self.peer_id} | s.joins)
             if len(members) > self.config.max_peers:
                 others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
@@ -284,9 +292,12 @@ class AllReduce:
         _, reader, writer = await self.p2p.call_binary_stream_handler(
             PeerID.from_base58(peer), self.names["reduce"])
         try:
-            s.bytes_sent += await send_header(writer, {"step": s.step, "digest": digest,
-                                                       "weight": s.weight})
-            s.bytes_sent += await send_frame(writer, self.codec.encode(part))
+            # not `s.bytes_sent += await ...`: that reads the counter before the await and
+            # loses what other tasks added meanwhile
+            sent = await send_header(writer, {"step": s.step, "digest": digest,
+                                              "weight": s.weight})
+            sent += await send_frame(writer, self.codec.encode(part))
+            s.bytes_sent += sent
             head = await recv_header(reader)
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")

@@ -131,7 +131,8 @@ class OuterLoop:
         join_key = f"{self._gid}/join/{k}"
         self._transport.dht_store(join_key, self.peer_id, self._book.seal(k, my_hash, 0),
                                   ttl=3 * cfg.deadline_s + 60, timeout=cfg.join_window_s)
-        time.sleep(max(0.0, t0 + cfg.join_window_s - time.monotonic()))
+        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
+        time.sleep(max(0.0, t_join + cfg.join_window_s - time.monotonic()))
         signed = self._book.verify(self._transport.dht_get(
             join_key, timeout=cfg.join_window_s / 2), step=k)
         records = {p: c.state_hash for p, c in signed.items()}
@@ -147,19 +148,22 @@ class OuterLoop:
             leader = min(p for p, h in records.items() if h == majority)
             rec["leader"] = leader
             try:
-                expect = self._run_group(rec, k, leader, delta, t0)
+                seen = {p for p, h in records.items() if h == majority}
+                expect = self._run_group(rec, k, leader, delta, t0, t_join, seen)
             finally:  # failed attempts advance the attempt index too: keep heads current
                 self._publish(k, rec["peers"])
         self._reconcile(rec, k, expect, commit_until=t0 + 0.9 * cfg.deadline_s, end=end)
 
     def _run_group(self, rec: dict[str, Any], k: int, leader: str, delta: torch.Tensor,
-                   t0: float) -> set[str]:
+                   t0: float, t_join: float, seen: set[str]) -> set[str]:
         """Form the group and all-reduce; returns the members whose commits to expect."""
         cfg = self.config
         remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
         try:
             members = self._transport.run(
-                self._ar.form_group(leader, freeze_at=t0 + 1.5 * cfg.join_window_s), remaining)
+                self._ar.form_group(leader, freeze_at=t_join + 1.5 * cfg.join_window_s,
+                                    expected=seen, latest=t0 + 0.35 * cfg.deadline_s),
+                remaining)
         except (StepFailed, TimeoutError) as e:
             with self._lock:
                 self._state.attempt = k + 1
