@@ -167,7 +167,11 @@ class OuterLoop:
         except (StepFailed, TimeoutError) as e:
             with self._lock:
                 self._state.attempt = k + 1
-            raise StepFailed(f"group did not form: {e!r}") from e
+            # we were left out (late JOIN, dead leader): the peers we saw may still step;
+            # gathering their commits lets us adopt the result now instead of next time
+            rec["error"] = f"group did not form: {e!r}"[:500]
+            logger.info("outer step %d: %s", k, rec["error"])
+            return seen - {self.peer_id}
         rec["peers"] = len(members)
         if len(members) < cfg.min_peers:
             rec["status"] = "alone"
