@@ -9,7 +9,7 @@ A compact protocol on ``hivemind.p2p`` binary streams is shorter and parity hold
 construction:
 
 1. **Group.** Each peer stores ``join/<step>`` in the DHT (subkey = peer id, value = its state
-   hash), waits ``join_window_s`` and reads the records. Among records with the majority hash,
+   hash, signed), waits ``join_window_s`` and reads the records. Among records with the majority hash,
    the smallest peer id leads. Others send JOIN(step, hash) to the leader; at
    ``1.5 x join_window_s`` the leader freezes the member list (sorted peer ids) and answers
    every JOIN with it. A peer whose hash is not the majority's does not join (it re-syncs).
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from hivemind.p2p import P2P, PeerID
 
+from collectives._hivemind import P2P, PeerID
 from collectives.codec import Codec, CodecError
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
@@ -68,6 +68,8 @@ class Session:
     result: bytes | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    suspects: set[str] = field(default_factory=set)
+    """Members whose shard or contribution never came: their commits are not awaited."""
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
@@ -95,7 +97,7 @@ class AllReduce:
             try:
                 await handler(info.peer_id.to_base58(), reader, writer)
             except (FrameError, asyncio.IncompleteReadError, ConnectionError,
-                    asyncio.TimeoutError) as e:
+                    asyncio.TimeoutError, StepFailed) as e:
                 self.rejected += 1
                 logger.info("outer stream from %s dropped: %s", info.peer_id, e)
             except Exception:  # noqa: BLE001 - a bad peer must never crash the node
@@ -160,8 +162,8 @@ class AllReduce:
         if s.result is None:
             await send_header(writer, {"ok": False, "reason": "no_result"})
             return
-        s.bytes_sent += await send_header(writer, {"ok": True})
-        s.bytes_sent += await send_frame(writer, s.result)
+        await send_header(writer, {"ok": True})
+        await send_frame(writer, s.result)
 
     async def _on_state(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
@@ -193,6 +195,9 @@ class AllReduce:
             if peer not in s.contribs and peer not in s.excluded:
                 s.excluded[peer] = "missing"
         s.result = self.codec.encode(res.mean) if res.mean is not None else None
+        if s.result is not None:  # counted here: our own exchange may end before the sends
+            waiting = [p for p in s.contribs if p != self.peer_id]
+            s.bytes_sent += (len(s.result) + 2 * 8 + 16) * len(waiting)
         s.shard_done.set()
 
     async def _reducer_timer(self, s: Session, at: float) -> None:
@@ -200,12 +205,20 @@ class AllReduce:
         self._maybe_finish(s, force=True)
 
     # --- member side ----------------------------------------------------------------------
-    async def form_group(self, leader: str, *, freeze_at: float) -> list[str]:
-        """Members of this attempt (sorted peer ids) from the leader, or StepFailed."""
+    async def form_group(self, leader: str, *, freeze_at: float, expected: set[str],
+                         latest: float) -> list[str]:
+        """Members of this attempt (sorted peer ids) from the leader, or StepFailed.
+
+        The leader freezes at ``freeze_at``, or later (up to ``latest``) while a peer whose
+        join record it saw (``expected``) has not sent its JOIN yet: slow peers (a large
+        model to hash) are not dropped for being a second late."""
         s = self.session
         assert s is not None
         if leader == self.peer_id:
-            await asyncio.sleep(max(0.0, freeze_at - asyncio.get_running_loop().time()))
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(max(0.0, freeze_at - loop.time()))
+            while not expected <= s.joins | {self.peer_id} and loop.time() < latest:
+                await asyncio.sleep(0.05)
             members = sorted({self.peer_id} | s.joins)
             if len(members) > self.config.max_peers:
                 others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
@@ -267,6 +280,8 @@ class AllReduce:
             errors[self.peer_id] = "own shard has no result"
         else:
             shards[me] = self.codec.decode(s.result, hi - lo)
+        s.suspects |= set(errors) - {self.peer_id}
+        s.suspects |= {p for p, why in s.excluded.items() if why == "missing"}
         if errors:
             raise StepFailed(f"missing shards from {sorted(errors)}: {errors}")
         timer.cancel()
@@ -277,9 +292,12 @@ class AllReduce:
         _, reader, writer = await self.p2p.call_binary_stream_handler(
             PeerID.from_base58(peer), self.names["reduce"])
         try:
-            s.bytes_sent += await send_header(writer, {"step": s.step, "digest": digest,
-                                                       "weight": s.weight})
-            s.bytes_sent += await send_frame(writer, self.codec.encode(part))
+            # not `s.bytes_sent += await ...`: that reads the counter before the await and
+            # loses what other tasks added meanwhile
+            sent = await send_header(writer, {"step": s.step, "digest": digest,
+                                              "weight": s.weight})
+            sent += await send_frame(writer, self.codec.encode(part))
+            s.bytes_sent += sent
             head = await recv_header(reader)
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")

@@ -65,13 +65,13 @@ class Float16(Codec):
     name = "fp16"
 
     def encode(self, x: torch.Tensor) -> bytes:
-        a = np.clip(_as_f32(x), -65504.0, 65504.0)
-        return a.astype("<f2").tobytes()
+        t = x.detach().to("cpu", torch.float32).clamp(-65504.0, 65504.0).to(torch.float16)
+        return t.numpy().tobytes()  # little-endian on every platform torch supports
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         if len(data) != 2 * numel:
             raise CodecError(f"fp16 payload of {len(data)} bytes for {numel} values")
-        return torch.from_numpy(np.frombuffer(data, dtype="<f2").astype(np.float32))
+        return torch.frombuffer(bytearray(data), dtype=torch.float16).to(torch.float32)
 
 
 class BlockwiseInt8(Codec):

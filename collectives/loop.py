@@ -5,7 +5,8 @@ One attempt (every ``every_rounds`` rounds), all under ``deadline_s`` from its s
     catch-up   read <gid>/head; if the group's canonical commit is at or past our attempt
                index, fetch that state from a holder, verify its hash, adopt it (joiners,
                stragglers)
-    join       store <gid>/join/<k> = our state hash; after join_window_s read the records
+    join       store <gid>/join/<k> = our state hash (a signed OuterStepCommit with
+               peers=0); after join_window_s read the records that verify
     group      majority-hash peers; smallest id leads; JOIN / freeze (allreduce.py)
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline
     apply      outer Nesterov SGD on θ_global; copy θ_global into the params in place
@@ -35,7 +36,7 @@ from collectives.config import OuterConfig
 from collectives.consistency import CommitBook, canonical
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.state import OuterState, flatten, unflatten_into
-from collectives.transport import Transport
+from collectives.transport import Transport, sanitize_maddrs
 from protocol import Identity
 
 __all__ = ["OuterLoop"]
@@ -128,11 +129,13 @@ class OuterLoop:
                                                   numel=delta.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
         join_key = f"{self._gid}/join/{k}"
-        self._transport.dht_store(join_key, self.peer_id, my_hash.encode(),
+        self._transport.dht_store(join_key, self.peer_id, self._book.seal(k, my_hash, 0),
                                   ttl=3 * cfg.deadline_s + 60, timeout=cfg.join_window_s)
-        time.sleep(max(0.0, t0 + cfg.join_window_s - time.monotonic()))
-        records = {p: v.decode("ascii", "replace") for p, v in
-                   self._transport.dht_get(join_key, timeout=cfg.join_window_s / 2).items()}
+        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
+        time.sleep(max(0.0, t_join + cfg.join_window_s - time.monotonic()))
+        signed = self._book.verify(self._transport.dht_get(
+            join_key, timeout=cfg.join_window_s / 2), step=k)
+        records = {p: c.state_hash for p, c in signed.items()}
         records[self.peer_id] = my_hash
         counts = Counter(records.values())
         majority = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
@@ -144,32 +147,43 @@ class OuterLoop:
         else:
             leader = min(p for p, h in records.items() if h == majority)
             rec["leader"] = leader
-            expect = self._run_group(rec, k, leader, delta, t0)
-            self._publish(k, len(expect))
+            try:
+                seen = {p for p, h in records.items() if h == majority}
+                expect = self._run_group(rec, k, leader, delta, t0, t_join, seen)
+            finally:  # failed attempts advance the attempt index too: keep heads current
+                self._publish(k, rec["peers"])
         self._reconcile(rec, k, expect, commit_until=t0 + 0.9 * cfg.deadline_s, end=end)
 
     def _run_group(self, rec: dict[str, Any], k: int, leader: str, delta: torch.Tensor,
-                   t0: float) -> set[str]:
+                   t0: float, t_join: float, seen: set[str]) -> set[str]:
         """Form the group and all-reduce; returns the members whose commits to expect."""
         cfg = self.config
         remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
         try:
             members = self._transport.run(
-                self._ar.form_group(leader, freeze_at=t0 + 1.5 * cfg.join_window_s), remaining)
+                self._ar.form_group(leader, freeze_at=t_join + 1.5 * cfg.join_window_s,
+                                    expected=seen, latest=t0 + 0.35 * cfg.deadline_s),
+                remaining)
         except (StepFailed, TimeoutError) as e:
             with self._lock:
                 self._state.attempt = k + 1
-            raise StepFailed(f"group did not form: {e!r}") from e
+            # we were left out (late JOIN, dead leader): the peers we saw may still step;
+            # gathering their commits lets us adopt the result now instead of next time
+            rec["error"] = f"group did not form: {e!r}"[:500]
+            logger.info("outer step %d: %s", k, rec["error"])
+            return seen - {self.peer_id}
         rec["peers"] = len(members)
         if len(members) < cfg.min_peers:
             rec["status"] = "alone"
             with self._lock:
                 self._state.attempt = k + 1
             return set()
+        t_ar = time.monotonic()
         try:
             avg = self._transport.run(
                 self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s),
                 t0 + 0.7 * cfg.deadline_s - time.monotonic() + 1)
+            rec["allreduce_seconds"] = round(time.monotonic() - t_ar, 4)
         except (StepFailed, TimeoutError) as e:
             rec["error"] = repr(e)[:500]
             with self._lock:
@@ -185,6 +199,7 @@ class OuterLoop:
             if s is not None:
                 rec["bytes_sent"], rec["bytes_received"] = s.bytes_sent, s.bytes_received
                 rec["excluded"] = dict(s.excluded)
+                return set(members) - s.suspects
         return set(members)
 
     def _publish(self, k: int, peers: int) -> None:
@@ -192,9 +207,11 @@ class OuterLoop:
             h = self._state.hash()
         data = self._book.seal(k, h, peers)
         ttl = 3 * self.config.deadline_s + 60
-        self._transport.dht_store(self._book.key(k), self.peer_id, data, ttl=ttl, timeout=5)
+        timeout = min(5.0, self.config.deadline_s / 4)
+        self._transport.dht_store(self._book.key(k), self.peer_id, data, ttl=ttl,
+                                  timeout=timeout)
         self._transport.dht_store(self._book.head_key, self.peer_id, data, ttl=ttl * 20,
-                                  timeout=5)
+                                  timeout=timeout)
 
     # --- consistency ----------------------------------------------------------------------
     def _reconcile(self, rec: dict[str, Any], k: int, expect: set[str], *, commit_until: float,
@@ -236,15 +253,15 @@ class OuterLoop:
     def _fetch(self, rec: dict[str, Any], want: str, holders: list[str], *, end: float) -> None:
         numel = self._state.theta.numel()
         for peer in holders:
-            if peer == self.peer_id or time.monotonic() >= end:
+            left = end - time.monotonic()
+            if peer == self.peer_id or left <= 0:
                 continue
+            budget = min(left, max(2.0, left / 2))  # a dead holder must not eat it all
             try:
-                data = self._transport.run(
-                    self._ar.fetch_state(peer, want, max(0.1, end - time.monotonic())),
-                    max(0.1, end - time.monotonic()) + 1)
+                data = self._transport.run(self._ar.fetch_state(peer, want, budget), budget + 1)
                 state = OuterState.from_bytes(data, numel=numel)
-            except (CollectiveError, TimeoutError, ValueError, OSError) as e:
-                logger.info("state fetch from %s failed: %s", peer, e)
+            except Exception as e:  # noqa: BLE001 - dial errors, timeouts, bad bytes: next
+                logger.info("state fetch from %s failed: %s: %s", peer, type(e).__name__, e)
                 continue
             if state.hash() != want:
                 logger.warning("state from %s does not match its commit; ignored", peer)
@@ -264,7 +281,8 @@ class OuterLoop:
 
     def _safe_discover(self) -> list[str]:
         try:
-            return [a for a in self._discover() if isinstance(a, str)][:256]
+            found = [a for a in self._discover() if isinstance(a, str)][:256]
+            return sanitize_maddrs(found)
         except Exception as e:  # noqa: BLE001 - the caller's callback must not break us
             logger.warning("discover() failed: %s", e)
             return []

@@ -53,7 +53,7 @@ def reduce_shard(
         if not (math.isfinite(c.weight) and 0 < c.weight <= max_weight):
             excluded[c.peer] = "weight"
             continue
-        norm = float(torch.linalg.vector_norm(c.values.double())) if c.values.numel() else 0.0
+        norm = float(torch.linalg.vector_norm(c.values)) if c.values.numel() else 0.0
         if not math.isfinite(norm):
             excluded[c.peer] = "non_finite"
             continue
@@ -70,10 +70,9 @@ def reduce_shard(
             accepted.append(c)
     if not accepted:
         return ShardResult(mean=None, accepted=(), excluded=excluded)
-    total = torch.zeros_like(accepted[0].values, dtype=torch.float64)
-    weight_sum = 0.0
-    for c in accepted:  # sorted by peer id: the same order on every reducer run
-        total.add_(c.values.double(), alpha=c.weight)
-        weight_sum += c.weight
-    mean = (total / weight_sum).to(torch.float32)
+    # fp32 is enough: only this reducer computes the mean; members receive its bytes
+    weight_sum = math.fsum(c.weight for c in accepted)
+    mean = torch.zeros_like(accepted[0].values, dtype=torch.float32)
+    for c in accepted:  # sorted by peer id: the result does not depend on arrival order
+        mean.add_(c.values, alpha=c.weight / weight_sum)
     return ShardResult(mean=mean, accepted=tuple(c.peer for c in accepted), excluded=excluded)

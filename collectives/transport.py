@@ -19,16 +19,14 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, Awaitable, Callable, TypeVar
 
-from hivemind.dht import DHT
-from hivemind.p2p import P2P, PeerID
-from hivemind.utils.timed_storage import get_dht_time
 from multiaddr import Multiaddr
 
+from collectives._hivemind import DHT, P2P, PeerID, get_dht_time
 from collectives.config import OuterConfig
 from collectives.errors import TransportError
 from protocol import Identity, atomic_write_bytes
 
-__all__ = ["Transport"]
+__all__ = ["Transport", "sanitize_maddrs"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,6 +38,19 @@ async def _ping_peers(_dht: DHT, node: Any, peers: list[str]) -> bool:
     results = await asyncio.gather(*(node.protocol.call_ping(PeerID.from_base58(p))
                                      for p in peers), return_exceptions=True)
     return any(r is not None and not isinstance(r, BaseException) for r in results)
+
+
+def sanitize_maddrs(maddrs: list[str]) -> list[str]:
+    """The entries that parse as multiaddrs ending in a valid /p2p/<peer id>; others logged."""
+    out = []
+    for text in maddrs:
+        try:
+            PeerID.from_base58(Multiaddr(text).value_for_protocol("p2p"))
+        except Exception:  # noqa: BLE001 - announcements are untrusted input
+            logger.warning("ignoring malformed collective maddr %r", str(text)[:200])
+            continue
+        out.append(text)
+    return out
 
 
 class Transport:
@@ -63,18 +74,26 @@ class Transport:
         self._dht: DHT | None = None
         self._dht_known: set[str] = set()
         try:
-            self.p2p: P2P = self.run(self._create_p2p(initial_peers), config.startup_timeout_s + 5)
+            self.p2p: P2P = self.run(self._create_p2p(), config.startup_timeout_s + 5)
             if self.p2p.peer_id.to_base58() != self.peer_id:
                 raise TransportError("p2pd peer id differs from the node identity")
-            self._start_dht(initial_peers)
+            reachable = self.run(self._reachable(initial_peers), 15)
+            try:  # dead bootstrap peers must not stop us: start alone, merge later
+                self._start_dht(reachable)
+            except TransportError:
+                if not reachable:
+                    raise
+                logger.warning("DHT bootstrap via %d peers failed; starting alone",
+                               len(reachable))
+                self._start_dht([])
         except BaseException:
             self.close()
             raise
 
-    async def _create_p2p(self, initial_peers: list[str]) -> P2P:
+    async def _create_p2p(self) -> P2P:
         cfg = self.config
         return await P2P.create(
-            initial_peers=initial_peers or None, host_maddrs=list(cfg.host_maddrs),
+            host_maddrs=list(cfg.host_maddrs),
             announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=self._identity_path,
             startup_timeout=cfg.startup_timeout_s, check_if_identity_free=False,
             auto_nat=False, nat_port_map=False, use_relay=False)
@@ -135,6 +154,12 @@ class Transport:
                                                              return_future=True), timeout):
             self._dht_known.update(new)
 
+    async def _reachable(self, maddrs: list[str]) -> list[str]:
+        """The maddrs of peers we could dial (p2pd refuses to start on dead bootstraps)."""
+        await self.connect(maddrs)
+        connected = {p.peer_id.to_base58() for p in await self.p2p.list_peers()}
+        return [m for m in maddrs if Multiaddr(m).value_for_protocol("p2p") in connected]
+
     # --- DHT ------------------------------------------------------------------------------
     def _dht_call(self, name: str, call: Callable[[DHT], Any], timeout: float) -> Any:
         with self._dht_lock:
@@ -158,7 +183,7 @@ class Transport:
         logger.warning("DHT process is dead; restarting it (peer %s)", self.peer_id)
         self.dht_restarts += 1
         try:
-            peers = [str(p.addrs[0].encapsulate(Multiaddr(f"/p2p/{p.peer_id}")))
+            peers = [str(p.addrs[0].encapsulate(Multiaddr(f"/p2p/{p.peer_id.to_base58()}")))
                      for p in self.run(self.p2p.list_peers(), 5) if p.addrs]
             self._start_dht(peers)
             self._dht_known.clear()
@@ -202,3 +227,5 @@ class Transport:
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()

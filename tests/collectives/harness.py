@@ -20,11 +20,16 @@ class Swarm:
         self.root = root
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, name: str, seed: int, **opts: object) -> None:
-        cmd = [sys.executable, "-m", "tests.collectives.peer_worker", "--dir", str(self.root),
-               "--name", name, "--seed", str(seed)]
+    def spawn(self, name: str, seed: int, *, prefix: list[str] | None = None,
+              **opts: object) -> None:
+        """Start a peer; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
+        cmd = [*(prefix or []), sys.executable, "-m", "tests.collectives.peer_worker",
+               "--dir", str(self.root), "--name", name, "--seed", str(seed)]
         for k, v in opts.items():
-            cmd += [f"--{k.replace('_', '-')}", str(v)]
+            if v is True:
+                cmd.append(f"--{k.replace('_', '-')}")
+            elif v is not None and v is not False:
+                cmd += [f"--{k.replace('_', '-')}", str(v)]
         log = open(self.root / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True, env=os.environ.copy())
@@ -79,3 +84,59 @@ def reference_theta(before: np.ndarray, deltas: list[np.ndarray], momentum: np.n
     g = np.mean(np.stack([d.astype(np.float64) for d in deltas]), axis=0)
     m = mu * momentum + g
     return before.astype(np.float64) - lr * (g + mu * m), m
+
+
+def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
+              opts: dict[str, object] | None = None) -> list[dict]:
+    """``trials`` kills: at step 2t a random live peer SIGKILLs its process group at a random
+    point of the all-reduce (Fault.MEMBER / Fault.REDUCER, after a random number of
+    exchanges); a fresh peer joins at step 2t+1. Returns one summary per trial."""
+    import random
+
+    rng = random.Random(seed)
+    opts = {"deadline": 8.0, "join_window": 1.0, "compression": "int8", **(opts or {})}
+    total = 2 * trials
+    # plan: who dies when, with which fault; each process dies at most once
+    live = [f"p{i}" for i in range(peers)]
+    start = {n: 0 for n in live}
+    fault: dict[str, tuple[str, int, int]] = {}
+    plan = []
+    for t in range(trials):
+        victim = rng.choice(live)
+        kind = rng.choice(["member", "reducer"])
+        after = rng.randrange(0, peers - 1)
+        fault[victim] = (kind, 2 * t, after)
+        live = [n for n in live if n != victim]
+        newcomer = f"j{t}"
+        plan.append({"trial": t, "victim": victim, "fault": kind, "after": after,
+                     "survivors": list(live), "joiner": newcomer})
+        live.append(newcomer)
+        start[newcomer] = 2 * t + 1
+    seeds = {n: 1000 + k for k, n in enumerate(start)}
+
+    def spawn(name: str) -> None:
+        kind, step, after = fault.get(name, ("none", -1, 0))
+        swarm.spawn(name, seeds[name], steps=total - start[name], start_step=start[name],
+                    peers=peers, fault=kind, fault_step=step, fault_after=after, **opts)
+
+    for n in [f"p{i}" for i in range(peers)]:
+        spawn(n)
+    for p in plan:
+        spawn(p["joiner"])  # starts now, waits at its first barrier (step 2t+1)
+        swarm.wait_exit(p["victim"], timeout=180)
+    swarm.wait_done(live, timeout=180)
+    results = []
+    for p in plan:
+        t = p["trial"]
+        at_kill = {n: swarm.records(n).get(2 * t) for n in p["survivors"]}
+        retry_names = p["survivors"] + [p["joiner"]]
+        at_retry = {n: swarm.records(n).get(2 * t + 1) for n in retry_names}
+        results.append({**p,
+                        "kill_status": {n: r and r["status"] for n, r in at_kill.items()},
+                        "kill_hashes": len({r and r["param_hash"] for r in at_kill.values()}),
+                        "retry_status": {n: r and r["status"] for n, r in at_retry.items()},
+                        "retry_hashes": len({r and r["param_hash"] for r in at_retry.values()}),
+                        "kill_seconds": max((r or {}).get("seconds", 0) for r in at_kill.values()),
+                        "resync_bytes": sum((r or {}).get("resync_bytes", 0)
+                                            for r in at_kill.values())})
+    return results

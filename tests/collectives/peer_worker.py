@@ -54,12 +54,12 @@ def install_fault(fault: Fault, step: int, after: int) -> None:
     async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
         s = self.session
         armed = s is not None and s.step == step
-        if armed and done["n"] >= after:
+        if armed and after == 0:
             crash()
         result = await original(self, *a, **kw)
         if armed:
             done["n"] += 1
-            if done["n"] >= after and fault is Fault.REDUCER:
+            if done["n"] >= after:
                 crash()
         return result
 
@@ -104,6 +104,8 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=14.0)
     ap.add_argument("--join-window", type=float, default=2.0)
     ap.add_argument("--barrier-timeout", type=float, default=30.0)
+    ap.add_argument("--host", default="/ip4/127.0.0.1/tcp/0", help="p2pd listen maddr")
+    ap.add_argument("--no-save", action="store_true", help="skip the .npz arrays (bench)")
     ap.add_argument("--fault", choices=[f.value for f in Fault], default="none")
     ap.add_argument("--fault-step", type=int, default=-1)
     ap.add_argument("--fault-after", type=int, default=0)
@@ -117,7 +119,7 @@ def main() -> None:
     identity = Identity.from_seed(args.seed.to_bytes(32, "little"))
     model = make_model(args.numel)
     cfg = OuterConfig(every_rounds=2, compression=args.compression, deadline_s=args.deadline,
-                      join_window_s=args.join_window)
+                      join_window_s=args.join_window, host_maddrs=(args.host,))
     loop = OuterLoop(cfg, identity=identity, group="test-model", params=model,
                      data_dir=str(root / "data" / args.name),
                      discover=lambda: discover(root, args.name))
@@ -136,13 +138,15 @@ def main() -> None:
                         p.mul_(1e6)
             if r % 2 == 1:
                 barrier(root, i, args.name, args.peers, args.barrier_timeout)
+            if r % 2 == 1 and not args.no_save:
                 before = loop._state.theta.clone().numpy()
                 local = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
             rec = loop.maybe_outer_step(r)
-            if rec is not None:
+            if rec is not None and not args.no_save:
                 after = loop._state.theta.clone().numpy()
                 np.savez(root / "out" / f"{args.name}-{i}.npz", before=before,
                          delta=before - local, after=after)
+            if rec is not None:
                 rec["i"] = i
                 with open(root / "out" / f"{args.name}.jsonl", "a") as f:
                     f.write(json.dumps(rec) + "\n")

@@ -1,0 +1,24 @@
+"""SIGKILL a peer during the all-reduce, ten randomized times; survivors agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.collectives.harness import Swarm, run_churn
+
+pytestmark = pytest.mark.slow
+
+
+def test_survivors_agree_after_kill_during_allreduce(swarm: Swarm) -> None:
+    results = run_churn(swarm, trials=10, seed=7)
+    for r in results:
+        # now (the kill step, after the commit check) ...
+        assert r["kill_hashes"] == 1, (r, swarm.logs(r["survivors"]))
+        # ... and at the retry, with the joiner that replaced the victim
+        assert r["retry_hashes"] == 1, (r, swarm.logs(r["survivors"] + [r["joiner"]]))
+        # the retry makes progress: most survivors step; one that lost a shard to a
+        # transient stream error adopts the majority's result in the same attempt
+        statuses = [r["retry_status"][n] for n in r["survivors"]]
+        assert set(statuses) <= {"ok", "resynced"}, r
+        assert statuses.count("ok") >= 2, r
+        assert r["retry_status"][r["joiner"]] in ("ok", "resynced"), r

@@ -1,0 +1,59 @@
+"""The OuterLoop contract in-process: identity, addresses, alone within the deadline."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import torch
+
+from collectives import OuterConfig, OuterLoop
+from protocol import Identity
+
+
+def test_alone_loop_keeps_params_and_respects_deadline(tmp_path) -> None:
+    identity = Identity.generate()
+    dead = f"/ip4/127.0.0.1/tcp/9/p2p/{Identity.generate().peer_id}"  # valid, unreachable
+    model = torch.nn.Linear(8, 4)
+    cfg = OuterConfig(every_rounds=3, deadline_s=4.0, join_window_s=0.5)
+    loop = OuterLoop(cfg, identity=identity, group="fp", params=model, data_dir=str(tmp_path),
+                     discover=lambda: ["/ip4/127.0.0.1/tcp/1/p2p/not-a-peer", "garbage", dead])
+    try:
+        addrs = loop.collective_addrs()
+        assert addrs and all(a.endswith(f"/p2p/{identity.peer_id}") for a in addrs)
+        key = tmp_path / "hivemind_identity.key"
+        assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+        assert key.read_bytes() == identity.libp2p_private_key_protobuf()
+        assert loop.maybe_outer_step(0) is None and loop.maybe_outer_step(1) is None
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        t = time.monotonic()
+        rec = loop.maybe_outer_step(2)
+        assert time.monotonic() - t < cfg.deadline_s + 2
+        assert rec is not None and rec["status"] == "alone" and rec["peers"] == 1, rec
+        for k in ("step", "peers", "param_hash", "seconds", "bytes_sent"):
+            assert k in rec
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        assert loop.maybe_outer_step(5)["step"] == 1
+    finally:
+        loop.close()
+
+
+def test_dead_dht_process_is_restarted(tmp_path) -> None:
+    import signal
+
+    from collectives.transport import Transport
+
+    t = Transport(OuterConfig(dht_min_interval_s=0.0), identity=Identity.generate(),
+                  data_dir=str(tmp_path), initial_peers=[])
+    try:
+        assert t.dht_store("k", "a", b"1", ttl=30, timeout=5)
+        os.kill(t._dht.pid, signal.SIGKILL)  # the failure mode seen in the field
+        t._dht.join(10)
+        assert t.dht_store("k", "b", b"2", ttl=30, timeout=5)
+        assert t.dht_restarts == 1
+        assert t.dht_get("k", timeout=5).get("b") == b"2"
+    finally:
+        t.close()
