@@ -74,7 +74,8 @@ def main() -> None:
         if time.monotonic() > deadline:
             stop.set()
 
-    report = run_learner(config, LoopbackHub().bridge(Identity.generate()), rounds=args.rounds,
+    identity = Identity.from_seed(bytes([args.seed % 256]) * 32)  # peer id seeds the node's RNG
+    report = run_learner(config, LoopbackHub().bridge(identity), rounds=args.rounds,
                          stop=stop, on_round=on_round)
     seconds = time.monotonic() - t0
     rewards = [r["mean_reward"] for r in report["rounds"]]
