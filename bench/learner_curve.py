@@ -21,7 +21,7 @@ from pathlib import Path
 
 from node.bridge import LoopbackHub
 from node.learner import (EngineConfig, LearnerConfig, PolicyConfig, SapoConfig, TaskConfig,
-                          TrainerConfig, run_learner)
+                          run_learner)
 from protocol import Identity
 
 RESULTS = Path(__file__).resolve().parent / "results"
