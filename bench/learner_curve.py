@@ -21,7 +21,7 @@ from pathlib import Path
 
 from node.bridge import LoopbackHub
 from node.learner import (EngineConfig, LearnerConfig, PolicyConfig, SapoConfig, TaskConfig,
-                          TrainerConfig, run_learner)
+                          run_learner)
 from protocol import Identity
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -74,7 +74,8 @@ def main() -> None:
         if time.monotonic() > deadline:
             stop.set()
 
-    report = run_learner(config, LoopbackHub().bridge(Identity.generate()), rounds=args.rounds,
+    identity = Identity.from_seed(bytes([args.seed % 256]) * 32)  # peer id seeds the node's RNG
+    report = run_learner(config, LoopbackHub().bridge(identity), rounds=args.rounds,
                          stop=stop, on_round=on_round)
     seconds = time.monotonic() - t0
     rewards = [r["mean_reward"] for r in report["rounds"]]

@@ -108,7 +108,8 @@ class Learner:
         tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
         completions = self.engine.generate([task.prompt for task in tasks],
                                            n=cfg.sapo.completions_per_question,
-                                           seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen"))
+                                           seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen")
+                                           ) if tasks else []  # I = 0: a pure consumer round
         seconds["generate"] = time.perf_counter() - t
         if stopped():
             return None

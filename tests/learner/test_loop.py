@@ -83,3 +83,15 @@ def test_stop_event_on_round_and_outer_callbacks(data_dir):
 def test_needs_rounds_or_stop(data_dir):
     with pytest.raises(ValueError):
         run_learner(_config(data_dir), LoopbackHub().bridge(Identity.generate()))
+
+
+def test_consumer_only_node_with_no_local_questions(tmp_path, embedded_base):
+    hub = LoopbackHub()
+    producer = hub.bridge(Identity.from_seed(bytes([7]) * 32))  # fixed seeds: deterministic run
+    consumer = hub.bridge(Identity.from_seed(bytes([8]) * 32))
+    run_learner(_config(make_data_dir(tmp_path, embedded_base, "p")), producer, rounds=1)
+    rep = run_learner(_config(make_data_dir(tmp_path, embedded_base, "c"),
+                              sapo=SapoConfig(local=0, external=8)), consumer, rounds=2)
+    first, second = rep["rounds"]
+    assert first["local_used"] + first["external_used"] == 8 and first["external_used"] > 0
+    assert second["local_used"] == 8 - second["external_used"]  # pool may be empty: fill locally
