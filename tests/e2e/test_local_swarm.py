@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
     report = tmp_path / "r.json"
-    out = subprocess.run(cli("local", "--nodes", "3", "--rounds", "3", "--report", str(report),
+    out = subprocess.run(cli("local", "--nodes", "3", "--rounds", "4", "--report", str(report),
                              "--data-dir", str(tmp_path / "swarm")),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -24,11 +24,20 @@ def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
     assert len(peer_ids) == 3
     for node in data["nodes"]:
         rounds = node["rounds"]
-        assert len(rounds) == 3, node["name"]
+        assert len(rounds) == 4, node["name"]
         for key in ("round", "mean_reward", "rollouts_published", "rollouts_received",
                     "external_used", "rejected"):
             assert key in rounds[0], key
         assert sum(r["rollouts_received"] for r in rounds) > 0, node["name"]
         assert sum(r["external_used"] for r in rounds) > 0, node["name"]
-        assert "outer_steps" in node
+    # DiLoCo every 2 rounds (local's defaults): every node attempted outer steps, and nodes
+    # that completed the same step together hold bit-identical shared state
+    by_step: dict[int, set[str]] = {}
+    for node in data["nodes"]:
+        assert len(node["outer_steps"]) >= 1, node["name"]
+        for o in node["outer_steps"]:
+            assert {"step", "peers", "param_hash", "seconds", "bytes_sent"} <= set(o)
+            if o["status"] == "ok":
+                by_step.setdefault(o["step"], set()).add(o["param_hash"])
+    assert all(len(hashes) == 1 for hashes in by_step.values()), by_step
     assert report.with_suffix(".png").stat().st_size > 1000
