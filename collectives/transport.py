@@ -99,11 +99,14 @@ class Transport:
             auto_nat=False, nat_port_map=False, use_relay=False)
 
     def _start_dht(self, initial_peers: list[str]) -> None:
-        try:
-            self._dht = DHT(initial_peers=initial_peers or None, start=True, p2p=self.p2p,
-                            await_ready=True)
+        dht = DHT(initial_peers=initial_peers or None, start=False, p2p=self.p2p)
+        try:  # bounded: a DHT child SIGKILLed inside hivemind's MPFuture lock blocks forever
+            dht.run_in_background(await_ready=True, timeout=self.config.startup_timeout_s)
         except Exception as e:
-            raise TransportError(f"DHT did not start: {e}") from e
+            if dht.is_alive():
+                dht.terminate()
+            raise TransportError(f"DHT did not start: {type(e).__name__}: {e}") from e
+        self._dht = dht
 
     # --- asyncio thread -------------------------------------------------------------------
     def submit(self, coro: Awaitable[T]) -> Future[T]:

@@ -46,11 +46,15 @@ def test_dead_dht_process_is_restarted(tmp_path) -> None:
 
     from collectives.transport import Transport
 
-    t = Transport(OuterConfig(dht_min_interval_s=0.0), identity=Identity.generate(),
+    t = Transport(OuterConfig(dht_min_interval_s=0.0, startup_timeout_s=60),
+                  identity=Identity.generate(),
                   data_dir=str(tmp_path), initial_peers=[])
     try:
         assert t.dht_store("k", "a", b"1", ttl=30, timeout=5)
-        os.kill(t._dht.pid, signal.SIGKILL)  # the failure mode seen in the field
+        # let the child leave hivemind's cross-process MPFuture lock first: a child killed
+        # while holding it deadlocks every later DHT in this process (see _start_dht)
+        time.sleep(1.0)
+        os.kill(t._dht.pid, signal.SIGKILL)  # the DHT child dies (seen in the field)
         t._dht.join(10)
         assert t.dht_store("k", "b", b"2", ttl=30, timeout=5)
         assert t.dht_restarts == 1
