@@ -27,7 +27,7 @@ from typing import Any
 
 from protocol.errors import DecodeError, ProtocolError
 from protocol.limits import Limits, packb, unpackb
-from protocol.messages import MESSAGE_TYPES, Message, PeerAnnouncement
+from protocol.messages import MESSAGE_TYPES, Message
 
 __all__ = [
     "HEADER",
@@ -134,10 +134,6 @@ def message_from_ipc(obj: Any) -> Message:
     if cls is None:
         raise IpcError(f"unknown message type {type_!r}")
     return cls.from_wire(d.get("body"))
-
-
-def announcement_from_ipc(obj: Any) -> PeerAnnouncement:
-    return PeerAnnouncement.from_wire(obj)
 
 
 def _map(obj: Any, what: str) -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""Pure unit tests of the swarm package's pieces (no network)."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+
+from protocol import Identity, PeerAnnouncement, ReplayGuard, seal
+from protocol.ipc import (
+    IpcError,
+    Request,
+    Response,
+    decode_frame,
+    encode_frame,
+    frame_length,
+    message_from_ipc,
+    message_to_ipc,
+)
+from protocol.limits import packb, unpackb
+from swarm.config import GossipConfig
+from swarm.inbox import Delivery, Inbox
+from swarm.peers import PeerTable
+from swarm.ratelimit import TokenBuckets
+from swarm.topics import topic_for, topics
+from swarm.validation import Rejected, Validator
+from tests.swarm.conftest import batch
+
+SWARM = "unit-swarm"
+
+
+def test_config_round_trips_through_json_and_rejects_bad_values() -> None:
+    c = GossipConfig(data_dir="/d", bootstrap=("/ip4/1.2.3.4/tcp/1/p2p/x",), ipc_path="/s")
+    again = GossipConfig.from_json(json.dumps(c.to_dict()))
+    assert again == c and isinstance(again.listen, tuple)
+    with pytest.raises(ValueError, match="unknown keys"):
+        GossipConfig.from_dict({"data_dir": "/d", "lisen": []})
+    with pytest.raises(ValueError, match="listen"):
+        GossipConfig(data_dir="/d", listen="/ip4/0.0.0.0/tcp/1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rate_per_s"):
+        GossipConfig(data_dir="/d", rate_per_s=0)
+    with pytest.raises(ValueError, match="bootstrap_only"):
+        GossipConfig(data_dir="/d", bootstrap_only=True, ipc_path="/s")
+    with pytest.raises(ValueError, match="graylist"):
+        GossipConfig(data_dir="/d", graylist_threshold=1.0)
+
+
+def test_topics_are_namespaced_by_version_and_swarm() -> None:
+    assert topic_for("s1", "rollouts") == "/swarm-node/1/s1/rollouts"
+    assert set(topics("s1")) == {"rollouts", "announce", "outer_commit"}
+    with pytest.raises(ValueError):
+        topic_for("s1", "nope")
+
+
+def test_token_bucket_limits_rate_per_key_and_refills() -> None:
+    b = TokenBuckets(rate=2.0, burst=3)
+    assert [b.take("a", 0.0) for _ in range(4)] == [True, True, True, False]
+    assert b.take("b", 0.0)  # another key has its own bucket
+    assert not b.take("a", 0.2) and b.take("a", 0.6)  # 2/s: one token after 0.5 s
+    small = TokenBuckets(rate=1.0, burst=1, capacity=2)
+    for k in "xyz":
+        small.take(k, 0.0)
+    assert len(small._buckets) == 2
+
+
+def make_validator(**kw: object) -> tuple[Validator, collections.Counter[str]]:
+    counters: collections.Counter[str] = collections.Counter()
+    v = Validator(swarm_id=SWARM, counters=counters, buckets=TokenBuckets(rate=100, burst=100),
+                  guard=ReplayGuard(max_age_ms=300_000, max_future_ms=30_000), log_every_s=0.0)
+    for k, val in kw.items():
+        setattr(v, k, val)
+    return v, counters
+
+
+NOW = 1_800_000_000_000
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("forged", "bad_signature"), ("wrong_swarm", "wrong_swarm"), ("oversized", "oversized"),
+    ("malformed", "malformed"), ("wrong_sender", "wrong_sender"), ("stale", "stale"),
+    ("future", "future"), ("wrong_topic", "wrong_topic"), ("announce_for_other", "wrong_sender"),
+])
+def test_validator_rejects_and_counts_by_reason(case: str, reason: str) -> None:
+    me = Identity.from_seed(bytes(range(32)))
+    v, counters = make_validator()
+    expected = "rollouts"
+    good = seal(me, batch("m", 0), swarm_id=SWARM, now_ms=NOW)
+    data = {
+        "forged": lambda: packb({**unpackb(good), "s": bytes(64)}),
+        "wrong_swarm": lambda: seal(me, batch("m", 0), swarm_id="other", now_ms=NOW),
+        "oversized": lambda: packb({**unpackb(good), "b": bytes(70_000)}),
+        "malformed": lambda: b"\xc1",
+        "wrong_sender": lambda: seal(Identity.generate(), batch("m", 0), swarm_id=SWARM, now_ms=NOW),
+        "stale": lambda: seal(me, batch("m", 0), swarm_id=SWARM, now_ms=NOW - 301_000),
+        "future": lambda: seal(me, batch("m", 0), swarm_id=SWARM, now_ms=NOW + 31_000),
+        "wrong_topic": lambda: seal(me, PeerAnnouncement(peer_id=me.peer_id, addrs=()),
+                                    swarm_id=SWARM, now_ms=NOW),
+        "announce_for_other": lambda: seal(me, PeerAnnouncement(peer_id="12D3KooWother", addrs=()),
+                                           swarm_id=SWARM, now_ms=NOW),
+    }[case]()
+    if case == "announce_for_other":
+        expected = "announce"
+    with pytest.raises(Rejected) as e:
+        v.check(data, from_peer=me.peer_id, expected_type=expected, now_ms=NOW)
+    assert e.value.reason == reason
+    assert counters == {f"rejected_{reason}": 1}
+
+
+def test_validator_accepts_once_then_catches_the_replay_and_the_rate() -> None:
+    me = Identity.from_seed(bytes(range(32)))
+    v, counters = make_validator(buckets=TokenBuckets(rate=0.001, burst=2))
+    data = seal(me, batch("m", 0), swarm_id=SWARM, now_ms=NOW - 200_000)
+    env = v.check(data, from_peer=me.peer_id, expected_type="rollouts", now_ms=NOW)
+    assert env.sender_peer_id == me.peer_id and env.message == batch("m", 0)
+    with pytest.raises(Rejected, match="duplicate"):
+        v.check(data, from_peer=me.peer_id, expected_type="rollouts", now_ms=NOW)
+    with pytest.raises(Rejected, match="rate_limited"):
+        v.check(data, from_peer=me.peer_id, expected_type="rollouts", now_ms=NOW)
+    assert counters == {"rejected_duplicate": 1, "rejected_rate_limited": 1}
+
+
+def test_inbox_drops_oldest_and_counts() -> None:
+    counters: collections.Counter[str] = collections.Counter()
+    box = Inbox(size=3, counters=counters)
+    for r in range(5):
+        box.put("rollouts", Delivery(sender="p", message=batch("m", r), received_ms=r))
+    assert counters == {"dropped_rollouts": 2}
+    assert [d.message.round for d in box.take("rollouts", 10)] == [2, 3, 4]
+    assert box.take("rollouts", 10) == [] and box.take("other", 1) == []
+
+
+def test_peer_table_expires_silent_peers() -> None:
+    t = PeerTable(ttl_s=10.0, capacity=2)
+    a = PeerAnnouncement(peer_id="a", addrs=())
+    assert t.update(a, 0.0) and not t.update(a, 5.0)
+    t.update(PeerAnnouncement(peer_id="b", addrs=()), 6.0)
+    t.update(PeerAnnouncement(peer_id="c", addrs=()), 7.0)  # capacity 2: oldest (a) goes
+    assert {p.peer_id for p in t.live()} == {"b", "c"}
+    assert t.expire(16.5) == ["b"] and [p.peer_id for p in t.live()] == ["c"]
+
+
+def test_ipc_frames_round_trip_and_reject_bad_input() -> None:
+    req = Request(op="publish", id=7, args=message_to_ipc(batch("m", 1)))
+    frame = encode_frame(req.to_wire())
+    assert frame_length(frame[:4]) == len(frame) - 4
+    back = Request.from_wire(decode_frame(frame[4:]))
+    assert back == req and message_from_ipc(back.args) == batch("m", 1)
+    assert Response.from_wire(Response(id=1, ok=False, error="x").to_wire()).error == "x"
+    for bad in (b"\x00\x00\x00\x00", (1 << 31).to_bytes(4, "big")):
+        with pytest.raises(IpcError):
+            frame_length(bad)
+    with pytest.raises(IpcError):
+        decode_frame(b"\xc1")
+    with pytest.raises(IpcError, match="unknown op"):
+        Request.from_wire({"op": "exec", "id": 1, "args": {}})
+    with pytest.raises(IpcError, match="'id'"):
+        Request.from_wire({"op": "stats", "id": True, "args": {}})
+    with pytest.raises(IpcError, match="unknown message type"):
+        message_from_ipc({"type": "nope", "body": {}})
