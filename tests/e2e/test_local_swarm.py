@@ -40,4 +40,10 @@ def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
             if o["status"] == "ok":
                 by_step.setdefault(o["step"], set()).add(o["param_hash"])
     assert all(len(hashes) == 1 for hashes in by_step.values()), by_step
+    # ...and after the last outer step every node holds the same state: averaged together,
+    # or adopted from the majority by a node that ran alone or arrived late
+    last = [node["outer_steps"][-1] for node in data["nodes"]]
+    assert len({(o["step"], o["param_hash"]) for o in last}) == 1, last
+    assert any(len(hashes) == 1 and o_ok for o_ok, hashes in
+               [(True, h) for h in by_step.values()]), "no outer step averaged ≥ 2 peers"
     assert report.with_suffix(".png").stat().st_size > 1000
