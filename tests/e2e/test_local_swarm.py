@@ -44,6 +44,6 @@ def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
     # or adopted from the majority by a node that ran alone or arrived late
     last = [node["outer_steps"][-1] for node in data["nodes"]]
     assert len({(o["step"], o["param_hash"]) for o in last}) == 1, last
-    assert any(len(hashes) == 1 and o_ok for o_ok, hashes in
-               [(True, h) for h in by_step.values()]), "no outer step averaged ≥ 2 peers"
+    assert any(o["status"] == "ok" and o["peers"] >= 2 for node in data["nodes"]
+               for o in node["outer_steps"]), "no outer step averaged ≥ 2 peers"
     assert report.with_suffix(".png").stat().st_size > 1000
