@@ -25,11 +25,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int =
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory (a directory's fsync makes a rename in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

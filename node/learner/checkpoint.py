@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from node.learner.errors import CheckpointError
+from protocol.files import fsync_path
 
 __all__ = ["Checkpoint", "latest_round", "load_checkpoint", "save_checkpoint"]
 
@@ -56,14 +57,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _candidates(data_dir: str | Path) -> list[Path]:
@@ -96,12 +89,12 @@ def save_checkpoint(data_dir: str | Path, *, round: int, fingerprint: str, model
                 "sha256": {name: _sha256(tmp / name) for name in _FILES}}
         (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
         for name in (*_FILES, "meta.json"):
-            _fsync(tmp / name)
-        _fsync(tmp)
+            fsync_path(tmp / name)
+        fsync_path(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
