@@ -78,3 +78,16 @@ def test_sigterm_leaves_cleanly_within_a_bounded_time(tmp_path, bootstrap):
     report = json.loads((node / "r.json").read_text())
     assert report["status"] == "stopped" and len(report["rounds"]) >= 1
     assert status(node)["phase"] == "stopped"
+
+
+def test_unknown_model_stops_the_node_with_a_clear_error(tmp_path, bootstrap):
+    """A fatal learner error is reported once and not restarted (HF offline: fails fast)."""
+    node = tmp_path / "node"
+    p = join(node, bootstrap.addr, SWARM, "--model", "Qwen/No-Such-Model-0.5B",
+             env={"HF_HUB_OFFLINE": "1"})
+    assert p.wait(timeout=240) == 1, log_tail(node)
+    s = status(node)
+    assert s["phase"] == "failed"
+    assert "cannot load model 'Qwen/No-Such-Model-0.5B'" in s["error"]
+    assert s["children"]["learner"]["restarts"] == 0
+    assert "Traceback" not in (node / "node.log").read_text()
