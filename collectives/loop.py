@@ -194,13 +194,13 @@ class OuterLoop:
                 self._state.attempt = k + 1
                 unflatten_into(self._state.theta, self._params)
             rec["status"] = "ok"
-        finally:
+        finally:  # record what the exchange did, also when it failed
             s = self._ar.session
             if s is not None:
                 rec["bytes_sent"], rec["bytes_received"] = s.bytes_sent, s.bytes_received
                 rec["excluded"] = dict(s.excluded)
-                return set(members) - s.suspects
-        return set(members)
+        s = self._ar.session
+        return set(members) - s.suspects if s is not None else set(members)
 
     def _publish(self, k: int, peers: int) -> None:
         with self._lock:

@@ -10,10 +10,15 @@ configs' ``from_dict`` (which validate them).
 from __future__ import annotations
 
 import os
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 DEFAULT_DATA_DIR = Path(os.environ.get("HOME", ".")) / ".swarm-node"
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"

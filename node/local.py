@@ -58,7 +58,7 @@ class LocalSwarm:
                 self._start_node(f"node-{i}", base / f"node-{i}", addr)
             codes = self._wait(base)
         finally:
-            for name, p in self._procs.items():
+            for p in self._procs.values():
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
             for p in self._procs.values():

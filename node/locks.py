@@ -34,7 +34,8 @@ class DirLock:
                     holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                     os.close(fd)
                     raise DataDirBusy(f"{self.path.parent} is in use by another node "
-                                      f"(pid {holder}); stop it first or use another --data-dir")
+                                      f"(pid {holder}); stop it first or use another "
+                                      "--data-dir") from None
                 time.sleep(0.2)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)

@@ -257,6 +257,10 @@ async def _main(config: GossipConfig, out: TextIO) -> None:
         out.flush()
 
 
+if sys.version_info < (3, 11):  # trio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup
+
+
 def _first_swarm_error(e: BaseException) -> SwarmError | None:
     if isinstance(e, SwarmError):
         return e

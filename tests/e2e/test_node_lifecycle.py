@@ -72,7 +72,7 @@ def test_sigterm_leaves_cleanly_within_a_bounded_time(tmp_path, bootstrap):
     assert p.wait(timeout=90) == 0, log_tail(node)
     assert time.monotonic() - started < 90
     for pid in pids:  # no orphans
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or
+        wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or
                  open(f"/proc/{pid}/stat").read().split()[2] == "Z",
                  timeout_s=15, what=f"pid {pid} to exit")
     report = json.loads((node / "r.json").read_text())

@@ -15,7 +15,6 @@ from typing import Any
 
 import multiaddr
 import trio
-from libp2p.peer.id import ID
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol import Identity, load_or_create_identity, seal
