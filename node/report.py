@@ -34,6 +34,9 @@ def plot_rewards(nodes: list[dict[str, Any]], path: Path, *, title: str = "") ->
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o", ms=3, label=str(node.get("peer_id", "?"))[-8:])
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("mean reward (local rollouts)")
     ax.set_title(title or "swarm-node reward per node")
