@@ -62,8 +62,7 @@ class OuterHook:
     def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str) -> None:
         from collectives import OuterConfig
 
-        self.config = OuterConfig.from_dict(outer_cfg) if hasattr(OuterConfig, "from_dict") \
-            else OuterConfig(**outer_cfg)
+        self.config = OuterConfig(**outer_cfg)
         self.bridge = bridge
         self.data_dir = data_dir
         self.loop: Any = None
@@ -151,9 +150,10 @@ def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:
         stats = bridge.stats()
     except Exception:  # the status line must never kill training
         return record
+    # the swarm process's counters are totals since it started, not per round
     return {**record, "peers": stats.get("peers", 0),
-            "rejected_by_reason": {k[len("rejected_"):]: v for k, v in stats.items()
-                                   if k.startswith("rejected_") and v}}
+            "gossip_rejected": {k[len("rejected_"):]: v for k, v in stats.items()
+                                if k.startswith("rejected_") and v}}
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ class LocalSwarm:
     config_file: str | None = None
     swarm_id: str = field(default_factory=lambda: f"local-{os.getpid()}")
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    _stopping: bool = False
 
     def run(self) -> int:
         base = Path(self.base_dir or tempfile.mkdtemp(prefix="swarm-local-"))
@@ -66,13 +65,14 @@ class LocalSwarm:
                     p.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     p.kill()
+                if p.stdout is not None:
+                    p.stdout.close()
             for s, h in old.items():
                 signal.signal(s, h)
         return self._write_report(base, codes, time.monotonic() - started)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         log.info("stopping the local swarm (nodes checkpoint and write their reports)")
-        self._stopping = True
         for name, p in self._procs.items():
             if name != "bootstrap" and p.poll() is None:
                 p.send_signal(signal.SIGTERM)

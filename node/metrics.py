@@ -16,7 +16,11 @@ class Metrics:
                             registry=r)
         self.peers = Gauge("swarm_node_peers", "Peers known to the swarm process", registry=r)
         self.rollouts = Counter("swarm_node_rollouts", "Rollout groups", ["direction"], registry=r)
-        self.rejected = Counter("swarm_node_rejected", "Rejected inputs", ["reason"], registry=r)
+        self.rejected = Counter("swarm_node_rejected", "Rollouts rejected on re-scoring",
+                                ["reason"], registry=r)
+        self.gossip_rejected = Gauge("swarm_node_gossip_rejected",
+                                     "Messages the swarm process rejected at the boundary, total",
+                                     ["reason"], registry=r)
         self.outer = Counter("swarm_node_outer_steps", "Outer steps", ["status"], registry=r)
         self.restarts = Counter("swarm_node_child_restarts", "Child restarts", ["child"],
                                 registry=r)
@@ -37,8 +41,8 @@ class Metrics:
         self.rollouts.labels("used").inc(rec.get("external_used", 0) or 0)
         for reason, n in (rec.get("rejected_by_reason") or {}).items():
             self.rejected.labels(reason).inc(n)
-        if not rec.get("rejected_by_reason") and rec.get("rejected"):
-            self.rejected.labels("any").inc(rec["rejected"])
+        for reason, total in (rec.get("gossip_rejected") or {}).items():
+            self.gossip_rejected.labels(reason).set(total)
 
     def on_outer(self, rec: dict[str, Any]) -> None:
         self.outer.labels(str(rec.get("status", "ok"))).inc()

@@ -246,7 +246,6 @@ class Supervisor:
 
     def _crashed(self, child: Child, code: int) -> None:
         n = child.record_crash(window_s=self.config.restart_window_s)
-        metric = self.metrics.restarts.labels(child.name) if self.metrics else None
         if n > self.config.max_restarts:
             raise NodeFailed(
                 f"gave up: the {child.name} process crashed {n} times within "
@@ -256,8 +255,8 @@ class Supervisor:
         backoff = min(30.0, 2.0 ** (n - 1))
         log.warning("%s exited with code %s; restarting in %.0f s (crash %d of %d allowed)",
                     child.name, code, backoff, n, self.config.max_restarts)
-        if metric is not None:
-            metric.inc()
+        if self.metrics is not None:
+            self.metrics.restarts.labels(child.name).inc()
         self.board.set(phase=f"restarting {child.name}")
         self.board.flush()
         time.sleep(backoff)

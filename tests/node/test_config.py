@@ -68,3 +68,15 @@ def test_unknown_config_keys_are_reported(tmp_path):
     cfg.write_text("model = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config_file(cfg)
+
+
+@pytest.mark.parametrize("swarm, collective", [
+    ("/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/tcp/4002"),
+    ("/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/tcp/0"),
+    ("/ip4/1.2.3.4/tcp/4001/p2p/12D3KooWabc", "/ip4/1.2.3.4/tcp/4002"),
+])
+def test_collective_port_is_swarm_port_plus_one(swarm, collective):
+    """The Docker files publish 4001 and 4002 on this rule."""
+    from node.launch import collective_addr
+
+    assert collective_addr(swarm) == collective

@@ -12,7 +12,8 @@ def test_metrics_endpoint_serves_round_counters():
     try:
         m.on_round({"round": 4, "mean_reward": 0.25, "peers": 3, "rollouts_published": 8,
                     "rollouts_received": 5, "external_used": 4,
-                    "rejected_by_reason": {"bad_signature": 2}})
+                    "rejected_by_reason": {"bad_signature": 2},
+                    "gossip_rejected": {"stale": 3}})
         m.on_outer({"status": "ok"})
         body = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
         text = body.decode()
@@ -23,3 +24,4 @@ def test_metrics_endpoint_serves_round_counters():
     assert 'swarm_node_rollouts_total{direction="received"} 5.0' in text
     assert 'swarm_node_rejected_total{reason="bad_signature"} 2.0' in text
     assert 'swarm_node_outer_steps_total{status="ok"} 1.0' in text
+    assert 'swarm_node_gossip_rejected{reason="stale"} 3.0' in text
