@@ -11,7 +11,6 @@ moving average). Prints the mean reward of the first and last 10% of rounds.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from node.bridge import LoopbackHub
 from node.learner import (EngineConfig, LearnerConfig, PolicyConfig, SapoConfig, TaskConfig,
-                          run_learner)
+                          TrainerConfig, run_learner)
 from protocol import Identity
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,12 +51,12 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    defaults = LearnerConfig(data_dir="x")
-    trainer = dataclasses.replace(defaults.trainer, **{k: v for k, v in (("lr", args.lr), ("entropy_coef", args.entropy)) if v is not None})
-    engine = EngineConfig(temperature=args.temperature) if args.temperature else defaults.engine
+    trainer = TrainerConfig(**{k: v for k, v in (("lr", args.lr), ("entropy_coef", args.entropy))
+                               if v is not None})
+    engine = EngineConfig(temperature=args.temperature) if args.temperature else EngineConfig()
     tiny = {k: v for k, v in (("max_operand", args.max_operand), ("closeness", args.closeness))
             if v is not None}
-    tasks = TaskConfig(family_config={"tiny_add": tiny}) if tiny else defaults.tasks
+    tasks = TaskConfig(family_config={"tiny_add": tiny}) if tiny else TaskConfig()
     data_dir = tempfile.mkdtemp(prefix="learner-curve-")
     config = LearnerConfig(data_dir=data_dir, seed=args.seed, checkpoint_every=0,
                            policy=PolicyConfig(device="cpu", threads=args.threads),

@@ -14,6 +14,7 @@ Writes bench/results/sapo_vs_isolated.json and .png (cumulative reward and per-r
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import tempfile
@@ -74,10 +75,7 @@ def plot(runs: list[dict], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, run in enumerate(runs):
         per_round = [sum(x) for x in zip(*run["reward"])]
-        cum, acc = [], 0.0
-        for x in per_round:
-            acc += x
-            cum.append(acc)
+        cum = list(itertools.accumulate(per_round))
         name = f"{run['label']} I={run['local']} J={run['external']}"
         a.plot(cum, color=f"C{i}", label=name)
         w = max(1, len(per_round) // 30)

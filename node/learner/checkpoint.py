@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from node.learner.errors import CheckpointError
 from protocol.files import fsync_path
 
-__all__ = ["Checkpoint", "latest_round", "load_checkpoint", "save_checkpoint"]
+__all__ = ["Checkpoint", "load_checkpoint", "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 _FILES = ("model.safetensors", "optimizer.pt", "rng.pt")
@@ -65,12 +65,6 @@ def _candidates(data_dir: str | Path) -> list[Path]:
         return []
     dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("round-")]
     return sorted(dirs, key=lambda p: p.name, reverse=True)
-
-
-def latest_round(data_dir: str | Path) -> int | None:
-    """Round number of the newest checkpoint directory (unverified), or None."""
-    c = _candidates(data_dir)
-    return int(c[0].name.split("-")[1]) if c else None
 
 
 def save_checkpoint(data_dir: str | Path, *, round: int, fingerprint: str, model: Any,

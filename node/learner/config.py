@@ -88,7 +88,7 @@ class TaskConfig:
     """Where questions come from."""
 
     families: tuple[str, ...] = ("tiny_add",)
-    """Task families drawn uniformly per question: built-in (``tiny_add``, ``tiny_copy``)
+    """Task families drawn uniformly per question: built-in (``tiny_add``)
     or any ReasoningGYM dataset name (``basic_arithmetic``, ``base_conversion``, ...)."""
     family_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-family generator config (difficulty), e.g. ``{"basic_arithmetic": {"max_terms": 2}}``.

@@ -149,7 +149,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         loss = loss - entropy_coef * entropy_loss
     with torch.no_grad():
         approx_kl = (((ratio - 1.0) - logratio) * mask).sum() / n_tokens
-        clipped = ((ratio - 1.0).abs() > 0) & ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high))
+        clipped = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
         clipfrac = (clipped.float() * mask).sum() / n_tokens
     return loss, {"pg_loss": pg_loss.item(), "approx_kl": approx_kl.item(),
                   "clipfrac": clipfrac.item(), "kl": kl.item(),

@@ -30,9 +30,10 @@ from node.learner.config import LearnerConfig
 from node.learner.engine import Engine, make_engine
 from node.learner.grpo import GrpoTrainer, TrainingGroup
 from node.learner.policy import Policy, load_policy
-from node.learner.report import node_report
+from node.learner.report import summarize
 from node.learner.sapo import ExternalPool, IngestStats, plan_round
 from node.learner.tasks import build_task, get_family
+from node.report import node_report
 from protocol import Rollout, RolloutBatch, TaskSpec
 
 __all__ = ["Learner", "run_learner"]
@@ -40,13 +41,6 @@ __all__ = ["Learner", "run_learner"]
 log = logging.getLogger(__name__)
 _PUBLISH_CHARS = 256 * 1024
 """Split a round's rollouts into several RolloutBatches above this many characters of text."""
-
-
-def _peer_id(bridge: Bridge) -> str:
-    pid = getattr(bridge, "peer_id", None)
-    if pid is None and getattr(bridge, "identity", None) is not None:
-        pid = bridge.identity.peer_id  # type: ignore[attr-defined]
-    return str(pid or "")
 
 
 def _derive_seed(*parts: object) -> int:
@@ -97,8 +91,8 @@ class Learner:
         rng = random.Random(_derive_seed(cfg.seed, self.peer_id, self.round))
 
         t = time.perf_counter()
+        zero_adv_before = self.pool.zero_advantage_discarded  # ingest() counts the discards
         ingest = self.pool.ingest(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
-        zero_adv_before = self.pool.zero_advantage_discarded
         n_local, n_external = plan_round(cfg.sapo, len(self.pool))
         seconds["receive"] = time.perf_counter() - t
         if stopped():
@@ -199,7 +193,7 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
         raise ValueError("run_learner needs rounds or a stop event (or both)")
     if rounds is not None and rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
-    learner = Learner(config, peer_id=_peer_id(bridge))
+    learner = Learner(config, peer_id=bridge.peer_id)
     bridge.announce(model=learner.fingerprint, capabilities=("learner", "sapo"))
     records: list[dict[str, Any]] = []
     outer_steps: list[dict[str, Any]] = []
@@ -228,5 +222,5 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
     if saved_round != learner.round:
         learner.save()
     return node_report(peer_id=learner.peer_id, model=learner.fingerprint, rounds=records,
-                       outer_steps=outer_steps, start_round=start_round,
-                       resumed_from=learner.resumed_from)
+                       outer_steps=outer_steps, summary=summarize(records),
+                       start_round=start_round, resumed_from=learner.resumed_from)

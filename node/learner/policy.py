@@ -35,7 +35,6 @@ class Policy:
     model: Any
     tokenizer: Any
     fingerprint: str
-    device: torch.device
     source: str
 
 
@@ -85,8 +84,7 @@ def load_policy(config: PolicyConfig, data_dir: str | Path) -> Policy:
     model.to(device)
     log.info("policy %s loaded on %s (fingerprint %s, %d params)", config.model, device,
              fingerprint[:12], sum(p.numel() for p in model.parameters()))
-    return Policy(model=model, tokenizer=tokenizer, fingerprint=fingerprint, device=device,
-                  source=source)
+    return Policy(model=model, tokenizer=tokenizer, fingerprint=fingerprint, source=source)
 
 
 def _stored_fingerprint(data: Path, model_name: str, model: Any) -> str:

@@ -1,15 +1,14 @@
-"""The per-round record and the node report (DESIGN.md contract).
+"""The ``summary`` of a learner's node report: totals over its per-round records.
 
-Node report keys: ``peer_id``, ``model`` (fingerprint), ``rounds`` (records with at least
-``round``, ``mean_reward``, ``rollouts_published``, ``rollouts_received``, ``external_used``,
-``rejected``), ``outer_steps`` (records returned by the collective's ``outer`` callback).
+The report itself (DESIGN.md contract: ``peer_id``, ``model``, ``rounds``, ``outer_steps``) is
+built by ``node.report.node_report``; ``run_learner`` adds this summary to it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["node_report", "summarize"]
+__all__ = ["summarize"]
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -31,9 +30,3 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": sum(sum(r["seconds"].values()) for r in rounds),
     }
 
-
-def node_report(*, peer_id: str, model: str, rounds: list[dict[str, Any]],
-                outer_steps: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """Assemble the JSON-able node report."""
-    return {"peer_id": peer_id, "model": model, "rounds": list(rounds),
-            "outer_steps": list(outer_steps), "summary": summarize(rounds), **extra}

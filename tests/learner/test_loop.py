@@ -95,3 +95,16 @@ def test_consumer_only_node_with_no_local_questions(tmp_path, embedded_base):
     first, second = rep["rounds"]
     assert first["local_used"] + first["external_used"] == 8 and first["external_used"] > 0
     assert second["local_used"] == 8 - second["external_used"]  # pool may be empty: fill locally
+
+
+def test_zero_advantage_external_groups_are_counted(data_dir):
+    from node.learner.tasks import build_task
+    from protocol import Rollout, TaskSpec
+
+    hub = LoopbackHub()
+    me, other = hub.bridge(Identity.generate()), hub.bridge(Identity.generate())
+    spec = TaskSpec(family="tiny_add", config={"max_operand": 9, "closeness": 0.5}, seed=1, index=0)
+    same = Rollout(task=spec, prompt=build_task(spec).prompt, completions=("7\n", "7\n", "7\n"))
+    other.publish(RolloutBatch(model="x", round=0, rollouts=(same,)))
+    r = run_learner(_config(data_dir), me, rounds=1)["rounds"][0]
+    assert r["rejected"] == 0 and r["external_zero_advantage"] == 1 and r["external_used"] == 0
