@@ -26,9 +26,9 @@ from protocol.ipc import (
     Request,
     Response,
     decode_frame,
+    delivery_from_ipc,
     encode_frame,
     frame_length,
-    message_from_ipc,
     message_to_ipc,
 )
 from node.bridge import Received
@@ -101,8 +101,8 @@ class SocketBridge:
         out = []
         for item in items:
             try:
-                out.append(Received(sender=_str(item, "sender"), message=message_from_ipc(item),
-                                    received_ms=_int(item, "received_ms")))
+                sender, message, received_ms = delivery_from_ipc(item)
+                out.append(Received(sender=sender, message=message, received_ms=received_ms))
             except ProtocolError as e:
                 raise BridgeError(f"receive: bad item from the swarm process: {e}") from None
         return out
@@ -157,15 +157,3 @@ class SocketBridge:
         out = bytes(self._buf[:n])
         del self._buf[:n]
         return out
-
-
-def _str(d: Any, key: str) -> str:
-    if not isinstance(d, dict) or not isinstance(d.get(key), str):
-        raise IpcError(f"field {key!r}: expected str")
-    return d[key]
-
-
-def _int(d: Any, key: str) -> int:
-    if not isinstance(d, dict) or type(d.get(key)) is not int:
-        raise IpcError(f"field {key!r}: expected int")
-    return d[key]

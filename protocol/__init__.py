@@ -29,6 +29,7 @@ from protocol.errors import (
     TooLarge,
     UnknownMessageType,
     VersionError,
+    WrongSwarm,
     IdentityError,
 )
 from protocol.files import atomic_write_bytes
@@ -72,6 +73,7 @@ __all__ = [
     "TooLarge",
     "UnknownMessageType",
     "VersionError",
+    "WrongSwarm",
     "atomic_write_bytes",
     "load_or_create_identity",
     "open_envelope",

@@ -17,7 +17,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.errors import DecodeError, SchemaError, TooLarge, UnknownMessageType, VersionError
+from protocol.errors import (
+    DecodeError,
+    SchemaError,
+    TooLarge,
+    UnknownMessageType,
+    VersionError,
+    WrongSwarm,
+)
 from protocol.identity import Identity, peer_id_from_public_key, verify
 from protocol.limits import DEFAULT_LIMITS, Limits, packb, unpackb
 from protocol.messages import MESSAGE_TYPES, Message
@@ -101,7 +108,7 @@ def open_envelope(
     if not 0 <= ts < 2**53:
         raise SchemaError("ts", "out of range")
     if swarm_id is not None and sw != swarm_id:
-        raise SchemaError("sw", f"swarm id {sw!r} is not this swarm's {swarm_id!r}")
+        raise WrongSwarm("sw", f"swarm id {sw!r} is not this swarm's {swarm_id!r}")
     cls = MESSAGE_TYPES.get(t)
     if cls is None:
         raise UnknownMessageType(f"unknown message type {t!r}")

@@ -4,6 +4,7 @@
      ├── DecodeError              – not msgpack, or not the shape of an envelope
      │    ├── TooLarge            – a size limit was exceeded (message, string, list, nesting)
      │    ├── SchemaError         – a field is missing, of the wrong type or out of range
+     │    │    └── WrongSwarm     – a message for another swarm (field 'sw')
      │    ├── UnknownMessageType  – a type this version does not know
      │    └── VersionError        – another protocol major version
      ├── SignatureError           – the signature does not verify
@@ -38,6 +39,10 @@ class SchemaError(DecodeError):
         super().__init__(f"field {field!r}: {problem}")
         self.field = field
         self.problem = problem
+
+
+class WrongSwarm(SchemaError):
+    reason = "wrong_swarm"
 
 
 class UnknownMessageType(DecodeError):

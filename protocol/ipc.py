@@ -39,6 +39,8 @@ __all__ = [
     "Request",
     "Response",
     "decode_frame",
+    "delivery_from_ipc",
+    "delivery_to_ipc",
     "encode_frame",
     "frame_length",
     "message_from_ipc",
@@ -134,6 +136,17 @@ def message_from_ipc(obj: Any) -> Message:
     if cls is None:
         raise IpcError(f"unknown message type {type_!r}")
     return cls.from_wire(d.get("body"))
+
+
+def delivery_to_ipc(sender: str, message: Message, received_ms: int) -> dict[str, Any]:
+    """One item of a ``receive`` result."""
+    return {"sender": sender, "received_ms": received_ms, **message_to_ipc(message)}
+
+
+def delivery_from_ipc(obj: Any) -> tuple[str, Message, int]:
+    """``(sender, message, received_ms)`` of one ``receive`` item; raises ProtocolError."""
+    d = _map(obj, "receive item")
+    return _get(d, "sender", str), message_from_ipc(d), _get(d, "received_ms", int)
 
 
 def _map(obj: Any, what: str) -> dict[str, Any]:

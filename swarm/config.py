@@ -39,7 +39,7 @@ class GossipConfig:
     target_peers: int = 8
     """Connections to keep: dial peers learned from announcements while below this."""
     max_peers: int = 64
-    """Stop dialing discovered peers at this many connections."""
+    """Upper bound for target_peers; sets the host's connection watermarks (swarm.host)."""
     bootstrap_timeout_s: float = 60.0
     """Give up (exit non-zero) when no bootstrap peer answered within this time."""
     dial_timeout_s: float = 10.0

@@ -98,7 +98,7 @@ class Dialer:
     async def _top_up(self, self_id: ID) -> None:
         connected = self.connected()
         wanted: list[PeerInfo] = [i for i in self.bootstrap_peers if i.peer_id not in connected]
-        room = min(self.config.target_peers, self.config.max_peers) - len(connected)
+        room = self.config.target_peers - len(connected)  # config: target_peers <= max_peers
         # Only the peer with the smaller id dials: py-libp2p loses gossip silently between two
         # peers that hold two connections to each other (both dialed at once); see
         # tests/swarm/test_swarm.py and the module docstring.

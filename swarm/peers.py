@@ -37,9 +37,5 @@ class PeerTable:
     def live(self) -> list[PeerAnnouncement]:
         return [a for a, _ in self._entries.values()]
 
-    def get(self, peer_id: str) -> PeerAnnouncement | None:
-        entry = self._entries.get(peer_id)
-        return entry[0] if entry else None
-
     def __len__(self) -> int:
         return len(self._entries)

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 import trio
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 
@@ -43,7 +44,7 @@ from protocol import (
     load_or_create_identity,
     seal,
 )
-from protocol.ipc import MAX_RECEIVE_ITEMS, Request, message_from_ipc, message_to_ipc
+from protocol.ipc import MAX_RECEIVE_ITEMS, Request, delivery_to_ipc, message_from_ipc
 from swarm.config import GossipConfig
 from swarm.discovery import Dialer
 from swarm.errors import ListenError, SwarmError
@@ -76,7 +77,8 @@ class Ready:
 class GossipService:
     """The state of one swarm process and the tasks that act on it."""
 
-    def __init__(self, config: GossipConfig, identity: Identity, stack: Stack) -> None:
+    def __init__(self, config: GossipConfig, identity: Identity, stack: Stack, *,
+                 bootstrap_peers: list[PeerInfo]) -> None:
         self.config = config
         self.identity = identity
         self.stack = stack
@@ -90,7 +92,7 @@ class GossipService:
             guard=ReplayGuard(max_age_ms=int(config.replay_window_s * 1000),
                               max_future_ms=int(config.max_future_s * 1000)))
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
-                             bootstrap_peers=[parse_peer_addr(b) for b in config.bootstrap])
+                             bootstrap_peers=bootstrap_peers)
         self.topics = topics(config.swarm_id)
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
@@ -175,7 +177,7 @@ class GossipService:
             type_, n = args.get("type"), args.get("max_items", 256)
             if not isinstance(type_, str) or type(n) is not int or not 1 <= n <= MAX_RECEIVE_ITEMS:
                 raise RequestError(f"receive needs type: str and max_items in 1..{MAX_RECEIVE_ITEMS}")
-            return [{"sender": d.sender, "received_ms": d.received_ms, **message_to_ipc(d.message)}
+            return [delivery_to_ipc(d.sender, d.message, d.received_ms)
                     for d in self.inbox.take(type_, n)]
         if request.op == "announce":
             self._set_profile(args)
@@ -214,11 +216,10 @@ async def serve(config: GossipConfig, *,
     except IdentityError as e:
         raise SwarmError(str(e)) from None
     listen = parse_listen(config.listen)
-    for b in config.bootstrap:
-        parse_peer_addr(b)
+    bootstrap_peers = [parse_peer_addr(b) for b in config.bootstrap]
     check_listen(listen)
     stack = build_stack(identity, config)
-    service = GossipService(config, identity, stack)
+    service = GossipService(config, identity, stack, bootstrap_peers=bootstrap_peers)
     async with stack.host.run(listen):
         if not stack.host.get_transport_addrs():
             raise ListenError(f"cannot listen on {', '.join(config.listen)}")

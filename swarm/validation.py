@@ -25,7 +25,6 @@ from protocol import (
     PeerAnnouncement,
     ProtocolError,
     ReplayGuard,
-    SchemaError,
     open_envelope,
 )
 from swarm.ratelimit import TokenBuckets
@@ -42,12 +41,6 @@ class Rejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-def _reason(e: ProtocolError) -> str:
-    if isinstance(e, SchemaError) and e.field == "sw":
-        return "wrong_swarm"
-    return e.reason
 
 
 @dataclass(kw_only=True)
@@ -78,7 +71,7 @@ class Validator:
         try:
             env = open_envelope(data, swarm_id=self.swarm_id)
         except ProtocolError as e:
-            raise Rejected(_reason(e), str(e)) from None
+            raise Rejected(e.reason, str(e)) from None
         if env.type != expected_type:
             raise Rejected("wrong_topic", f"a {env.type!r} message on the {expected_type!r} topic")
         signer = env.sender_peer_id

@@ -65,7 +65,7 @@ def test_wrong_swarm_rejected(identity, message):
     data = seal(identity, message, swarm_id="other-swarm")
     with pytest.raises(SchemaError) as e:
         open_envelope(data, swarm_id=SWARM)
-    assert e.value.field == "sw"
+    assert e.value.field == "sw" and e.value.reason == "wrong_swarm"
 
 
 def test_other_version_rejected(identity, message):
