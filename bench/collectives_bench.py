@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from protocol import atomic_write_bytes  # noqa: E402
 from tests.collectives.harness import Swarm, run_churn  # noqa: E402
 
 RATE = "100mbit"
@@ -157,12 +158,9 @@ def main() -> None:
                      "allreduce": [], "churn": None}
     if args.append and out_path.exists():
         results = json.loads(out_path.read_text())
-    out_path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        os.replace(tmp, out_path)
+        atomic_write_bytes(out_path, json.dumps(results, indent=1).encode())
 
     modes = ([] if args.netns_only else [False]) + ([True] if args.netns or args.netns_only
                                                       else [])

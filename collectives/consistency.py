@@ -20,18 +20,23 @@ from dataclasses import dataclass
 
 from protocol import Identity, OuterStepCommit, ProtocolError, open_envelope, seal
 
-__all__ = ["CommitBook", "canonical"]
+__all__ = ["CommitBook", "canonical", "majority"]
 
 logger = logging.getLogger(__name__)
+
+
+def majority(hashes: dict[str, str]) -> tuple[str, list[str]]:
+    """(hash, holders sorted) of the hash most peers hold (ties: the larger hash); not empty."""
+    counts = Counter(hashes.values())
+    best = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    return best, sorted(p for p, h in hashes.items() if h == best)
 
 
 def canonical(commits: dict[str, OuterStepCommit]) -> tuple[str, list[str]] | None:
     """(hash, holders sorted) of the majority state among ``commits``, None if empty."""
     if not commits:
         return None
-    counts = Counter(c.state_hash for c in commits.values())
-    best = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
-    return best, sorted(p for p, c in commits.items() if c.state_hash == best)
+    return majority({p: c.state_hash for p, c in commits.items()})
 
 
 @dataclass

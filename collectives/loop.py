@@ -25,7 +25,6 @@ import hashlib
 import logging
 import threading
 import time
-from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -33,7 +32,7 @@ import torch
 from collectives.allreduce import AllReduce
 from collectives.codec import get_codec
 from collectives.config import OuterConfig
-from collectives.consistency import CommitBook, canonical
+from collectives.consistency import CommitBook, canonical, majority
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.state import OuterState, flatten, unflatten_into
 from collectives.transport import Transport, sanitize_maddrs
@@ -137,19 +136,17 @@ class OuterLoop:
             join_key, timeout=cfg.join_window_s / 2), step=k)
         records = {p: c.state_hash for p, c in signed.items()}
         records[self.peer_id] = my_hash
-        counts = Counter(records.values())
-        majority = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        if majority != my_hash:
+        best, holders = majority(records)
+        if best != my_hash:
             rec["status"] = "stale"
-            expect = {p for p, h in records.items() if h == majority}
+            expect = set(holders)
             with self._lock:
                 self._state.attempt = k + 1
         else:
-            leader = min(p for p, h in records.items() if h == majority)
+            leader = holders[0]
             rec["leader"] = leader
             try:
-                seen = {p for p, h in records.items() if h == majority}
-                expect = self._run_group(rec, k, leader, delta, t0, t_join, seen)
+                expect = self._run_group(rec, k, leader, delta, t0, t_join, set(holders))
             finally:  # failed attempts advance the attempt index too: keep heads current
                 self._publish(k, rec["peers"])
         self._reconcile(rec, k, expect, commit_until=t0 + 0.9 * cfg.deadline_s, end=end)

@@ -7,7 +7,7 @@ averaged pseudo-gradient bytes, every peer computes the same bits (elementwise f
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,6 +18,11 @@ from protocol.limits import Limits, packb, unpackb
 __all__ = ["OuterState", "flatten", "unflatten_into"]
 
 _WIRE_VERSION = 1
+
+
+def _le_f32(t: torch.Tensor) -> np.ndarray:
+    """``t`` as a C-contiguous little-endian fp32 array (no copy when it already is one)."""
+    return np.ascontiguousarray(t.numpy(), dtype="<f4")
 
 
 def flatten(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -50,13 +55,32 @@ class OuterState:
     applied: int = 0
     """Number of outer steps that changed θ_global."""
 
+    _memo: tuple[object, ...] = field(default=(), init=False, repr=False, compare=False)
+    """(theta, momentum, their versions and the counters, hash) of the last hash computed."""
+
     def hash(self) -> str:
+        """sha256 of the counters, θ_global and the momentum; cached until one of them changes.
+
+        torch bumps a tensor's ``_version`` on every in-place write (``t[i] = x`` included);
+        writes through ``.numpy()`` or ``.data`` would bypass it, and nothing here makes them.
+        """
+        if self.theta.is_inference() or self.momentum.is_inference():
+            return self._digest()  # inference tensors have no version counter
+        key = (self.attempt, self.applied, self.theta._version, self.momentum._version)
+        m = self._memo
+        if m and m[0] is self.theta and m[1] is self.momentum and m[2] == key:
+            return m[3]  # type: ignore[return-value]
+        digest = self._digest()
+        self._memo = (self.theta, self.momentum, key, digest)
+        return digest
+
+    def _digest(self) -> str:
         h = hashlib.sha256()
         h.update(b"swarm-node/outer-state/v1")
         h.update(self.attempt.to_bytes(8, "little"))
         h.update(self.applied.to_bytes(8, "little"))
-        h.update(self.theta.numpy().astype("<f4", copy=False).tobytes())
-        h.update(self.momentum.numpy().astype("<f4", copy=False).tobytes())
+        h.update(_le_f32(self.theta))
+        h.update(_le_f32(self.momentum))
         return h.hexdigest()
 
     def apply(self, avg_pseudo_grad: torch.Tensor, *, lr: float, momentum: float) -> None:
@@ -72,8 +96,7 @@ class OuterState:
 
     def to_bytes(self) -> bytes:
         return packb([_WIRE_VERSION, self.attempt, self.applied, self.theta.numel(),
-                      self.theta.numpy().astype("<f4", copy=False).tobytes(),
-                      self.momentum.numpy().astype("<f4", copy=False).tobytes()])
+                      _le_f32(self.theta).tobytes(), _le_f32(self.momentum).tobytes()])
 
     @classmethod
     def from_bytes(cls, data: bytes, *, numel: int) -> OuterState:
@@ -93,3 +116,4 @@ class OuterState:
         t = torch.from_numpy(np.frombuffer(theta, "<f4").astype(np.float32))
         m = torch.from_numpy(np.frombuffer(mom, "<f4").astype(np.float32))
         return cls(theta=t, momentum=m, attempt=attempt, applied=applied)
+

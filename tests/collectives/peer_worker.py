@@ -24,7 +24,7 @@ import torch
 
 from collectives import OuterConfig, OuterLoop
 from collectives.allreduce import AllReduce
-from protocol import Identity
+from protocol import Identity, atomic_write_bytes
 
 SHAPES = [(100, 50), (50,), (200, 30)]
 
@@ -123,9 +123,8 @@ def main() -> None:
     loop = OuterLoop(cfg, identity=identity, group="test-model", params=model,
                      data_dir=str(root / "data" / args.name),
                      discover=lambda: discover(root, args.name))
-    tmp = root / "addrs" / f".{args.name}.tmp"
-    tmp.write_text("\n".join(loop.collective_addrs()))
-    os.replace(tmp, root / "addrs" / f"{args.name}.txt")
+    atomic_write_bytes(root / "addrs" / f"{args.name}.txt",
+                       "\n".join(loop.collective_addrs()).encode())
     gen = torch.Generator().manual_seed(args.seed)
     for i in range(args.start_step, args.start_step + args.steps):
         for r in range(2 * i, 2 * i + 2):

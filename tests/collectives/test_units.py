@@ -135,3 +135,19 @@ def test_commits_verify_signer_group_and_majority() -> None:
     tie = {"a": OuterStepCommit(group="g", step=1, state_hash="01", peers=2),
            "b": OuterStepCommit(group="g", step=1, state_hash="02", peers=2)}
     assert canonical(tie) == ("02", ["b"]) and canonical({}) is None
+
+
+def test_state_hash_cache_follows_every_change() -> None:
+    st = OuterState(theta=torch.randn(50), momentum=torch.zeros(50))
+
+    def fresh() -> str:  # the same state in new tensors: nothing cached
+        return OuterState(theta=st.theta.clone(), momentum=st.momentum.clone(),
+                          attempt=st.attempt, applied=st.applied).hash()
+
+    seen = {st.hash()}
+    for change in (lambda: setattr(st, "attempt", 1), lambda: st.apply(torch.ones(50), lr=0.5,
+                   momentum=0.9), lambda: st.momentum.add_(1.0), lambda: st.theta.mul_(2.0),
+                   lambda: setattr(st, "theta", torch.zeros(50))):
+        change()
+        assert st.hash() == fresh() and st.hash() not in seen
+        seen.add(st.hash())
