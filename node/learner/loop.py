@@ -31,7 +31,8 @@ from node.learner.engine import Engine, make_engine
 from node.learner.grpo import GrpoTrainer, TrainingGroup
 from node.learner.policy import Policy, load_policy
 from node.learner.report import summarize
-from node.learner.sapo import ExternalPool, IngestStats, plan_round
+from node.learner.rescore import RescoreResult, Rescorer
+from node.learner.sapo import ExternalPool, plan_round
 from node.learner.tasks import build_task, get_family
 from node.report import node_report
 from protocol import Rollout, RolloutBatch, TaskSpec
@@ -63,6 +64,7 @@ class Learner:
             ref = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref)
         self.pool = ExternalPool(config.sapo)
+        self.rescorer = Rescorer(config.tasks, config.sapo)
         self.round = 0
         self.resumed_from: str | None = None
         ckpt = load_checkpoint(config.data_dir, model=self.policy.model,
@@ -91,8 +93,9 @@ class Learner:
         rng = random.Random(_derive_seed(cfg.seed, self.peer_id, self.round))
 
         t = time.perf_counter()
-        zero_adv_before = self.pool.zero_advantage_discarded  # ingest() counts the discards
-        ingest = self.pool.ingest(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
+        zero_adv_before = self.pool.zero_advantage_discarded  # add() counts the discards
+        ingest = self.rescorer.rescore(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
+        self.pool.add(ingest.groups)
         n_local, n_external = plan_round(cfg.sapo, len(self.pool))
         seconds["receive"] = time.perf_counter() - t
         if stopped():
@@ -130,7 +133,7 @@ class Learner:
 
     def _record(self, *, local: list[TrainingGroup], external: list[TrainingGroup],
                 completions: list[Any], train: dict[str, float], published: int,
-                ingest: IngestStats, seconds: dict[str, float], zero_advantage: int) -> dict[str, Any]:
+                ingest: RescoreResult, seconds: dict[str, float], zero_advantage: int) -> dict[str, Any]:
         """The per-round record (report.py lists the contract keys)."""
         local_rewards = [r for g in local for r in g.rewards]
         ext_rewards = [r for g in external for r in g.rewards]
@@ -221,6 +224,7 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
             saved_round = learner.round
     if saved_round != learner.round:
         learner.save()
+    learner.rescorer.close()
     return node_report(peer_id=learner.peer_id, model=learner.fingerprint, rounds=records,
                        outer_steps=outer_steps, summary=summarize(records),
                        start_round=start_round, resumed_from=learner.resumed_from)

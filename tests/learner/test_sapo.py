@@ -4,7 +4,9 @@ import random
 
 from node.bridge import Received
 from node.learner.config import SapoConfig
-from node.learner.sapo import ExternalPool, plan_round, rescore_rollout
+from node.learner.config import TaskConfig
+from node.learner.rescore import Rescorer, rescore_rollout
+from node.learner.sapo import ExternalPool, plan_round
 from node.learner.tasks import build_task
 from protocol import PeerAnnouncement, Rollout, RolloutBatch, TaskSpec
 
@@ -27,6 +29,12 @@ def _received(*rollouts: Rollout) -> Received:
                     message=RolloutBatch(model="m", round=0, rollouts=tuple(rollouts)))
 
 
+def _ingest(pool: ExternalPool, received: list[Received]):
+    result = Rescorer(TaskConfig(), pool.config).rescore(received)
+    pool.add(result.groups)
+    return result
+
+
 def test_plan_round_keeps_the_budget():
     cfg = SapoConfig(questions_per_round=8, local=4, external=4)
     assert plan_round(cfg, 10) == (4, 4)
@@ -46,10 +54,10 @@ def test_pool_rejects_bad_rollouts_and_counts_reasons():
     good = _rollout(1, (_answer(1) + "\n", "x", "y"))
     unknown = _rollout(2, ("1",), family="nope")
     mismatch = _rollout(3, ("1", "2"), prompt="0+0=")
-    stats = pool.ingest([_received(good, unknown, mismatch),
-                         Received(sender="p", received_ms=0,
-                                  message=PeerAnnouncement(peer_id="p", addrs=()))])
-    assert stats.rollouts == 3 and stats.accepted == 1 and len(pool) == 1
+    stats = _ingest(pool, [_received(good, unknown, mismatch),
+                           Received(sender="p", received_ms=0,
+                                    message=PeerAnnouncement(peer_id="p", addrs=()))])
+    assert stats.rollouts == 3 and len(stats.groups) == 1 and len(pool) == 1
     assert stats.rejected == {"unknown_family": 1, "prompt_mismatch": 1, "not_rollouts": 1}
 
 
@@ -57,16 +65,16 @@ def test_zero_advantage_groups_are_discarded_before_sampling():
     flat = _rollout(4, ("x", "y", "z"))                  # all score 0
     useful = _rollout(5, (_answer(5) + "\n", "x"))
     pool = ExternalPool(SapoConfig())
-    pool.ingest([_received(flat, useful)])
+    _ingest(pool, [_received(flat, useful)])
     assert len(pool) == 1 and pool.zero_advantage_discarded == 1
     unfiltered = ExternalPool(SapoConfig(filter_zero_advantage=False))
-    unfiltered.ingest([_received(flat, useful)])
+    _ingest(unfiltered, [_received(flat, useful)])
     assert len(unfiltered) == 2
 
 
 def test_take_draws_without_replacement_and_removes():
     pool = ExternalPool(SapoConfig())
-    pool.ingest([_received(*[_rollout(s, (_answer(s) + "\n", "x")) for s in range(10)])])
+    _ingest(pool, [_received(*[_rollout(s, (_answer(s) + "\n", "x")) for s in range(10)])])
     rng = random.Random(0)
     a = pool.take(4, rng)
     b = pool.take(4, rng)
