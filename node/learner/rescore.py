@@ -38,6 +38,8 @@ class ScoredGroup:
     family: str
     group: TrainingGroup
     """Prompt, completions and the *locally computed* rewards (source ``external``)."""
+    claimed: tuple[float, ...] = ()
+    """The rewards the sender claimed (a hint, never used as rewards; reputation may compare)."""
 
 
 @dataclass
@@ -87,7 +89,8 @@ class Rescorer:
                     continue
                 out.groups.append(ScoredGroup(sender=item.sender, round=msg.round,
                                               received_ms=item.received_ms,
-                                              family=rollout.task.family, group=group))
+                                              family=rollout.task.family, group=group,
+                                              claimed=tuple(rollout.rewards)))
         return out
 
     def close(self) -> None:
