@@ -7,12 +7,17 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
     engine                 – batched sampling behind a backend registry
     tasks/                 – task families (tiny, ReasoningGYM) and TaskSpec regeneration
     grpo                   – advantages, clipped loss, GrpoTrainer
-    sapo                   – re-scoring received rollouts, zero-advantage filter, I/J split
+    verifier_worker        – sandboxed child process that rebuilds tasks and scores text
+    verifier, rescore      – its client (rlimits, budgets, restart); checks + re-scoring of
+                             received rollouts against the receiver's own tasks
+    sapo                   – external pool, zero-advantage filter, I/J split
     checkpoint             – atomic save / verified resume
     report, loop           – per-round records, node report, run_learner
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from node.learner.config import (
     EngineConfig,
@@ -21,9 +26,9 @@ from node.learner.config import (
     SapoConfig,
     TaskConfig,
     TrainerConfig,
+    VerifyConfig,
 )
 from node.learner.errors import CheckpointError, EngineError, LearnerError, PolicyError, TaskError
-from node.learner.loop import run_learner
 
 __all__ = [
     "CheckpointError",
@@ -37,5 +42,16 @@ __all__ = [
     "TaskConfig",
     "TaskError",
     "TrainerConfig",
+    "VerifyConfig",
     "run_learner",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # run_learner imports torch: loaded on first use so that the verifier worker
+    # (node.learner.verifier_worker, which imports only tasks) starts without torch.
+    if name == "run_learner":
+        from node.learner.loop import run_learner
+
+        return run_learner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,6 +19,7 @@ __all__ = [
     "SapoConfig",
     "TaskConfig",
     "TrainerConfig",
+    "VerifyConfig",
 ]
 
 
@@ -88,8 +89,9 @@ class TaskConfig:
     """Where questions come from."""
 
     families: tuple[str, ...] = ("tiny_add",)
-    """Task families drawn uniformly per question: built-in (``tiny_add``)
-    or any ReasoningGYM dataset name (``basic_arithmetic``, ``base_conversion``, ...)."""
+    """Task families drawn uniformly per question: built-in (``tiny_add``) or a ReasoningGYM
+    dataset whose verifier is vetted (``node.learner.tasks.rgym.VETTED``: ``basic_arithmetic``,
+    ``base_conversion``, ...). Received rollouts are accepted only for these families."""
     family_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-family generator config (difficulty), e.g. ``{"basic_arithmetic": {"max_terms": 2}}``.
     Values must be scalars: they travel inside TaskSpec."""
@@ -98,6 +100,14 @@ class TaskConfig:
         object.__setattr__(self, "families", tuple(self.families))
         if not self.families:
             raise ValueError("TaskConfig.families must name at least one family")
+        from node.learner.errors import TaskError
+        from node.learner.tasks import check_family
+
+        for fam in self.families:
+            try:
+                check_family(fam)
+            except TaskError as e:
+                raise ValueError(f"TaskConfig.families: {e}") from None
         for fam, cfg in self.family_config.items():
             if not isinstance(cfg, dict):
                 raise ValueError(f"TaskConfig.family_config[{fam!r}] must be a dict")
@@ -174,6 +184,33 @@ class SapoConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VerifyConfig:
+    """The sandboxed worker process that re-scores received rollouts (``verifier.py``)."""
+
+    memory_mb: int = 1536
+    """Address-space limit of the worker (RLIMIT_AS, MiB); 0 leaves it unlimited. The worker
+    needs ~200 MiB of address space for Python + reasoning_gym."""
+    cpu_s: int = 30
+    """CPU seconds the worker may spend per call (RLIMIT_CPU, raised before every call)."""
+    rollout_timeout_s: float = 5.0
+    """Wall-clock budget for re-scoring one rollout; on overrun the worker is killed and the
+    rollout rejected as ``verify_timeout``."""
+    call_timeout_s: float = 30.0
+    """Wall-clock budget for all rollouts of one round; what is left then is rejected."""
+    start_timeout_s: float = 60.0
+    """How long a (re)started worker may take to import its modules and say it is ready."""
+    max_restarts: int = 3
+    """Worker restarts allowed per round; after that the round's remaining rollouts are
+    rejected (``verify_unavailable``)."""
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "memory_mb", "max_restarts")
+        _positive(self, "cpu_s", "rollout_timeout_s", "call_timeout_s", "start_timeout_s")
+        if 0 < self.memory_mb < 256:
+            raise ValueError(f"VerifyConfig.memory_mb must be 0 or >= 256, got {self.memory_mb}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class LearnerConfig:
     """Everything one learner process needs."""
 
@@ -189,6 +226,8 @@ class LearnerConfig:
     """GRPO update."""
     sapo: SapoConfig = field(default_factory=SapoConfig)
     """Rollout sharing."""
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    """Sandboxed re-scoring of received rollouts."""
     checkpoint_every: int = 10
     """Save a checkpoint every N rounds (and always on stop); 0 saves only on stop."""
     keep_checkpoints: int = 2
@@ -212,7 +251,7 @@ class LearnerConfig:
     def from_dict(cls, data: dict[str, Any]) -> LearnerConfig:
         """Inverse of ``to_dict``; unknown keys raise ValueError."""
         subs = {"policy": PolicyConfig, "engine": EngineConfig, "tasks": TaskConfig,
-                "trainer": TrainerConfig, "sapo": SapoConfig}
+                "trainer": TrainerConfig, "sapo": SapoConfig, "verify": VerifyConfig}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key in subs:

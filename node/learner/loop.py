@@ -31,7 +31,7 @@ from node.learner.engine import Engine, make_engine
 from node.learner.grpo import GrpoTrainer, TrainingGroup
 from node.learner.policy import Policy, load_policy
 from node.learner.report import summarize
-from node.learner.rescore import RescoreResult, Rescorer
+from node.learner.rescore import RescoreResult, Rescorer, special_token_strings
 from node.learner.sapo import ExternalPool, plan_round
 from node.learner.tasks import build_task, get_family
 from node.report import node_report
@@ -64,7 +64,12 @@ class Learner:
             ref = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref)
         self.pool = ExternalPool(config.sapo)
-        self.rescorer = Rescorer(config.tasks, config.sapo)
+        tok = self.policy.tokenizer
+        self.rescorer = Rescorer(
+            config.tasks, config.sapo, verify=config.verify,
+            max_completion_tokens=config.trainer.max_completion_tokens,
+            count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
+            special_tokens=special_token_strings(tok))
         self.round = 0
         self.resumed_from: str | None = None
         ckpt = load_checkpoint(config.data_dir, model=self.policy.model,

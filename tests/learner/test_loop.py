@@ -49,12 +49,12 @@ def test_bad_rollouts_are_rejected_and_counted(data_dir):
     bad = Rollout(task=TaskSpec(family="no_such", config={}, seed=1, index=0), prompt="1+1=",
                   completions=("2\n", "3\n"))
     lie = Rollout(task=TaskSpec(family="tiny_add", config={"max_operand": 9, "closeness": 0.5}, seed=1, index=0),
-                  prompt="0+0=", completions=("0\n", "1\n"), rewards=(1.0, 0.0))
+                  prompt="0+0=", completions=("0\n", "1\n") * 4, rewards=(1.0, 0.0) * 4)
     evil.publish(RolloutBatch(model="x", round=0, rollouts=(bad, lie)))
     rep = run_learner(_config(data_dir), me, rounds=1)
     r = rep["rounds"][0]
     assert r["rollouts_received"] == 2 and r["rejected"] == 2 and r["external_used"] == 0
-    assert r["rejected_by_reason"] == {"unknown_family": 1, "prompt_mismatch": 1}
+    assert r["rejected_by_reason"] == {"unvetted_family": 1, "prompt_mismatch": 1}
 
 
 def test_stop_event_on_round_and_outer_callbacks(data_dir):
@@ -104,7 +104,7 @@ def test_zero_advantage_external_groups_are_counted(data_dir):
     hub = LoopbackHub()
     me, other = hub.bridge(Identity.generate()), hub.bridge(Identity.generate())
     spec = TaskSpec(family="tiny_add", config={"max_operand": 9, "closeness": 0.5}, seed=1, index=0)
-    same = Rollout(task=spec, prompt=build_task(spec).prompt, completions=("7\n", "7\n", "7\n"))
+    same = Rollout(task=spec, prompt=build_task(spec).prompt, completions=("7\n",) * 8)
     other.publish(RolloutBatch(model="x", round=0, rollouts=(same,)))
     r = run_learner(_config(data_dir), me, rounds=1)["rounds"][0]
     assert r["rejected"] == 0 and r["external_zero_advantage"] == 1 and r["external_used"] == 0

@@ -1,32 +1,65 @@
 """Task families and the registry that turns a ``TaskSpec`` back into a question + verifier.
 
-Built-in families live in ``tiny.py``; any other name is looked up in ReasoningGYM
-(``rgym.py``). ``build_task`` is the single entry point for received specs: it raises
-``TaskError`` (with a ``reason``) for anything that cannot be regenerated.
+Built-in families (``FAMILIES``: ``tiny.py`` and any other family of ours registered there)
+are vetted by construction: their verifiers are our own code and never evaluate text.
+Other names are looked up among the ReasoningGYM families whose verifier we have vetted
+(``rgym.VETTED``; the module docstring says how a family gets vetted). A ReasoningGYM name
+that is not vetted raises ``TaskError('unvetted_family')``, any other ``'unknown_family'``.
+
+``build_task`` is the single entry point for received specs: it raises ``TaskError`` (with a
+``reason``) for anything that cannot be regenerated. ``normalize_config`` fills a family's
+defaults so that a receiver can compare a remote spec's config with its own.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from node.learner.errors import TaskError
 from node.learner.tasks.base import Task, TaskFamily
-from node.learner.tasks.rgym import ReasoningGymFamily, is_reasoning_gym_family
+from node.learner.tasks.rgym import VETTED, ReasoningGymFamily, is_reasoning_gym_family
 from node.learner.tasks.tiny import TinyAdd
 from protocol import TaskSpec
 
-__all__ = ["FAMILIES", "Task", "TaskFamily", "build_task", "get_family"]
+__all__ = ["FAMILIES", "Task", "TaskFamily", "build_task", "check_family", "get_family",
+           "normalize_config", "vetted_families"]
 
 FAMILIES: dict[str, TaskFamily] = {f.name: f for f in (TinyAdd(),)}
-"""Built-in families by name; ReasoningGYM families are created on first use."""
+"""Built-in families by name (vetted by construction)."""
+_RGYM: dict[str, TaskFamily] = {}
+
+
+def vetted_families() -> tuple[str, ...]:
+    """Every family name this node can train on and re-score (built-in + vetted ReasoningGYM)."""
+    return tuple(sorted(set(FAMILIES) | set(VETTED)))
+
+
+def check_family(name: str) -> None:
+    """``TaskError`` (``unvetted_family`` / ``unknown_family``) unless ``name`` is usable;
+    never imports reasoning_gym for a usable name."""
+    if name in FAMILIES or name in VETTED:
+        return
+    if is_reasoning_gym_family(name):
+        raise TaskError("unvetted_family",
+                        f"{name!r} is a ReasoningGYM family whose verifier is not vetted "
+                        f"(it may evaluate answer text); vetted: {', '.join(vetted_families())}")
+    raise TaskError("unknown_family", f"no task family {name!r}; known: {', '.join(vetted_families())}")
 
 
 def get_family(name: str) -> TaskFamily:
-    """The family called ``name``; ``TaskError('unknown_family')`` if none."""
-    family = FAMILIES.get(name)
-    if family is None and is_reasoning_gym_family(name):
-        family = FAMILIES.setdefault(name, ReasoningGymFamily(name))
+    """The family called ``name``; ``TaskError`` (``unvetted_family``/``unknown_family``) if none."""
+    family = FAMILIES.get(name) or _RGYM.get(name)
     if family is None:
-        raise TaskError("unknown_family", f"no task family {name!r}")
+        check_family(name)
+        family = _RGYM.setdefault(name, ReasoningGymFamily(name))
     return family
+
+
+def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` of family ``name`` with its defaults filled in (families without a
+    ``normalize_config`` method are compared as given); ``TaskError`` if invalid."""
+    normalize = getattr(get_family(name), "normalize_config", None)
+    return dict(config) if normalize is None else normalize(dict(config))
 
 
 def build_task(spec: TaskSpec, *, prompt: str | None = None) -> Task:

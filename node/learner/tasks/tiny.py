@@ -56,6 +56,10 @@ class TinyAdd:
             raise TaskError("bad_config", f"tiny_add: closeness must be in [0, 0.6], got {c!r}")
         return merged
 
+    def normalize_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with defaults filled in; ``TaskError('bad_config')`` if invalid."""
+        return self._config(config)
+
     def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
         cfg = self._config(config)
         return TaskSpec(family=self.name, config=cfg, seed=rng.randrange(2**31), index=0)
