@@ -81,6 +81,23 @@ class NodeConfig:
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
                 raise ConfigError(f"bootstrap address {addr!r} must end in /p2p/<peer-id>")
+        self._check_task_families()
+
+    def _check_task_families(self) -> None:
+        """Refuse unvetted or unknown task families before any child starts (the learner
+        would refuse them too, but only once the swarm is up). Imports no torch."""
+        tasks = self.learner.get("tasks")
+        families = tasks.get("families") if isinstance(tasks, dict) else None
+        if not isinstance(families, (list, tuple)):
+            return
+        from node.learner.errors import TaskError
+        from node.learner.tasks import check_family
+
+        for family in families:
+            try:
+                check_family(str(family))
+            except TaskError as e:
+                raise ConfigError(f"[learner.tasks] families: {e}") from None
 
     @property
     def status_path(self) -> Path:

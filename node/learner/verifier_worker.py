@@ -94,8 +94,18 @@ def score_item(item: dict[str, Any]) -> dict[str, Any]:
     return {"rewards": [float(task.score(c)) for c in item["completions"]]}
 
 
-def serve(fin: BinaryIO, fout: BinaryIO, *, cpu_s: int) -> int:
+def _address_space_mb() -> float:
+    """Virtual size (what RLIMIT_AS limits); 0 where /proc is absent."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * resource.getpagesize() / (1024 * 1024)
+    except OSError:  # pragma: no cover - not Linux
+        return 0.0
+
+
+def serve(fin: BinaryIO, fout: BinaryIO, *, cpu_s: int, memory_mb: int = 0) -> int:
     """Answer requests until stdin closes; exit code 0, or 3 after a MemoryError."""
+    from node.learner.tasks.rgym import clear_cache
     from protocol.limits import Limits, unpackb
 
     limits = Limits(max_message_bytes=MAX_REQUEST, max_str=1024 * 1024, max_list=4096, max_depth=8)
@@ -115,6 +125,8 @@ def serve(fin: BinaryIO, fout: BinaryIO, *, cpu_s: int) -> int:
         call_id = request["id"]
         _cpu_budget(cpu_s)
         for i, item in enumerate(request["items"]):
+            if memory_mb and _address_space_mb() > 0.6 * memory_mb:
+                clear_cache()  # the cache must never be what pushes us into RLIMIT_AS
             try:
                 reply = score_item(item)
             except MemoryError:
@@ -148,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         import reasoning_gym  # noqa: F401
     _forbid_processes()
 
-    return serve(fin, fout, cpu_s=args.cpu_s)
+    return serve(fin, fout, cpu_s=args.cpu_s, memory_mb=args.memory_mb)
 
 
 if __name__ == "__main__":

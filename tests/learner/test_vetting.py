@@ -103,3 +103,11 @@ def test_unvetted_families_are_refused_locally_and_remotely(family):
 def test_unknown_family_is_refused_with_the_known_ones_named():
     with pytest.raises(ValueError, match="no task family 'nope'.*tiny_add"):
         TaskConfig(families=("nope",))
+
+
+def test_join_refuses_an_unvetted_family_before_starting_anything():
+    from node.config import ConfigError, NodeConfig
+
+    with pytest.raises(ConfigError, match="spiral_matrix.*not vetted"):
+        NodeConfig(learner={"tasks": {"families": ["tiny_add", "spiral_matrix"]}})
+    assert NodeConfig(learner={"tasks": {"families": ["tiny_add", "binary_matrix"]}})

@@ -36,14 +36,15 @@ from node.learner.tasks.base import Task
 from node.learner.tasks.scorers import SAFE_SCORERS
 from protocol import TaskSpec
 
-__all__ = ["MAX_INDEX", "VETTED", "ReasoningGymFamily", "is_reasoning_gym_family"]
+__all__ = ["MAX_INDEX", "VETTED", "ReasoningGymFamily", "clear_cache", "is_reasoning_gym_family"]
 
 log = logging.getLogger(__name__)
 MAX_INDEX = 9_999
 """Largest item index accepted (the dataset is built with size index+1)."""
-_CACHE_DATASETS = 64
-"""Datasets kept built (per family, config, seed, size); each is < 0.2 MB for the vetted
-families at their default config (measured), and configs are the receiver's own."""
+_CACHE_DATASETS = 8
+"""Datasets kept built (per family, config, seed, size). Seeds are random, so hits are rare
+(the same spec rebuilt); each is < 0.2 MB for the vetted families at their default config
+(measured) but a config may make one large (count_primes max_n 2e7: ~230 MB), hence small."""
 
 VETTED: dict[str, str] = {
     "base_conversion": "base score_answer: string equality / substring",
@@ -75,6 +76,11 @@ def _dataset(name: str, config_items: tuple[tuple[str, Any], ...], seed: int, si
     import reasoning_gym
 
     return reasoning_gym.create_dataset(name, seed=seed, size=size, **dict(config_items))
+
+
+def clear_cache() -> None:
+    """Drop every cached dataset (the verifier worker does so when its memory runs high)."""
+    _dataset.cache_clear()
 
 
 class ReasoningGymFamily:
