@@ -198,7 +198,8 @@ class VerifyConfig:
     call_timeout_s: float = 30.0
     """Wall-clock budget for all rollouts of one round; what is left then is rejected."""
     start_timeout_s: float = 60.0
-    """How long a (re)started worker may take to import its modules and say it is ready."""
+    """How long a (re)started worker may take to import its modules and say it is ready
+    (within the round's ``call_timeout_s``)."""
     max_restarts: int = 3
     """Worker restarts allowed per round; after that the round's remaining rollouts are
     rejected (``verify_unavailable``)."""

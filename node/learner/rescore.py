@@ -17,7 +17,8 @@ failed check is counted under its reason in ``RescoreResult.rejected``):
 
 Only then is the task rebuilt (the prompt must equal the regenerated one: ``prompt_mismatch``)
 and every completion scored, in the sandboxed worker (``verifier.py``), all rollouts of a
-round in one call; its failures are counted as ``verify_timeout`` / ``verify_crashed`` /
+round in one call, senders interleaved so that a flood from one cannot use up the call's
+time budget before the others are scored; its failures are counted as ``verify_timeout`` / ``verify_crashed`` /
 ``verify_memory`` / ``verify_bad_reply`` / ``verify_unavailable``. Because a remote config
 must equal one of ours, a peer can make us build only datasets we build for ourselves.
 
@@ -113,23 +114,24 @@ class Rescorer:
                 out.rejected["not_rollouts"] += 1
                 continue
             out.batches += 1
-            for rollout in msg.rollouts:
+            for rollout in msg.rollouts:  # per-rollout logs at debug: counts go in the record
                 out.rollouts += 1
                 reason = self.check(rollout)
                 if reason is None:
                     passed.append((item, msg, rollout))
                 else:
                     out.rejected[reason] += 1
-                    log.info("rejected rollout of %s from %s (round %d): %s",
+                    log.debug("rejected rollout of %s from %s (round %d): %s",
                              rollout.task.family[:32], item.sender[:16], msg.round, reason)
         if not passed:
             return out
+        passed = _round_robin(passed)
         scores = self.verifier.score(
             [_item(r, self.tasks.family_config.get(r.task.family, {})) for _, _, r in passed])
         for (item, msg, rollout), score in zip(passed, scores):
             if isinstance(score, str):
                 out.rejected[score] += 1
-                log.info("rejected rollout of %s from %s (round %d): %s",
+                log.debug("rejected rollout of %s from %s (round %d): %s",
                          rollout.task.family, item.sender[:16], msg.round, score)
                 continue
             group = TrainingGroup(prompt=rollout.prompt, completions=tuple(rollout.completions),
@@ -167,6 +169,17 @@ class Rescorer:
     def close(self) -> None:
         """Kill the verifier worker."""
         self.verifier.close()
+
+
+def _round_robin(passed: list[tuple[Received, RolloutBatch, Rollout]]
+                 ) -> list[tuple[Received, RolloutBatch, Rollout]]:
+    """Interleave senders (first rollout of each, then the second, ...) so that when the
+    round's verification budget runs out, it is the biggest sender's tail that is cut."""
+    by_sender: dict[str, list[tuple[Received, RolloutBatch, Rollout]]] = {}
+    for entry in passed:
+        by_sender.setdefault(entry[0].sender, []).append(entry)
+    queues = list(by_sender.values())
+    return [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
 
 
 def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -183,7 +183,7 @@ class VerifierClient:
                     break
                 restarts += bool(self.starts)
                 try:
-                    self._start()
+                    self._start(deadline)
                 except WorkerFailed as e:
                     log.warning("verifier worker did not start: %s", e)
                     results += ["verify_unavailable"] * (len(items) - len(results))
@@ -191,11 +191,11 @@ class VerifierClient:
             self._run(items, results, deadline)
         return results
 
-    def _start(self) -> None:
+    def _start(self, deadline: float) -> None:
         self.starts += 1
         worker = _Worker(self.config, self.preload_rgym, self.module)
         try:
-            frame = worker.next_frame(time.monotonic() + self.config.start_timeout_s)
+            frame = worker.next_frame(min(deadline, time.monotonic() + self.config.start_timeout_s))
         except WorkerFailed:
             worker.kill()
             raise
@@ -239,7 +239,7 @@ class VerifierClient:
 
     def _check(self, frame: dict[str, Any], i: int, item: dict[str, Any]) -> tuple[float, ...] | str:
         if frame.get("id") != self._call or frame.get("i") != i or len(frame) != 3:
-            raise WorkerFailed("verify_bad_reply", f"unexpected frame keys {sorted(frame)[:4]}")
+            raise WorkerFailed("verify_bad_reply", f"unexpected frame {[repr(k)[:16] for k in frame][:4]}")
         if "reason" in frame:
             reason = frame["reason"]
             if not isinstance(reason, str):

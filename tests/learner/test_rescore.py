@@ -124,3 +124,17 @@ def test_special_tokens_of_the_embedded_tokenizer(embedded_base):
 
     tokens = special_token_strings(AutoTokenizer.from_pretrained(str(embedded_base)))
     assert {"</s>", "<s>", "<pad>", "<unk>"} <= set(tokens)
+
+
+def test_a_flooding_sender_cannot_use_up_the_budget_of_others():
+    r = Rescorer(OWN, SapoConfig(completions_per_question=G), max_completion_tokens=256,
+                 count_tokens=len, verify=VerifyConfig(call_timeout_s=60.0))
+    scored: list[int] = []
+    r.verifier.score = lambda items: [scored.append(it["seed"]) or "verify_timeout"  # type: ignore
+                                      for it in items]
+    tiny = {"max_operand": 9}
+    flood = _received(*[_rollout("tiny_add", tiny, s) for s in range(100, 140)], sender="flood")
+    honest = _received(*[_rollout("tiny_add", tiny, s) for s in range(3)], sender="honest")
+    r.rescore([flood, honest])
+    assert scored[:6] == [100, 0, 101, 1, 102, 2]
+    r.close()

@@ -132,7 +132,7 @@ class ReasoningGymFamily:
             try:
                 return float(scorer(text.strip(), entry))
             except Exception as e:  # a verifier bug must not crash the node
-                log.warning("verifier %s failed: %s", self.name, type(e).__name__)
+                log.debug("verifier %s failed: %s", self.name, type(e).__name__)
                 return 0.0
 
         return Task(spec=spec, prompt=f"{entry['question']}\nAnswer: ", answer=str(entry["answer"]),
