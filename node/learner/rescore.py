@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from node.bridge import Received
-from node.learner.config import SapoConfig, TaskConfig, VerifyConfig
+from node.learner.config import SapoConfig, TaskConfig, TrainerConfig, VerifyConfig
 from node.learner.errors import TaskError
 from node.learner.grpo import TrainingGroup
 from node.learner.tasks import FAMILIES, normalize_config
@@ -88,12 +88,20 @@ def special_token_strings(tokenizer: Any) -> tuple[str, ...]:
     return tuple(sorted(n for n in names if n))
 
 
+def _utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 class Rescorer:
     """Checks and re-scores received rollouts for one learner (its own tasks and limits)."""
 
-    def __init__(self, tasks: TaskConfig, sapo: SapoConfig, *, max_completion_tokens: int,
-                 count_tokens: Callable[[str], int], special_tokens: tuple[str, ...] = (),
+    def __init__(self, tasks: TaskConfig, sapo: SapoConfig, *,
+                 max_completion_tokens: int = TrainerConfig().max_completion_tokens,
+                 count_tokens: Callable[[str], int] = _utf8_bytes,
+                 special_tokens: tuple[str, ...] = (),
                  verify: VerifyConfig | None = None) -> None:
+        """``count_tokens`` is the local tokenizer's count (the learner passes it); the default,
+        UTF-8 bytes, bounds the count of any byte-level or character tokenizer from above."""
         self.tasks = tasks
         self.sapo = sapo
         self.max_completion_tokens = max_completion_tokens

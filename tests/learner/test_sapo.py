@@ -31,7 +31,7 @@ def _received(*rollouts: Rollout) -> Received:
 
 
 def _ingest(pool: ExternalPool, received: list[Received]):
-    rescorer = Rescorer(TaskConfig(), pool.config, max_completion_tokens=256, count_tokens=len)
+    rescorer = Rescorer(TaskConfig(), pool.config)
     try:
         result = rescorer.rescore(received)
     finally:
