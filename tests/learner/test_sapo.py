@@ -8,7 +8,7 @@ from node.learner.config import TaskConfig
 from node.learner.rescore import Rescorer
 from node.learner.sapo import ExternalPool, plan_round
 from node.learner.tasks import build_task
-from protocol import PeerAnnouncement, Rollout, RolloutBatch, TaskSpec
+from protocol import Rollout, RolloutBatch, TaskSpec
 
 
 def _rollout(seed: int, completions: tuple[str, ...], *, family="tiny_add", prompt=None,
