@@ -119,6 +119,7 @@ def test_join_under_tmux_shows_one_table_in_place_and_its_round_advances(swarm):
             r = _round(screen)
             if r is not None:
                 assert _one_table(screen, w, h), screen
+                (swarm["base"] / f"screen-{name}.txt").write_text(screen)  # for a look later
                 if not rounds[name] or rounds[name][-1] != r:
                     rounds[name].append(r)
         return all(len(v) >= 2 for v in rounds.values())
