@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import re
-import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +113,10 @@ class TerminalView:
         s = self._last
         worrying = [t for lvl, t in self.ring.lines if lvl >= logging.WARNING][-8:]
         for line in worrying:
-            print(line, file=sys.stderr)
-        print(f"swarm-node {s.get('phase', '')}: round {s.get('round')}, "
-              f"{s.get('rounds_done', 0)} rounds this run; log: {self.log_path}", file=sys.stderr)
+            self.console.print(Text(line), soft_wrap=True)
+        self.console.print(Text(f"swarm-node {s.get('phase', '')}: round {s.get('round')}, "
+                                f"{s.get('rounds_done', 0)} rounds this run; log: {self.log_path}"),
+                           soft_wrap=True)
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -210,7 +211,7 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
     return rows
 
 
-def render(state: dict[str, Any], *, width: int, height: int, log_lines: list[str] = (),  # type: ignore[assignment]
+def render(state: dict[str, Any], *, width: int, height: int, log_lines: Sequence[str] = (),
            log_path: str = "", now: float | None = None) -> Table:
     """The table for a ``width`` x ``height`` terminal: every row one line, never taller."""
     now = time.time() if now is None else now

@@ -67,10 +67,11 @@ def test_sparkline_scales_to_its_range():
     assert sparkline([], 5) == ""
 
 
-def test_the_view_routes_logs_to_the_file_and_restores_handlers(tmp_path, capsys):
+def test_the_view_routes_logs_to_the_file_and_restores_handlers(tmp_path):
     root = logging.getLogger()
     before = list(root.handlers)
-    view = TerminalView(tmp_path / "node.log", console=Console(file=io.StringIO(), width=80,
+    screen = io.StringIO()
+    view = TerminalView(tmp_path / "node.log", console=Console(file=screen, width=80,
                                                                 height=24, force_terminal=True))
     view.start()
     try:
@@ -82,5 +83,9 @@ def test_the_view_routes_logs_to_the_file_and_restores_handlers(tmp_path, capsys
     assert root.handlers == before
     logged = (tmp_path / "node.log").read_text()
     assert "supervisor says hi" in logged and "child broke" in logged
-    err = capsys.readouterr().err
-    assert "child broke" in err and str(tmp_path / "node.log") in err  # the exit summary
+    out = screen.getvalue()
+    assert "\x1b[?1049h" in out and "\x1b[?1049l" in out  # the alternate screen, given back
+    after = out.split("\x1b[?1049l")[-1]                  # the exit summary, on the normal screen
+    assert "child broke" in after and "supervisor says hi" in after
+    assert str(tmp_path / "node.log") in after.replace("\n", "")
+    assert "round 3" in out
