@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import re
 import time
 from collections import deque
@@ -65,6 +66,7 @@ class TerminalView:
 
     def __init__(self, log_path: Path, *, console: Console | None = None) -> None:
         self.log_path = Path(log_path)
+        self._real = console is None
         self.console = console or Console(stderr=True)
         self.ring = LogRing()
         self._children = logging.getLogger("node.children")
@@ -98,10 +100,24 @@ class TerminalView:
     def update(self, state: dict[str, Any]) -> None:
         self._last = state
         if self._live is not None:
-            width, height = self.console.size
+            width, height = self._size()
+            self.console.size = (width, height)
             self._live.update(render(state, width=width, height=height,
                                      log_lines=[t for _, t in self.ring.lines],
                                      log_path=str(self.log_path)), refresh=True)
+
+    def _size(self) -> tuple[int, int]:
+        """The terminal's size now. rich prefers $COLUMNS/$LINES, which shells and tmux may
+        leave stale in the environment: then the table would not follow a resize."""
+        if self._real:
+            for fd in (2, 1, 0):
+                try:
+                    size = os.get_terminal_size(fd)
+                except OSError:
+                    continue
+                if size.columns and size.lines:
+                    return size.columns, size.lines
+        return self.console.size
 
     def close(self) -> None:
         if self._live is not None:

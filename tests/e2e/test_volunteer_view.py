@@ -118,7 +118,10 @@ def test_join_under_tmux_shows_one_table_in_place_and_its_round_advances(swarm):
             assert "EXITED" not in screen or name == "small", screen
             r = _round(screen)
             if r is not None:
-                assert _one_table(screen, w, h), screen
+                size = tmux("display", "-p", "-t", name, "#{window_width}x#{window_height}")
+                assert _one_table(screen, w, h), (size, screen)
+                # the table spans the terminal: sized to it, not to a default
+                assert max(map(len, screen.splitlines())) == w, (size, screen)
                 (swarm["base"] / f"screen-{name}.txt").write_text(screen)  # for a look later
                 if not rounds[name] or rounds[name][-1] != r:
                     rounds[name].append(r)
