@@ -237,7 +237,7 @@ def render(state: dict[str, Any], *, width: int, height: int, log_lines: Sequenc
                   padding=(0, 1), title_justify="left")
     table.add_column("key", style="bold", width=10, no_wrap=True)
     table.add_column("value", ratio=1, no_wrap=True, overflow="ellipsis")
-    rows = _rows(state, width=width, compact=compact, now=now)
+    rows = _rows(state, width=width, compact=compact, now=now)[:max(1, height - 3)]  # title, borders
     for key, value in rows:
         table.add_row(key, Text(value))
     room = height - len(rows) - 3 - 2  # title, two borders, section line, one spare

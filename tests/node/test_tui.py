@@ -37,6 +37,12 @@ def _draw(state, w, h, logs=()):
     return console.export_text().rstrip("\n").splitlines()
 
 
+def test_a_tiny_terminal_still_gets_one_table_that_fits(tmp_path):
+    lines = _draw(_state(tmp_path), 30, 6)
+    assert len(lines) <= 6 and "\n".join(lines).count("╭") == 1
+    assert "round" in "\n".join(lines)                # the rows that matter most come first
+
+
 @pytest.mark.parametrize("w,h", [(80, 24), (160, 40), (100, 16), (50, 12)])
 def test_one_table_that_fits_the_terminal(tmp_path, w, h):
     lines = _draw(_state(tmp_path), w, h, logs=[f"log line {i}" for i in range(100)])
