@@ -60,6 +60,11 @@ class LogRing(logging.Handler):
         except Exception:
             self.handleError(record)
 
+    def snapshot(self) -> list[tuple[int, str]]:
+        """A copy (children's reader threads append while the view draws)."""
+        with self.lock:  # type: ignore[union-attr]  # the lock handle() holds around emit()
+            return list(self.lines)
+
 
 class TerminalView:
     """Owns the terminal while the node runs (``start`` ... ``close``)."""
@@ -103,7 +108,7 @@ class TerminalView:
             width, height = self._size()
             self.console.size = (width, height)
             self._live.update(render(state, width=width, height=height,
-                                     log_lines=[t for _, t in self.ring.lines],
+                                     log_lines=[t for _, t in self.ring.snapshot()],
                                      log_path=str(self.log_path)), refresh=True)
 
     def _size(self) -> tuple[int, int]:
@@ -127,7 +132,7 @@ class TerminalView:
         if self._file is not None:
             self._file.close()
         s = self._last
-        worrying = [t for lvl, t in self.ring.lines if lvl >= logging.WARNING][-8:]
+        worrying = [t for lvl, t in self.ring.snapshot() if lvl >= logging.WARNING][-8:]
         for line in worrying:
             self.console.print(Text(line), soft_wrap=True)
         self.console.print(Text(f"swarm-node {s.get('phase', '')}: round {s.get('round')}, "
