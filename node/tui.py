@@ -204,10 +204,13 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
     value_width = max(10, width - 16)
     spark = sparkline(s.get("recent_rewards") or [], min(40, value_width - 30))
     outer = s.get("last_outer")
-    outer_text = f"{s.get('outer_steps', 0)} steps"
+    n_outer = int(s.get("outer_steps") or 0)
+    outer_text = f"{n_outer} step{'' if n_outer == 1 else 's'}"
     if isinstance(outer, dict):
+        secs = outer.get("seconds")
+        secs_text = f"{secs:.1f}" if isinstance(secs, (int, float)) else "-"
         outer_text += (f" · last #{outer.get('step')} {outer.get('status')}: {outer.get('peers')} peers,"
-                       f" {_bytes(outer.get('bytes_sent'))}, {outer.get('seconds')} s,"
+                       f" {_bytes(outer.get('bytes_sent'))}, {secs_text} s,"
                        f" hash {_short(outer.get('param_hash'), 4)}")
     ckpt = s.get("last_checkpoint")
     ckpt_text = (f"after round {int(ckpt.get('round') or 0) - 1} · {_ago(ckpt.get('time'), now)} ago"

@@ -60,7 +60,8 @@ def test_full_layout_shows_rows_and_newest_logs_compact_drops_them(tmp_path):
     full = "\n".join(_draw(state, 160, 40, logs=[f"2026-01-01 10:00:0{i},123 INFO x: line {i}"
                                                  for i in range(10)]))
     assert "10:00:09 INFO x: line 9" in full and "2026-01-01" not in full
-    assert "after round 4" in full and "3 peers" in full and "bad_signature 4" in full
+    assert "after round 4" in full and "2 steps · last #1 ok: 3 peers, 1.2 MB, 4.1 s" in full
+    assert "bad_signature 4" in full
     assert "out 40 · in 15 · used 10" in full
     compact = "\n".join(_draw(state, 60, 14, logs=["line"]))
     assert "checkpoint" not in compact and "line" not in compact.split("╰")[0].split("outer")[-1]
