@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +51,24 @@ class Child:
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     crashes: deque[float] = field(default_factory=deque)
+    stderr_sink: Callable[[str, str], None] | None = None
+    """``sink(name, line)`` for each line the child writes on stderr; None: our stderr."""
     _reader: threading.Thread | None = None
 
     def start(self) -> None:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=None,
+        stderr = subprocess.PIPE if self.stderr_sink is not None else None
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=stderr,
                                      stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True,  # our signals are ours to forward
                                      preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._read, args=(self.proc,),
                                         name=f"{self.name}-stdout", daemon=True)
         self._reader.start()
+        if self.stderr_sink is not None:
+            threading.Thread(target=self._read_stderr, args=(self.proc, self.stderr_sink),
+                             name=f"{self.name}-stderr", daemon=True).start()
         log.info("started %s (pid %d)", self.name, self.proc.pid)
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
@@ -84,6 +90,14 @@ class Child:
         _kill_group(proc.pid)
         self.events.put(Event(child=self.name, data={"event": "exit", "code": proc.returncode,
                                                      "pid": proc.pid}))
+
+    def _read_stderr(self, proc: subprocess.Popen[bytes], sink: Callable[[str, str], None]) -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                sink(self.name, line)
+        proc.stderr.close()
 
     @property
     def pid(self) -> int | None:

@@ -80,6 +80,8 @@ def identity(data_dir: Path) -> None:
       help="Write the node report (JSON) here on exit.")
 @_opt("--metrics-port", type=click.IntRange(0, 65535), default=None,
       help="Serve Prometheus metrics on this port.")
+@_opt("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+      help="Serve the local dashboard at http://127.0.0.1:P/ (off by default).")
 @_opt("--plain", is_flag=True, help="Plain log lines even on a terminal.")
 @click.option("-v", "--verbose", is_flag=True)
 @click.pass_context

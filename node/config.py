@@ -51,6 +51,8 @@ class NodeConfig:
     """Write the node report (JSON) here when stopping."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (None = off)."""
+    dashboard_port: int | None = None
+    """Serve the local dashboard on 127.0.0.1 at this port (None = off)."""
     max_restarts: int = 5
     """Give up after this many crashes of a child within ``restart_window_s``."""
     restart_window_s: float = 600.0
@@ -69,6 +71,8 @@ class NodeConfig:
             raise ConfigError(f"rounds must be ≥ 0, got {self.rounds}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics_port must be a TCP port, got {self.metrics_port}")
+        if self.dashboard_port is not None and not 0 <= self.dashboard_port < 65536:
+            raise ConfigError(f"dashboard_port must be a TCP port, got {self.dashboard_port}")
         if self.max_restarts < 0:
             raise ConfigError("max_restarts must be ≥ 0")
         if not self.swarm_id or len(self.swarm_id) > 64:

@@ -5,7 +5,8 @@
 
 Talks to the swarm process through the Unix-socket bridge, runs the SAPO loop, does DiLoCo
 outer steps through ``collectives.OuterLoop`` and reports JSON events on stdout for the
-supervisor: ``started``, ``round``, ``outer``, ``done``. SIGTERM/SIGINT: finish the current
+supervisor: ``started``, ``phase`` (where a round is: name, done/total; throttled),
+``round``, ``peers``, ``outer``, ``checkpoint``, ``done``. SIGTERM/SIGINT: finish the current
 phase, checkpoint, exit 0.
 """
 
@@ -23,14 +24,20 @@ from typing import Any
 
 log = logging.getLogger("node.learner_process")
 
+MAX_PEERS_REPORTED = 64
+"""The ``peers`` event lists at most this many peers (fresh identities are free)."""
+_emit_lock = threading.Lock()  # the checkpoint writer thread emits too
+
 EXIT_FATAL = 2
 """Exit code for errors a restart cannot fix (bad model id, corrupt checkpoint, full disk):
 the supervisor stops instead of restarting."""
 
 
 def emit(event: str, **data: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **data}, default=str) + "\n")
-    sys.stdout.flush()
+    line = json.dumps({"event": event, **data}, default=str) + "\n"
+    with _emit_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 class AnnouncingBridge:
@@ -81,6 +88,8 @@ class OuterHook:
                                   data_dir=self.data_dir, discover=self._discover)
             self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
             self.bridge.announce(model=self.bridge.model or "unknown")
+        if (round_ + 1) % self.config.every_rounds == 0:  # OuterLoop.maybe_outer_step's rule
+            emit("phase", phase="outer", done=0, total=0, round=round_)
         record = self.loop.maybe_outer_step(round_)
         if record is not None:
             emit("outer", record=record)
@@ -124,8 +133,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,
-                             on_round=lambda rec: emit("round", record=_with_peers(rec, bridge)),
-                             outer=outer)
+                             on_round=lambda rec: _on_round(rec, bridge), outer=outer,
+                             on_phase=lambda name, done, total: emit(
+                                 "phase", phase=name, done=done, total=total),
+                             on_checkpoint=lambda r, path, secs: emit(
+                                 "checkpoint", round=r, path=str(path), seconds=round(secs, 3)))
     except (LearnerError, ValueError) as e:
         log.error("%s", e)
         emit("fatal", error=str(e))
@@ -138,11 +150,22 @@ def main(argv: list[str] | None = None) -> int:
         emit("fatal", error=f"out of disk space: {e.filename}")
         return EXIT_FATAL
     finally:
+        emit("phase", phase="leaving", done=0, total=0)
         outer.close()
         bridge.close()
     emit("done", rounds=len(report.get("rounds", [])))
     lock.release()
     return 0
+
+
+def _on_round(record: dict[str, Any], bridge: Any) -> None:
+    emit("round", record=_with_peers(record, bridge))
+    try:
+        peers = bridge.peers()[:MAX_PEERS_REPORTED]
+    except Exception:  # the status view must never kill training
+        return
+    emit("peers", peers=[{"peer_id": p.peer_id, "model": p.model,
+                          "capabilities": list(p.capabilities)} for p in peers])
 
 
 def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:

@@ -1,8 +1,15 @@
 """What a person (or a health check) can see of a running node.
 
-``StatusBoard`` folds child events into one status record, rewrites ``status.json``
-atomically (the heartbeat that ``swarm-node status`` and the Docker HEALTHCHECK read) and
-shows it: a live rich table on a TTY, otherwise one structured log line per round.
+``StatusBoard`` folds child events into one status record and rewrites ``status.json``
+atomically every second (the heartbeat that ``swarm-node status`` and the Docker HEALTHCHECK
+read). The terminal view (node/tui.py) and the dashboard (node/dashboard.py) show this same
+record; without a terminal the board logs one line per round instead.
+
+Record fields (besides the counters): ``phase`` is the node's state (connecting, training,
+stopping, stopped, failed, restarting <child>); ``round_phase`` is where the learner is within
+a round (``name``, ``done``/``total`` — total 0 when there is no measure — and ``since``);
+``peers_seen`` lists peers with the time they were last listed as live; ``reachability`` is
+"unknown" until the swarm process reports it in the round record.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,24 +28,30 @@ from protocol import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 COUNTERS = ("rollouts_published", "rollouts_received", "external_used", "rejected")
+RECENT_REWARDS = 60
+"""Rewards kept for the sparkline."""
+MAX_PEERS = 64
+"""Peers kept in ``peers_seen`` (most recently seen first): fresh identities are free."""
+RATE_WINDOW = 10
+"""Rounds over which rounds/s is measured."""
 
 
 @dataclass
 class StatusBoard:
     path: Path
-    live: bool = False
+    log_rounds: bool = True
+    """One log line per round (when no terminal view shows them)."""
     state: dict[str, Any] = field(default_factory=dict)
-    _live_view: Any = None
+    _round_times: deque[float] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
 
     def __post_init__(self) -> None:
         self.state.update(pid=os.getpid(), phase="starting", round=None, mean_reward=None,
-                          peers=0, outer_steps=0, children={},
+                          accuracy=None, peers=0, outer_steps=0, children={},
+                          started=time.time(), round_phase=None, rounds_done=0,
+                          rounds_per_s=None, recent_rewards=[], rejected_by_reason={},
+                          gossip_rejected={}, peers_seen=[], reachability="unknown",
+                          last_outer=None, last_checkpoint=None,
                           **{f"{k}_total": 0 for k in COUNTERS})
-        if self.live:
-            from rich.live import Live
-
-            self._live_view = Live(self._render(), refresh_per_second=2, transient=False)
-            self._live_view.start()
 
     def set(self, **values: Any) -> None:
         self.state.update(values)
@@ -45,47 +59,73 @@ class StatusBoard:
     def child(self, name: str, *, pid: int | None, alive: bool, restarts: int) -> None:
         self.state["children"][name] = {"pid": pid, "alive": alive, "restarts": restarts}
 
+    def on_phase(self, data: dict[str, Any]) -> None:
+        name = str(data.get("phase", ""))[:32]
+        prev = self.state.get("round_phase") or {}
+        since = prev["since"] if prev.get("name") == name else time.time()
+        self.state["round_phase"] = {"name": name, "done": _int(data.get("done")),
+                                     "total": _int(data.get("total")), "since": since}
+
     def on_round(self, record: dict[str, Any]) -> None:
         s = self.state
         s["round"] = record.get("round")
         s["mean_reward"] = record.get("mean_reward")
+        s["accuracy"] = record.get("accuracy")
+        s["rounds_done"] += 1
         for k in COUNTERS:
-            s[f"{k}_total"] += int(record.get(k, 0) or 0)
+            s[f"{k}_total"] += _int(record.get(k))
+        for reason, n in (record.get("rejected_by_reason") or {}).items():
+            s["rejected_by_reason"][str(reason)] = s["rejected_by_reason"].get(str(reason), 0) + _int(n)
+        if isinstance(record.get("gossip_rejected"), dict):
+            s["gossip_rejected"] = {str(k): _int(v) for k, v in record["gossip_rejected"].items()}
         if "peers" in record:
             s["peers"] = record["peers"]
-        if not self.live:
+        if isinstance(record.get("reachability"), str):
+            s["reachability"] = record["reachability"][:32]
+        if isinstance(record.get("mean_reward"), (int, float)):
+            s["recent_rewards"] = [*s["recent_rewards"], record["mean_reward"]][-RECENT_REWARDS:]
+        self._round_times.append(time.monotonic())
+        if len(self._round_times) >= 2:
+            span = self._round_times[-1] - self._round_times[0]
+            s["rounds_per_s"] = (len(self._round_times) - 1) / span if span > 0 else None
+        if self.log_rounds:
             log.info("round=%s reward=%.3f peers=%s published=%s received=%s used=%s rejected=%s",
                      record.get("round"), record.get("mean_reward") or 0.0, s["peers"],
                      record.get("rollouts_published"), record.get("rollouts_received"),
                      record.get("external_used"), record.get("rejected"))
 
-    def flush(self) -> None:
-        """Write the heartbeat and refresh the view. Called every second or so."""
+    def on_peers(self, peers: list[Any]) -> None:
+        now = time.time()
+        seen = {p["peer_id"]: p for p in self.state["peers_seen"]}
+        for p in peers[:MAX_PEERS]:
+            if isinstance(p, dict) and isinstance(p.get("peer_id"), str):
+                pid = p["peer_id"][:128]
+                seen[pid] = {"peer_id": pid, "model": str(p.get("model", ""))[:128],
+                             "last_seen": now}
+        self.state["peers_seen"] = sorted(seen.values(), key=lambda p: -p["last_seen"])[:MAX_PEERS]
+
+    def on_outer(self, record: dict[str, Any], count: int) -> None:
+        keys = ("step", "status", "peers", "bytes_sent", "bytes_received", "seconds", "param_hash")
+        self.state["outer_steps"] = count
+        self.state["last_outer"] = {k: record.get(k) for k in keys}
+
+    def on_checkpoint(self, data: dict[str, Any]) -> None:
+        self.state["last_checkpoint"] = {"round": data.get("round"), "time": time.time(),
+                                         "seconds": data.get("seconds")}
+
+    def flush(self) -> bytes:
+        """Write the heartbeat; return it (what the views show). Called every second or so."""
         self.state["time"] = time.time()
-        atomic_write_bytes(self.path, json.dumps(self.state, indent=1).encode())
-        if self._live_view is not None:
-            self._live_view.update(self._render())
+        body = json.dumps(self.state, indent=1, default=str).encode()
+        atomic_write_bytes(self.path, body)
+        return body
 
-    def close(self) -> None:
-        if self._live_view is not None:
-            self._live_view.stop()
 
-    def _render(self) -> Any:
-        from rich.table import Table
-
-        s = self.state
-        t = Table(title=f"swarm-node {s.get('peer_id', '')}", show_header=False)
-        reward = s.get("mean_reward")
-        rows = [("phase", s.get("phase")), ("round", s.get("round")),
-                ("mean reward", f"{reward:.3f}" if isinstance(reward, float) else "-"),
-                ("peers", s.get("peers")), ("rollouts out", s.get("rollouts_published_total")),
-                ("rollouts in", s.get("rollouts_received_total")),
-                ("external used", s.get("external_used_total")),
-                ("rejected", s.get("rejected_total")), ("outer steps", s.get("outer_steps")),
-                ("model", s.get("model"))]
-        for k, v in rows:
-            t.add_row(k, "-" if v is None else str(v))
-        return t
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:

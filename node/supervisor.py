@@ -5,7 +5,9 @@
         └── learner child  python -m node.learner_process ...  (torch + hivemind)
 
 The swarm child starts first and prints a ``ready`` event with its IPC socket; then the
-learner starts and reports ``started``/``round``/``outer``/``done`` events. A child that
+learner starts and reports ``started``/``phase``/``round``/``peers``/``outer``/``checkpoint``/
+``done`` events, which the status board folds into the one status record that status.json,
+the terminal view (node/tui.py) and the dashboard (node/dashboard.py) show. A child that
 crashes is restarted with exponential backoff (the learner resumes from its checkpoint);
 after ``max_restarts`` crashes within ``restart_window_s`` the node gives up with a clear
 message. SIGINT/SIGTERM: the learner finishes its phase and checkpoints, then the swarm
@@ -83,17 +85,19 @@ class Supervisor:
 
     def _run_locked(self) -> int:
         cfg = self.config
-        self.board = StatusBoard(cfg.status_path, live=self.live)
-        self.metrics = None
-        if cfg.metrics_port is not None:
-            from node.metrics import Metrics
+        self.board = StatusBoard(cfg.status_path, log_rounds=not self.live)
+        self.view: Any = None
+        if self.live:
+            from node.tui import TerminalView
 
-            self.metrics = Metrics(cfg.metrics_port)
-            log.info("metrics on http://0.0.0.0:%d/metrics", self.metrics.port)
+            self.view = TerminalView(cfg.data_dir / "node.log").start()
+        self.metrics = None
+        self.dashboard: Any = None
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self.swarm = Child("swarm", self.swarm_argv, self.events)
+        self.swarm = Child("swarm", self.swarm_argv, self.events, stderr_sink=self._sink)
         self.learner: Child | None = None
         try:
+            self._start_servers()
             code = self._run()
         except NodeFailed as e:
             log.error("%s", e)
@@ -104,11 +108,40 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
             self._write_report()
-            self.board.flush()
-            self.board.close()
-            if self.metrics is not None:
-                self.metrics.close()
+            self._flush()
+            for closeable in (self.view, self.metrics, self.dashboard):
+                if closeable is not None:
+                    closeable.close()
         return code
+
+    @property
+    def _sink(self) -> Any:
+        return self.view.child_line if self.view is not None else None
+
+    def _start_servers(self) -> None:
+        cfg = self.config
+        try:
+            if cfg.metrics_port is not None:
+                from node.metrics import Metrics
+
+                self.metrics = Metrics(cfg.metrics_port)
+                log.info("metrics on http://0.0.0.0:%d/metrics", self.metrics.port)
+            if cfg.dashboard_port is not None:
+                from node.dashboard import Dashboard
+
+                self.dashboard = Dashboard(cfg.dashboard_port)
+                self.board.set(dashboard=self.dashboard.url)
+                log.info("dashboard on %s", self.dashboard.url)
+        except OSError as e:
+            raise NodeFailed(f"cannot serve on the port asked for: {e}") from None
+
+    def _flush(self) -> None:
+        """Heartbeat, terminal view and dashboard: one status record for all three."""
+        body = self.board.flush()
+        if self.view is not None:
+            self.view.update(self.board.state)
+        if self.dashboard is not None:
+            self.dashboard.publish(body, self.rounds, self.outer_steps)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         if self._stop_requested:
@@ -141,7 +174,7 @@ class Supervisor:
                 pass
             if time.monotonic() - last_flush >= 1.0:
                 self._refresh_children()
-                self.board.flush()
+                self._flush()
                 last_flush = time.monotonic()
         self.board.set(phase="stopped")
         return EXIT_OK
@@ -154,7 +187,7 @@ class Supervisor:
             try:
                 ev = self.events.get(timeout=0.5)
             except queue.Empty:
-                self.board.flush()
+                self._flush()
                 continue
             if ev.child != "swarm":
                 continue
@@ -175,7 +208,8 @@ class Supervisor:
         if self.config.rounds is not None:
             remaining = max(0, self.config.rounds - len(self.rounds))
         if self.learner is None:
-            self.learner = Child("learner", self.learner_argv(remaining), self.events)
+            self.learner = Child("learner", self.learner_argv(remaining), self.events,
+                                 stderr_sink=self._sink)
         else:  # same Child: its crash history counts across restarts
             self.learner.argv = self.learner_argv(remaining)
         self.learner.start()
@@ -187,6 +221,12 @@ class Supervisor:
             if kind == "started":
                 self.info.update(model=ev.data.get("model"))
                 self.board.set(model=ev.data.get("model"), round=ev.data.get("round"))
+            elif kind == "phase":
+                self.board.on_phase(ev.data)
+            elif kind == "peers" and isinstance(ev.data.get("peers"), list):
+                self.board.on_peers(ev.data["peers"])
+            elif kind == "checkpoint":
+                self.board.on_checkpoint(ev.data)
             elif kind == "round":
                 rec = ev.data["record"]
                 self.rounds.append(rec)
@@ -196,7 +236,7 @@ class Supervisor:
             elif kind == "outer":
                 rec = ev.data["record"]
                 self.outer_steps.append(rec)
-                self.board.set(outer_steps=len(self.outer_steps))
+                self.board.on_outer(rec, len(self.outer_steps))
                 if self.metrics is not None:
                     self.metrics.on_outer(rec)
             elif kind == "fatal":
@@ -258,7 +298,7 @@ class Supervisor:
         if self.metrics is not None:
             self.metrics.restarts.labels(child.name).inc()
         self.board.set(phase=f"restarting {child.name}")
-        self.board.flush()
+        self._flush()
         time.sleep(backoff)
 
     def _refresh_children(self) -> None:

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from node.learner.errors import CheckpointError
 from protocol.files import fsync_path
 
-__all__ = ["Checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["Checkpoint", "Snapshot", "load_checkpoint", "save_checkpoint", "snapshot", "write_snapshot"]
 
 log = logging.getLogger(__name__)
 _FILES = ("model.safetensors", "optimizer.pt", "rng.pt")
@@ -67,18 +67,51 @@ def _candidates(data_dir: str | Path) -> list[Path]:
     return sorted(dirs, key=lambda p: p.name, reverse=True)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint's content copied to CPU memory: later training steps cannot change it."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: torch.Tensor
+
+
+def _cpu_copy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def snapshot(model: Any, optimizer: torch.optim.Optimizer) -> Snapshot:
+    """Copy weights, optimizer state and RNG state to CPU (the only part that blocks training)."""
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    return Snapshot(model=_dedupe_shared(state), optimizer=_cpu_copy(optimizer.state_dict()),
+                    rng=torch.get_rng_state())
+
+
 def save_checkpoint(data_dir: str | Path, *, round: int, fingerprint: str, model: Any,
                     optimizer: torch.optim.Optimizer, keep: int = 2) -> Path:
     """Write the checkpoint for ``round`` (rounds completed) atomically; prune to ``keep``."""
+    return write_snapshot(data_dir, snapshot(model, optimizer), round=round,
+                          fingerprint=fingerprint, keep=keep)
+
+
+def write_snapshot(data_dir: str | Path, snap: Snapshot, *, round: int, fingerprint: str,
+                   keep: int = 2) -> Path:
+    """Write ``snap`` as the checkpoint of ``round`` atomically (fsynced); prune to ``keep``.
+    Safe to run in a background thread while training goes on."""
     root = _ckpt_dir(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     final = root / f"round-{round:08d}"
     try:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        save_file(_dedupe_shared(state), str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save({"cpu": torch.get_rng_state()}, tmp / "rng.pt")
+        save_file(snap.model, str(tmp / "model.safetensors"))
+        torch.save(snap.optimizer, tmp / "optimizer.pt")
+        torch.save({"cpu": snap.rng}, tmp / "rng.pt")
         meta = {"round": round, "fingerprint": fingerprint,
                 "sha256": {name: _sha256(tmp / name) for name in _FILES}}
         (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))

@@ -231,6 +231,9 @@ class LearnerConfig:
     """Sandboxed re-scoring of received rollouts."""
     checkpoint_every: int = 10
     """Save a checkpoint every N rounds (and always on stop); 0 saves only on stop."""
+    checkpoint_every_s: float = 120.0
+    """Also save when this many seconds passed since the last save (0 disables), so a kill
+    loses at most about this much work plus one round. Written in a background thread."""
     keep_checkpoints: int = 2
     """How many good checkpoints to keep (>= 1; the previous one is the fallback)."""
     seed: int = 0
@@ -239,8 +242,10 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if not self.data_dir:
             raise ValueError("LearnerConfig.data_dir must be non-empty")
-        _non_negative(self, "checkpoint_every", "seed")
+        _non_negative(self, "checkpoint_every", "checkpoint_every_s", "seed")
         _positive(self, "keep_checkpoints")
+        if not math.isfinite(self.checkpoint_every_s):
+            raise ValueError("LearnerConfig.checkpoint_every_s must be finite")
         if not math.isfinite(self.seed):
             raise ValueError("LearnerConfig.seed must be finite")
 

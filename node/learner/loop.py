@@ -25,14 +25,16 @@ from typing import Any, Callable
 import torch
 
 from node.bridge import Bridge
-from node.learner.checkpoint import load_checkpoint, save_checkpoint
+from node.learner.checkpoint import load_checkpoint
 from node.learner.config import LearnerConfig
 from node.learner.engine import Engine, make_engine
 from node.learner.grpo import GrpoTrainer, TrainingGroup
 from node.learner.policy import Policy, load_policy
+from node.learner.progress import PhaseCallback, PhaseReporter
 from node.learner.report import summarize
 from node.learner.rescore import RescoreResult, Rescorer, special_token_strings
 from node.learner.sapo import ExternalPool, plan_round
+from node.learner.saver import CheckpointSaver
 from node.learner.tasks import build_task, get_family
 from node.report import node_report
 from protocol import Rollout, RolloutBatch, TaskSpec
@@ -71,6 +73,8 @@ class Learner:
             count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
             special_tokens=special_token_strings(tok))
         self.round = 0
+        self.progress = PhaseReporter()
+        """Phase/progress reports for the status view (run_learner's ``on_phase``)."""
         self.resumed_from: str | None = None
         ckpt = load_checkpoint(config.data_dir, model=self.policy.model,
                                optimizer=self.trainer.optimizer, fingerprint=self.policy.fingerprint)
@@ -85,11 +89,6 @@ class Learner:
     def fingerprint(self) -> str:
         return self.policy.fingerprint
 
-    def save(self) -> None:
-        save_checkpoint(self.config.data_dir, round=self.round, fingerprint=self.fingerprint,
-                        model=self.policy.model, optimizer=self.trainer.optimizer,
-                        keep=self.config.keep_checkpoints)
-
     def run_round(self, bridge: Bridge, stop: threading.Event | None = None) -> dict[str, Any] | None:
         """Run one round; None if ``stop`` was set before it finished (nothing trained)."""
         cfg = self.config
@@ -98,6 +97,7 @@ class Learner:
         rng = random.Random(_derive_seed(cfg.seed, self.peer_id, self.round))
 
         t = time.perf_counter()
+        self.progress.report("receive")
         zero_adv_before = self.pool.zero_advantage_discarded  # add() counts the discards
         ingest = self.rescorer.rescore(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
         self.pool.add(ingest.groups)
@@ -108,21 +108,24 @@ class Learner:
 
         t = time.perf_counter()
         tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
-        completions = self.engine.generate([task.prompt for task in tasks],
-                                           n=cfg.sapo.completions_per_question,
-                                           seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen")
-                                           ) if tasks else []  # I = 0: a pure consumer round
+        with self.progress.phase("generate", total=cfg.engine.max_new_tokens, model=self.policy.model):
+            completions = self.engine.generate([task.prompt for task in tasks],
+                                               n=cfg.sapo.completions_per_question,
+                                               seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen")
+                                               ) if tasks else []  # I = 0: a pure consumer round
         seconds["generate"] = time.perf_counter() - t
         if stopped():
             return None
 
         t = time.perf_counter()
+        self.progress.report("score")
         local = [TrainingGroup(prompt=task.prompt, completions=tuple(c.text for c in group),
                                rewards=tuple(task.score(c.text) for c in group))
                  for task, group in zip(tasks, completions)]
         seconds["score"] = time.perf_counter() - t
 
         t = time.perf_counter()
+        self.progress.report("publish")
         published = self._publish(bridge, tasks, local, completions)
         seconds["publish"] = time.perf_counter() - t
         if stopped():
@@ -130,11 +133,19 @@ class Learner:
 
         t = time.perf_counter()
         external = self.pool.take(n_external, rng)
-        train = self.trainer.step(local + external)
+        with self.progress.phase("train", total=self._train_passes(len(local) + len(external)),
+                                 model=self.policy.model):
+            train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
         return self._record(local=local, external=external, completions=completions, train=train,
                             published=published, ingest=ingest, seconds=seconds,
                             zero_advantage=self.pool.zero_advantage_discarded - zero_adv_before)
+
+    def _train_passes(self, groups: int) -> int:
+        """Forward passes of the policy in one trainer step (old log-probs + epochs); a chunk
+        of zero-variance groups is skipped, so this is an upper bound."""
+        tc = self.config.trainer
+        return -(-groups // tc.minibatch_groups) * (1 + tc.epochs)
 
     def _record(self, *, local: list[TrainingGroup], external: list[TrainingGroup],
                 completions: list[Any], train: dict[str, float], published: int,
@@ -190,23 +201,32 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
                 stop: threading.Event | None = None,
                 on_round: Callable[[dict[str, Any]], None] | None = None,
                 outer: Callable[[torch.nn.Module, int], dict[str, Any] | None] | None = None,
+                on_phase: PhaseCallback | None = None,
+                on_checkpoint: Callable[[int, Any, float], None] | None = None,
                 ) -> dict[str, Any]:
     """Run ``rounds`` more SAPO rounds (None: until ``stop`` is set); return the node report.
 
     Resumes from the data dir's checkpoint if there is one (the round counter continues),
     announces the model fingerprint, calls ``on_round(record)`` and ``outer(model, round)``
-    after every round, checkpoints every ``config.checkpoint_every`` rounds and on exit.
+    after every round, ``on_phase(name, done, total)`` within rounds, checkpoints every
+    ``config.checkpoint_every`` rounds or ``checkpoint_every_s`` seconds (in the background,
+    ``on_checkpoint(round, path, seconds)`` when written) and on exit.
     """
     if rounds is None and stop is None:
         raise ValueError("run_learner needs rounds or a stop event (or both)")
     if rounds is not None and rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
     learner = Learner(config, peer_id=bridge.peer_id)
+    learner.progress = PhaseReporter(on_phase)
     bridge.announce(model=learner.fingerprint, capabilities=("learner", "sapo"))
     records: list[dict[str, Any]] = []
     outer_steps: list[dict[str, Any]] = []
     start_round = learner.round
-    saved_round = learner.round if learner.resumed_from else None
+    saver = CheckpointSaver(data_dir=config.data_dir, model=learner.policy.model,
+                            optimizer=learner.trainer.optimizer, fingerprint=learner.fingerprint,
+                            every_rounds=config.checkpoint_every, every_s=config.checkpoint_every_s,
+                            keep=config.keep_checkpoints, on_saved=on_checkpoint,
+                            saved_round=learner.round if learner.resumed_from else None)
     while (rounds is None or learner.round < start_round + rounds) and not (stop and stop.is_set()):
         record = learner.run_round(bridge, stop)
         if record is None:
@@ -223,12 +243,9 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
             step = outer(learner.policy.model, record["round"])
             if step is not None:
                 outer_steps.append(step)
-        every = config.checkpoint_every
-        if every and learner.round % every == 0:
-            learner.save()
-            saved_round = learner.round
-    if saved_round != learner.round:
-        learner.save()
+        saver.after_round(learner.round)
+    learner.progress.report("checkpoint")
+    saver.final(learner.round)
     learner.rescorer.close()
     return node_report(peer_id=learner.peer_id, model=learner.fingerprint, rounds=records,
                        outer_steps=outer_steps, summary=summarize(records),

@@ -1,0 +1,63 @@
+"""The local dashboard server (node/dashboard.py): static page + the status record, read-only."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+
+from node.dashboard import HISTORY_ROUNDS, Dashboard
+from node.status import StatusBoard
+
+
+@pytest.fixture
+def dashboard():
+    d = Dashboard(0)
+    yield d
+    d.close()
+
+
+def _get(d, path, *, method="GET", host=None):
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=5)
+    try:
+        conn.request(method, path, headers={"Host": host or f"127.0.0.1:{d.port}"})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def test_serves_the_page_and_the_same_status_record(tmp_path, dashboard):
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    rounds = [{"round": i, "mean_reward": i / 10, "accuracy": 0.5, "train": {"loss": 1.0},
+               "rollouts_published": 8} for i in range(HISTORY_ROUNDS + 7)]
+    for r in rounds:
+        board.on_round(r)
+    body = board.flush()
+    dashboard.publish(body, rounds, [{"step": 0, "peers": 2, "param_hash": "ab", "seconds": 1.5,
+                                      "bytes_sent": 10, "excluded": {"x": 1}}])
+    status, headers, raw = _get(dashboard, "/api/status")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    data = json.loads(raw)
+    assert data["status"] == json.loads((tmp_path / "status.json").read_text())  # one truth
+    assert len(data["rounds"]) == HISTORY_ROUNDS and data["rounds"][-1]["round"] == HISTORY_ROUNDS + 6
+    assert "train" not in data["rounds"][0]                       # only what the page draws
+    assert data["outer_steps"][0]["param_hash"] == "ab" and "excluded" not in data["outer_steps"][0]
+    status, headers, page = _get(dashboard, "/")
+    assert status == 200 and b'id="reward-chart"' in page and b"http" not in page.split(b"<body")[0]
+    assert "default-src 'self'" in headers["Content-Security-Policy"]
+    for asset in ("/dashboard.js", "/dashboard.css"):
+        assert _get(dashboard, asset)[0] == 200
+    js = _get(dashboard, "/dashboard.js")[2]
+    assert b"innerHTML" not in js                                 # peer strings stay text
+
+
+def test_read_only_localhost_only(dashboard):
+    assert _get(dashboard, "/nope")[0] == 404
+    assert _get(dashboard, "/api/status", method="POST")[0] == 501
+    assert _get(dashboard, "/api/status", host="evil.example:80")[0] == 421  # DNS rebinding
+    assert _get(dashboard, "/", host=f"localhost:{dashboard.port}")[0] == 200
+    assert dashboard._server.server_address[0] == "127.0.0.1"
+    with pytest.raises(ValueError, match="127.0.0.1"):
+        Dashboard(0, host="0.0.0.0")

@@ -1,0 +1,98 @@
+"""The terminal view (node/tui.py): one table, never taller than the terminal, logs off-screen."""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+
+import pytest
+from rich.console import Console
+
+from node.status import StatusBoard
+from node.tui import TerminalView, render, sparkline
+
+
+def _state(tmp_path):
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    board.set(phase="training", peer_id="12D3KooW" + "x" * 44, model="f" * 64,
+              children={"swarm": {"alive": True, "restarts": 0},
+                        "learner": {"alive": True, "restarts": 1}})
+    for r in range(5):
+        board.on_round({"round": r, "mean_reward": r / 10, "accuracy": 0.1, "rollouts_published": 8,
+                        "rollouts_received": 3, "external_used": 2, "rejected": 1,
+                        "rejected_by_reason": {"prompt_mismatch": 1}, "peers": 2,
+                        "gossip_rejected": {"bad_signature": 4}})
+    board.on_phase({"phase": "generate", "done": 3, "total": 6})
+    board.on_outer({"step": 1, "status": "ok", "peers": 3, "bytes_sent": 1_200_000, "seconds": 4.1,
+                    "param_hash": "ab" * 32}, 2)
+    board.on_checkpoint({"round": 5})
+    board.flush()
+    return board.state
+
+
+def _draw(state, w, h, logs=()):
+    console = Console(width=w, height=h, record=True, file=io.StringIO(), color_system=None)
+    console.print(render(state, width=w, height=h, log_lines=list(logs), log_path="/d/node.log"))
+    return console.export_text().rstrip("\n").splitlines()
+
+
+def test_a_tiny_terminal_still_gets_one_table_that_fits(tmp_path):
+    lines = _draw(_state(tmp_path), 30, 6)
+    assert len(lines) <= 6 and "\n".join(lines).count("╭") == 1
+    assert "round" in "\n".join(lines)                # the rows that matter most come first
+
+
+@pytest.mark.parametrize("w,h", [(80, 24), (160, 40), (100, 16), (50, 12)])
+def test_one_table_that_fits_the_terminal(tmp_path, w, h):
+    lines = _draw(_state(tmp_path), w, h, logs=[f"log line {i}" for i in range(100)])
+    text = "\n".join(lines)
+    assert len(lines) <= h and all(len(line) <= w for line in lines)
+    assert text.count("╭") == 1 and text.count("╰") == 1 and text.count("swarm-node ·") == 1
+    assert "│ round      │ 4 · " in text
+    assert "generate" in text and "3/6" in text
+    assert "reachability unknown" in text
+    assert "prompt_mismatch 5" in text
+
+
+def test_full_layout_shows_rows_and_newest_logs_compact_drops_them(tmp_path):
+    state = _state(tmp_path)
+    full = "\n".join(_draw(state, 160, 40, logs=[f"2026-01-01 10:00:0{i},123 INFO x: line {i}"
+                                                 for i in range(10)]))
+    assert "10:00:09 INFO x: line 9" in full and "2026-01-01" not in full
+    assert "after round 4" in full and "2 steps · last #1 ok: 3 peers, 1.2 MB, 4.1 s" in full
+    assert "bad_signature 4" in full
+    assert "out 40 · in 15 · used 10" in full
+    compact = "\n".join(_draw(state, 60, 14, logs=["line"]))
+    assert "checkpoint" not in compact and "line" not in compact.split("╰")[0].split("outer")[-1]
+
+
+def test_sparkline_scales_to_its_range():
+    assert sparkline([0.0, 0.5, 1.0], 10) == "▁▄█"
+    assert sparkline([0.3, 0.3], 10) == "▁▁"
+    assert sparkline(list(range(100)), 5) == "▁▂▄▆█"
+    assert sparkline([], 5) == ""
+
+
+def test_the_view_routes_logs_to_the_file_and_restores_handlers(tmp_path):
+    root = logging.getLogger()
+    before = list(root.handlers)
+    screen = io.StringIO()
+    view = TerminalView(tmp_path / "node.log", console=Console(file=screen, width=80,
+                                                                height=24, force_terminal=True))
+    view.start()
+    try:
+        logging.getLogger("node.test").warning("supervisor says hi")
+        view.child_line("learner", "2026-01-01 10:00:00,000 ERROR learner x: child broke")
+        view.update({"phase": "training", "round": 3, "started": time.time()})
+    finally:
+        view.close()
+    assert root.handlers == before
+    logged = (tmp_path / "node.log").read_text()
+    assert "supervisor says hi" in logged and "child broke" in logged
+    out = screen.getvalue()
+    assert "\x1b[?1049h" in out and "\x1b[?1049l" in out  # the alternate screen, given back
+    after = out.split("\x1b[?1049l")[-1]                  # the exit summary, on the normal screen
+    assert "child broke" in after and "supervisor says hi" in after
+    assert str(tmp_path / "node.log") in after.replace("\n", "")
+    assert "round 3" in out
