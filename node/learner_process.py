@@ -16,11 +16,12 @@ import argparse
 import errno
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 log = logging.getLogger("node.learner_process")
 
@@ -33,11 +34,25 @@ EXIT_FATAL = 2
 the supervisor stops instead of restarting."""
 
 
+_events: TextIO = sys.stdout
+"""Where event lines go: the original stdout (see ``_reserve_stdout_for_events``)."""
+
+
+def _reserve_stdout_for_events() -> None:
+    """Keep fd 1 for event lines only: library code that prints (reasoning_gym's ``bf``
+    generator writes dots to stdout) would otherwise corrupt them. Events get a private dup of
+    fd 1; fd 1 itself and ``sys.stdout`` now point at stderr (the log)."""
+    global _events
+    _events = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+
 def emit(event: str, **data: Any) -> None:
     line = json.dumps({"event": event, **data}, default=str) + "\n"
     with _emit_lock:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        _events.write(line)
+        _events.flush()
 
 
 class AnnouncingBridge:
@@ -107,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s learner %(name)s: %(message)s")
     payload = json.loads(args.config_json)
+    _reserve_stdout_for_events()
 
     from node.ipc_client import SocketBridge
     from node.learner.config import LearnerConfig
