@@ -2,18 +2,21 @@
 
 One round (each phase timed in the record's ``seconds``; ``stop`` is checked between them)::
 
-    receive   take RolloutBatches from the bridge, re-score them into the external pool
-    plan      J = min(wanted, pool), I = budget - J  (sapo.plan_round)
+    receive   take RolloutBatches from the bridge, re-score them, add them to the external pool
+              (dedupe, reputation, zero-advantage filter, freshness, per-sender shares)
+    plan      J = min(wanted, fresh usable), I = budget - J  (sapo.plan_round; wanted is
+              adaptive with SapoConfig.adaptive_external)
     generate  I local questions x G completions with the inference engine
-    score     local verifier
+    score     local verifier; fold the local rewards into our own per-family baseline
     publish   one RolloutBatch of this round's local groups
-    train     GRPO on I local + J external groups (grpo.GrpoTrainer)
+    train     GRPO on I local + J external groups, external ones anchored to our baseline
 
 The learner never imports libp2p; the bridge is its only way to the swarm.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import logging
@@ -25,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from node.bridge import Bridge
+from node.learner.baseline import OwnBaseline
 from node.learner.checkpoint import load_checkpoint, save_checkpoint
 from node.learner.config import LearnerConfig
 from node.learner.engine import Engine, make_engine
@@ -32,7 +36,7 @@ from node.learner.grpo import GrpoTrainer, TrainingGroup
 from node.learner.policy import Policy, load_policy
 from node.learner.report import summarize
 from node.learner.rescore import RescoreResult, Rescorer
-from node.learner.sapo import ExternalPool, plan_round
+from node.learner.sapo import ExternalPool, SignalTracker, Taken, plan_round
 from node.learner.tasks import build_task, get_family
 from node.report import node_report
 from protocol import Rollout, RolloutBatch, TaskSpec
@@ -64,6 +68,9 @@ class Learner:
             ref = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref)
         self.pool = ExternalPool(config.sapo)
+        self.baseline = OwnBaseline(momentum=config.sapo.baseline_momentum,
+                                    group_size=config.sapo.completions_per_question)
+        self.signals = SignalTracker()
         self.rescorer = Rescorer(config.tasks, config.sapo)
         self.round = 0
         self.resumed_from: str | None = None
@@ -93,10 +100,11 @@ class Learner:
         rng = random.Random(_derive_seed(cfg.seed, self.peer_id, self.round))
 
         t = time.perf_counter()
-        zero_adv_before = self.pool.zero_advantage_discarded  # add() counts the discards
+        counters_before = collections.Counter(self.pool.counters)  # add/take count their drops
         ingest = self.rescorer.rescore(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
-        self.pool.add(ingest.groups)
-        n_local, n_external = plan_round(cfg.sapo, len(self.pool))
+        self.pool.add(ingest.groups, now=self.round)
+        available = self.pool.available(self.round)
+        n_local, n_external = plan_round(cfg.sapo, available, self.signals.signals())
         seconds["receive"] = time.perf_counter() - t
         if stopped():
             return None
@@ -115,6 +123,11 @@ class Learner:
         local = [TrainingGroup(prompt=task.prompt, completions=tuple(c.text for c in group),
                                rewards=tuple(task.score(c.text) for c in group))
                  for task, group in zip(tasks, completions)]
+        by_family: dict[str, list[tuple[float, ...]]] = collections.defaultdict(list)
+        for task, g in zip(tasks, local):
+            by_family[task.spec.family].append(g.rewards)
+        for family, rewards in by_family.items():
+            self.baseline.update(family, rewards)
         seconds["score"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -124,19 +137,29 @@ class Learner:
             return None
 
         t = time.perf_counter()
-        external = self.pool.take(n_external, rng)
+        taken = self.pool.take(n_external, now=self.round, baseline=self.baseline)
+        external = [x.group for x in taken]
         train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
-        return self._record(local=local, external=external, completions=completions, train=train,
+        self.signals.observe(
+            local_flat=sum(len(set(g.rewards)) == 1 for g in local) / len(local) if local else None,
+            external_useful=sum(x.useful for x in taken) / len(taken) if taken else None,
+            mean_reward=(sum(sum(g.rewards) for g in local) / sum(len(g.rewards) for g in local)
+                         if local else None))
+        dropped = self.pool.counters - counters_before
+        return self._record(local=local, taken=taken, completions=completions, train=train,
                             published=published, ingest=ingest, seconds=seconds,
-                            zero_advantage=self.pool.zero_advantage_discarded - zero_adv_before)
+                            dropped=dropped, wanted=n_external, available=available)
 
-    def _record(self, *, local: list[TrainingGroup], external: list[TrainingGroup],
+    def _record(self, *, local: list[TrainingGroup], taken: list[Taken],
                 completions: list[Any], train: dict[str, float], published: int,
-                ingest: RescoreResult, seconds: dict[str, float], zero_advantage: int) -> dict[str, Any]:
+                ingest: RescoreResult, seconds: dict[str, float],
+                dropped: collections.Counter[str], wanted: int, available: int) -> dict[str, Any]:
         """The per-round record (report.py lists the contract keys)."""
+        external = [x.group for x in taken]
         local_rewards = [r for g in local for r in g.rewards]
         ext_rewards = [r for g in external for r in g.rewards]
+        ages = [x.age for x in taken]
         return {
             "round": self.round,
             "mean_reward": sum(local_rewards) / max(1, len(local_rewards)),
@@ -148,7 +171,18 @@ class Learner:
             "local_used": len(local),
             "external_used": len(external),
             "external_pool": len(self.pool),
-            "external_zero_advantage": zero_advantage,
+            "external_planned": wanted,
+            "external_available": available,
+            "external_useful": sum(x.useful for x in taken),
+            "external_age_mean": sum(ages) / len(ages) if ages else None,
+            "external_age_max": max(ages) if ages else None,
+            "external_zero_advantage": dropped["zero_advantage"],
+            "external_stale": dropped["stale"],
+            "external_duplicate": dropped["duplicate"],
+            "external_sender_capped": dropped["sender_capped"],
+            "external_round_capped": dropped["round_capped"],
+            "external_evicted_full": dropped["evicted_full"],
+            "external_senders": len({x.sender for x in taken}),
             "rejected": sum(ingest.rejected.values()),
             "rejected_by_reason": dict(ingest.rejected),
             "tokens_generated": sum(c.token_count for group in completions for c in group),

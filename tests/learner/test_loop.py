@@ -11,6 +11,9 @@ from tests.learner.conftest import make_data_dir
 
 REQUIRED = {"round", "mean_reward", "rollouts_published", "rollouts_received", "external_used",
             "rejected", "tokens_generated", "skipped_zero_variance", "seconds"}
+POOL_KEYS = {"external_age_mean", "external_age_max", "external_stale", "external_duplicate",
+             "external_sender_capped", "external_round_capped", "external_planned",
+             "external_available", "external_useful"}
 
 
 def _config(d, **kw):
@@ -30,7 +33,10 @@ def test_two_learners_train_on_each_others_rollouts(tmp_path, embedded_base):
     for k in range(2):
         rounds = [r for rep in reports[k] for r in rep["rounds"]]
         assert [r["round"] for r in rounds] == [0, 1]          # resume continues the counter
-        assert all(REQUIRED <= set(r) for r in rounds)
+        assert all(REQUIRED | POOL_KEYS <= set(r) for r in rounds)
+        used = [r for r in rounds if r["external_used"]]
+        assert all(0 <= r["external_age_mean"] <= r["external_age_max"] <= 2 for r in used)
+        assert all(r["external_used"] <= r["external_available"] for r in rounds)
         assert all(r["rollouts_published"] == r["local_used"] for r in rounds)
         assert sum(r["external_used"] for r in rounds) > 0
         assert sum(r["rollouts_received"] for r in rounds) > 0
