@@ -19,19 +19,19 @@ import argparse
 import json
 import logging
 import random
+import string
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from node.bridge import LoopbackHub
-from node.learner import LearnerConfig, PolicyConfig
+from node.learner import LearnerConfig, PolicyConfig, SapoConfig
 from node.learner.loop import Learner
 from node.learner.tasks import build_task, get_family
 from protocol import Identity, Rollout, RolloutBatch
 
 WRONG = "9999\n"
-WORSE = ("x\n", "=\n", "+\n", "\n", "xx\n", "==\n", "+x\n")
 
 
 def attack_batch(rng: random.Random, round_: int, groups: int, size: int) -> RolloutBatch:
@@ -40,7 +40,10 @@ def attack_batch(rng: random.Random, round_: int, groups: int, size: int) -> Rol
     rollouts = []
     for _ in range(groups):
         task = build_task(family.sample_spec(rng, {}))
-        completions = (WRONG,) + tuple(WORSE[i % len(WORSE)] for i in range(size - 1))
+        # worse companions (no number: reward 0), random so that no two groups are copies
+        completions = (WRONG,) + tuple(
+            "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 4))) + "\n"
+            for _ in range(size - 1))
         rewards = tuple(task.score(c) for c in completions)
         rollouts.append(Rollout(task=task.spec, prompt=task.prompt, completions=completions,
                                 rewards=rewards))
@@ -61,43 +64,52 @@ def _count_generations(learner: Learner, tally: dict[str, int]) -> None:
     learner.engine.generate = generate  # type: ignore[method-assign]
 
 
-def _track_ages(learner: Learner, ages: list[int]) -> None:
-    """Main's pool carries no ages: tag each kept group with the round it arrived."""
+def _track(learner: Learner, ages: list[int], senders: dict[str, int], legacy: bool) -> None:
+    """Count who sent the groups trained on; main's pool carries no ages, so there each kept
+    group is tagged with the round it arrived."""
     pool = learner.pool
-    arrived: dict[int, int] = {}
+    arrived: dict[int, tuple[int, str]] = {}
     add, take = pool.add, pool.take
 
     def tagged_add(scored: list[Any], *a: Any, **kw: Any) -> Any:
         for s in scored:
-            arrived[id(s.group)] = learner.round
+            arrived[id(s.group)] = (learner.round, s.sender)
         return add(scored, *a, **kw)
 
     def tagged_take(n: int, *a: Any, **kw: Any) -> Any:
         out = take(n, *a, **kw)
-        ages.extend(learner.round - arrived.pop(id(g), learner.round) for g in out)
+        for x in out:
+            if legacy:
+                when, sender = arrived.pop(id(x), (learner.round, "?"))
+                ages.append(learner.round - when)
+            else:
+                sender = x.sender
+            senders[sender] = senders.get(sender, 0) + 1
         return out
 
     pool.add, pool.take = tagged_add, tagged_take  # type: ignore[method-assign]
 
 
 def run(*, nodes: int, rounds: int, attack: bool, attack_groups: int, group_size: int,
-        tail: int, seed: int) -> dict[str, Any]:
+        tail: int, seed: int, adaptive: bool) -> dict[str, Any]:
     hub = LoopbackHub(swarm_id="steer")
     ids = [Identity.from_seed(bytes([seed % 256, i + 1]) * 16) for i in range(nodes)]
     bridges = [hub.bridge(i) for i in ids]
     attacker = hub.bridge(Identity.from_seed(b"\xee" * 32))
     root = Path(tempfile.mkdtemp(prefix="steer-"))
+    sapo = {"sapo": SapoConfig(adaptive_external=True)} if adaptive else {}
     learners = [Learner(LearnerConfig(data_dir=str(root / f"n{k}"), seed=seed * 1000 + k,
-                                      checkpoint_every=0, policy=PolicyConfig(device="cpu", threads=1)),
+                                      checkpoint_every=0, policy=PolicyConfig(device="cpu", threads=1),
+                                      **sapo),
                         peer_id=ident.peer_id) for k, ident in enumerate(ids)]
     tallies = [{"total": 0, "wrong": 0} for _ in learners]
     tail_tallies = [{"total": 0, "wrong": 0} for _ in learners]
     ages: list[list[int]] = [[] for _ in learners]
+    senders: list[dict[str, int]] = [{} for _ in learners]
     legacy = not hasattr(learners[0].pool, "available")  # main: no ages in the records
     for k, learner in enumerate(learners):
         _count_generations(learner, tallies[k])
-        if legacy:
-            _track_ages(learner, ages[k])
+        _track(learner, ages[k], senders[k], legacy)
     records: list[list[dict[str, Any]]] = [[] for _ in learners]
     rng = random.Random(seed)
     t0 = time.monotonic()
@@ -116,6 +128,7 @@ def run(*, nodes: int, rounds: int, attack: bool, attack_groups: int, group_size
                 ages[k].extend([rec["external_age_mean"]] * rec["external_used"])
     out: dict[str, Any] = {"attack": attack, "rounds": rounds, "tail": tail, "nodes": nodes,
                            "group_size": group_size, "attack_groups": attack_groups if attack else 0,
+                           "adaptive": adaptive,
                            "seconds": time.monotonic() - t0, "per_node": []}
     for k, recs in enumerate(records):
         last = recs[-tail:]
@@ -126,6 +139,10 @@ def run(*, nodes: int, rounds: int, attack: bool, attack_groups: int, group_size
             "reward_tail": sum(x["mean_reward"] for x in last) / len(last),
             "accuracy_tail": sum(x["accuracy"] for x in last) / len(last),
             "external_used": sum(x["external_used"] for x in recs),
+            "external_used_from_attacker": senders[k].get(attacker.peer_id, 0),
+            **{key: sum(x.get(key) or 0 for x in recs) for key in (
+                "external_stale", "external_duplicate", "external_sender_capped",
+                "external_round_capped", "external_useful", "external_planned")},
             "external_age_mean": sum(flat_ages) / len(flat_ages) if flat_ages else None,
             "external_age_max": max(flat_ages) if flat_ages else None,
         })
@@ -141,11 +158,12 @@ def main() -> None:
     ap.add_argument("--attack-groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--adaptive", action="store_true", help="SapoConfig.adaptive_external")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     res = run(nodes=args.nodes, rounds=args.rounds, attack=args.attack, attack_groups=args.attack_groups,
-              group_size=args.group_size, tail=args.tail, seed=args.seed)
+              group_size=args.group_size, tail=args.tail, seed=args.seed, adaptive=args.adaptive)
     text = json.dumps(res, indent=1)
     if args.out is not None:
         args.out.write_text(text)

@@ -6,8 +6,9 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
     tiny_model, policy     – the embedded model; loading any HF causal LM; fingerprint
     engine                 – batched sampling behind a backend registry
     tasks/                 – task families (tiny, ReasoningGYM) and TaskSpec regeneration
-    grpo                   – advantages, clipped loss, GrpoTrainer
-    sapo                   – re-scoring received rollouts, zero-advantage filter, I/J split
+    grpo                   – advantages (local: GRPO; external: anchored), clipped loss, GrpoTrainer
+    baseline, reputation   – our own per-family reward baseline; per-sender records and trust
+    rescore, sapo          – re-scoring received rollouts; the fresh per-sender-bounded pool, I/J split
     checkpoint             – atomic save / verified resume
     report, loop           – per-round records, node report, run_learner
 """

@@ -23,6 +23,12 @@ so ``ExternalPool`` adds, in this order:
    untrusted identities shares of their own. Twenty fresh keys get exactly the newcomer budget
    one key gets, and each earns trust (``trust_after`` useful groups) only through groups we
    chose to use from that shared budget, i.e. by being useful, one at a time.
+   What this does not claim: identities cost nothing, so a farm that keeps sending groups
+   that beat our own baseline does, over time, promote several identities, each with its own
+   share; it promotes them no faster than the shared budget allows, each keeps its share only
+   while at least ``trust_min`` of its used groups are useful, and whatever slots it holds
+   cannot pull the policy toward completions worse than our own (the anchor, point 5). Sybils
+   can buy slots with useful work; they cannot buy steering.
 5. **Sampling**: fresh groups in order of (age, then sender reputation, then newest arrival),
    greedily under the per-round caps. ``take`` attaches the receiver's own baseline for the
    family (``grpo.Anchor``), so what the sender chose as companions cannot make a poor
