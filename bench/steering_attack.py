@@ -106,6 +106,7 @@ def run(*, nodes: int, rounds: int, attack: bool, attack_groups: int, group_size
     tail_tallies = [{"total": 0, "wrong": 0} for _ in learners]
     ages: list[list[int]] = [[] for _ in learners]
     senders: list[dict[str, int]] = [{} for _ in learners]
+    age_max = [0 for _ in learners]
     legacy = not hasattr(learners[0].pool, "available")  # main: no ages in the records
     for k, learner in enumerate(learners):
         _count_generations(learner, tallies[k])
@@ -126,6 +127,7 @@ def run(*, nodes: int, rounds: int, attack: bool, attack_groups: int, group_size
             records[k].append(rec)
             if not legacy and rec["external_used"]:
                 ages[k].extend([rec["external_age_mean"]] * rec["external_used"])
+                age_max[k] = max(age_max[k], rec["external_age_max"])
     out: dict[str, Any] = {"attack": attack, "rounds": rounds, "tail": tail, "nodes": nodes,
                            "group_size": group_size, "attack_groups": attack_groups if attack else 0,
                            "adaptive": adaptive,
@@ -144,7 +146,7 @@ def run(*, nodes: int, rounds: int, attack: bool, attack_groups: int, group_size
                 "external_stale", "external_duplicate", "external_sender_capped",
                 "external_round_capped", "external_useful", "external_planned")},
             "external_age_mean": sum(flat_ages) / len(flat_ages) if flat_ages else None,
-            "external_age_max": max(flat_ages) if flat_ages else None,
+            "external_age_max": (max(flat_ages) if legacy else age_max[k]) if flat_ages else None,
         })
     return out
 

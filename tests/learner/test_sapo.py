@@ -257,3 +257,12 @@ def test_steering_group_from_the_pool_gets_no_positive_advantage(size):
     (taken,) = pool.take(1, now=0, baseline=baseline)
     adv = _advantages(taken.group)
     assert adv is not None and float(adv.max()) <= 0.0 and not taken.useful
+
+
+@pytest.mark.parametrize("bad", [{"min_external": 5}, {"sender_pool_share": 0.0},
+                                 {"sender_pool_share": 1.5}, {"trust_min": 2.0},
+                                 {"baseline_momentum": 1.0}, {"per_sender_round": 0},
+                                 {"max_age_rounds": -1}])
+def test_pool_config_is_validated(bad):
+    with pytest.raises(ValueError):
+        SapoConfig(**bad)
