@@ -144,7 +144,7 @@ def run(*, nodes: int, rounds: int, attack: bool, attack_groups: int, group_size
             "external_used_from_attacker": senders[k].get(attacker.peer_id, 0),
             **{key: sum(x.get(key) or 0 for x in recs) for key in (
                 "external_stale", "external_duplicate", "external_sender_capped",
-                "external_round_capped", "external_useful", "external_planned")},
+                "external_round_capped", "external_not_useful", "external_planned")},
             "external_age_mean": sum(flat_ages) / len(flat_ages) if flat_ages else None,
             "external_age_max": (max(flat_ages) if legacy else age_max[k]) if flat_ages else None,
         })

@@ -33,14 +33,21 @@ that task family, ``baseline.py``) and is scored by ``anchored_advantages``::
 
     centre = max(mean(r), own_mean)          # the sender cannot lower the bar below ours
     scale  = max(std(r), own_std)            # nor inflate advantages with a tiny spread
-    A_i    = clip((r_i - centre) / scale, -sqrt(G - 1), +sqrt(G - 1))
+    a_i    = clip((r_i - centre) / scale, -sqrt(G - 1), +sqrt(G - 1))
+    P = sum of the positive a_i;  N = -(sum of the negative a_i)
+    P == 0: no advantage at all (the group is skipped, like a zero-variance one)
+    else:   A_i = a_i for a_i > 0,  A_i = a_i * min(1, P / N) for a_i < 0
 
 where G is our own completions per question (``sqrt(G - 1)`` is the largest |A| a local group
 of G samples can produce). Consequence, the property the tests pin: **an external completion
 gets a positive advantage only if its re-scored reward beats both its group's mean and the
-receiver's own expected reward for that family.** When the sender's group is better than we
-are, ``centre`` is its own mean and the maths is plain GRPO (we learn from its better half).
-Local groups carry no anchor and keep the plain GRPO advantage.
+receiver's own expected reward for that family**, and a group whose completions all fall
+short of that bar moves nothing. The rescaling keeps every external group's advantages
+summing to at most zero (GRPO's groups sum to exactly zero): without it, a sender could fill
+slots with groups that are all below our baseline, all-negative pushes whose gradients crowd
+the clipped gradient norm (measured: honest reward 0.62 -> 0.27 on ``bench/steering_attack.py``).
+When the sender's group is better than we are, ``centre`` is its own mean and the maths is
+plain GRPO (we learn from its better half). Local groups carry no anchor: plain GRPO.
 
 Every group weighs the same in the loss
 ---------------------------------------
@@ -110,7 +117,8 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor |
 
 def anchored_advantages(rewards: torch.Tensor, anchor: Anchor, eps: float = 1e-6) -> torch.Tensor | None:
     """External group: centre ``max(mean, anchor.mean)``, scale ``max(std, anchor.std)``,
-    clipped to ``±anchor.max_abs`` (module docstring); ``None`` if all rewards are equal."""
+    clipped to ``±anchor.max_abs``, negatives shrunk to the positive mass (module docstring);
+    ``None`` if all rewards are equal or none beats the centre."""
     if rewards.numel() < 2:
         return None
     std = float(rewards.std(unbiased=False))
@@ -118,7 +126,14 @@ def anchored_advantages(rewards: torch.Tensor, anchor: Anchor, eps: float = 1e-6
         return None
     centre = max(float(rewards.mean()), anchor.mean)
     scale = max(std, anchor.std)
-    return ((rewards - centre) / (scale + eps)).clamp(-anchor.max_abs, anchor.max_abs)
+    adv = ((rewards - centre) / (scale + eps)).clamp(-anchor.max_abs, anchor.max_abs)
+    positive = float(adv.clamp(min=0).sum())
+    if positive <= eps:
+        return None
+    negative = float(-adv.clamp(max=0).sum())
+    if negative > positive:
+        adv = torch.where(adv < 0, adv * (positive / negative), adv)
+    return adv
 
 
 def _advantages(group: TrainingGroup) -> torch.Tensor | None:

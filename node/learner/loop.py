@@ -103,7 +103,7 @@ class Learner:
         counters_before = collections.Counter(self.pool.counters)  # add/take count their drops
         ingest = self.rescorer.rescore(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
         self.pool.add(ingest.groups, now=self.round)
-        available = self.pool.available(self.round)
+        available = self.pool.available(self.round, baseline=self.baseline)
         n_local, n_external = plan_round(cfg.sapo, available, self.signals.signals())
         seconds["receive"] = time.perf_counter() - t
         if stopped():
@@ -141,12 +141,13 @@ class Learner:
         external = [x.group for x in taken]
         train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
+        dropped = self.pool.counters - counters_before
+        judged = available + dropped["not_useful"]
         self.signals.observe(
             local_flat=sum(len(set(g.rewards)) == 1 for g in local) / len(local) if local else None,
-            external_useful=sum(x.useful for x in taken) / len(taken) if taken else None,
+            external_useful=available / judged if judged else None,
             mean_reward=(sum(sum(g.rewards) for g in local) / sum(len(g.rewards) for g in local)
                          if local else None))
-        dropped = self.pool.counters - counters_before
         return self._record(local=local, taken=taken, completions=completions, train=train,
                             published=published, ingest=ingest, seconds=seconds,
                             dropped=dropped, wanted=n_external, available=available)
@@ -173,7 +174,7 @@ class Learner:
             "external_pool": len(self.pool),
             "external_planned": wanted,
             "external_available": available,
-            "external_useful": sum(x.useful for x in taken),
+            "external_not_useful": dropped["not_useful"],
             "external_age_mean": sum(ages) / len(ages) if ages else None,
             "external_age_max": max(ages) if ages else None,
             "external_zero_advantage": dropped["zero_advantage"],

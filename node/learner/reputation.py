@@ -4,8 +4,9 @@ Each sender's record counts, over the groups it sent us:
 
 - ``passed``: re-scored groups that passed the zero-advantage filter (they carry signal);
 - ``agreed``: groups whose claimed rewards equal our re-scored ones (an honest verifier);
-- ``useful``: groups we trained on in which some completion beat our own expected reward
-  (a positive anchored advantage: ``grpo.anchored_advantages``), out of ``used``.
+- ``useful``: groups judged against our own expected reward (``used``: taken for training or
+  dropped for not beating it) in which some completion beat it (a positive anchored
+  advantage: ``grpo.anchored_advantages``).
 
 ``reputation = P(pass) * P(agree) * P(useful)``, each a Beta(1, 1) posterior mean, so a new
 identity starts at 0.125: below any sender with a good record, never above; it orders the
@@ -100,7 +101,8 @@ class SenderBook:
             rec.newest_round = sender_round
 
     def observe_use(self, sender: str, *, useful: bool, now: int) -> None:
-        """We trained on one of ``sender``'s groups; ``useful``: it had a positive advantage."""
+        """One of ``sender``'s groups was judged against our baseline; ``useful``: some
+        completion beat it (the group was trained on) or not (it was dropped)."""
         rec = self._record(sender, now)
         rec.used += 1
         rec.useful += useful

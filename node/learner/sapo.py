@@ -15,7 +15,10 @@ so ``ExternalPool`` adds, in this order:
 3. **Zero-advantage filter** (the paper), then **freshness**: a group's age is
    ``max(our rounds since it arrived, its sender's newest round - the group's round)``; above
    ``max_age_rounds`` it is dropped (``external_stale``), never used. A sender inflating its
-   round numbers only ages its own groups.
+   round numbers only ages its own groups. Then the **own-baseline filter**: a group none of
+   whose completions beats our own expected reward for its family carries no anchored
+   advantage (``grpo.anchored_advantages``), so it is dropped before sampling
+   (``external_not_useful``) instead of taking a slot, and counts against its sender.
 4. **Shares.** A *trusted* sender may hold at most ``sender_pool_share`` of the pool and give at
    most ``per_sender_round`` groups to one round. All untrusted senders together form **one**
    bucket with the same pool share and ``newcomer_round`` groups per round. That is the Sybil
@@ -70,7 +73,7 @@ class RoundSignals:
     local_flat: float = 0.5
     """Fraction of recent local groups with no reward variance (no GRPO signal of their own)."""
     external_useful: float = 0.5
-    """Fraction of recently used external groups with a positive anchored advantage."""
+    """Fraction of fresh external groups that beat our own baseline (not dropped as not useful)."""
     reward_trend: float = 0.0
     """Fast minus slow moving average of the node's own mean reward (< 0: falling)."""
 
@@ -152,8 +155,6 @@ class Taken:
     sender: str
     age: int
     """Rounds (see the module docstring)."""
-    useful: bool
-    """Some completion has a positive advantage under the anchor."""
 
 
 def _content_key(group: TrainingGroup) -> bytes:
@@ -176,7 +177,8 @@ class ExternalPool:
         self.book = SenderBook(trust_after=config.trust_after, trust_min=config.trust_min,
                                max_senders=config.max_senders)
         self.counters: collections.Counter[str] = collections.Counter()
-        """Cumulative: zero_advantage, duplicate, stale, sender_capped, evicted_full, round_capped."""
+        """Cumulative: zero_advantage, duplicate, stale, not_useful, sender_capped, evicted_full,
+        round_capped."""
         self._entries: list[_Entry] = []
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._seq = 0
@@ -226,30 +228,31 @@ class ExternalPool:
         self._purge(now)  # a sender's newest round may have moved on
         return kept
 
-    def available(self, now: int) -> int:
+    def available(self, now: int, *, baseline: OwnBaseline | None = None) -> int:
         """How many groups ``take`` would give this round if asked for all it can."""
-        return len(self._select(now, self.config.pool_capacity)[0])
+        return len(self._select(now, self.config.pool_capacity, baseline)[0])
 
     def take(self, n: int, *, now: int, baseline: OwnBaseline | None = None) -> list[Taken]:
-        """Remove and return up to ``n`` fresh groups, freshest first, under the per-round caps."""
+        """Remove and return up to ``n`` fresh, useful groups, freshest first, under the
+        per-round caps, each with our anchor for its family attached."""
         if n <= 0:
             return []
-        picked, passed_over = self._select(now, n)
+        picked, passed_over = self._select(now, n, baseline)
         self.counters["round_capped"] += passed_over
         chosen = {id(e) for e in picked}
         self._entries = [e for e in self._entries if id(e) not in chosen]
         out = []
         for e in picked:
             anchor = baseline.anchor(e.family) if baseline is not None else None
-            useful = _useful(e.group.rewards, anchor)
-            self.book.observe_use(e.sender, useful=useful, now=now)
+            self.book.observe_use(e.sender, useful=True, now=now)
             out.append(Taken(group=dataclasses.replace(e.group, anchor=anchor, source="external"),
-                             sender=e.sender, age=self.age(e, now), useful=useful))
+                             sender=e.sender, age=self.age(e, now)))
         return out
 
-    def _select(self, now: int, limit: int) -> tuple[list[_Entry], int]:
+    def _select(self, now: int, limit: int,
+                baseline: OwnBaseline | None) -> tuple[list[_Entry], int]:
         """The groups to use, in order, and how many fresh ones a round cap passed over."""
-        self._purge(now)
+        self._purge(now, baseline)
         rep = {s: self.book.reputation(s) for s in {e.sender for e in self._entries}}
         trusted = {s: self.book.trusted(s) for s in rep}
         order = sorted(self._entries, key=lambda e: (self.age(e, now), -rep[e.sender], -e.seq))
@@ -269,9 +272,19 @@ class ExternalPool:
             newcomers += not trusted[e.sender]
         return picked, passed_over
 
-    def _purge(self, now: int) -> None:
+    def _purge(self, now: int, baseline: OwnBaseline | None = None) -> None:
+        """Drop stale groups, and (given our baseline) those none of whose completions beats it."""
         fresh = [e for e in self._entries if self.age(e, now) <= self.config.max_age_rounds]
         self.counters["stale"] += len(self._entries) - len(fresh)
+        if baseline is not None:
+            kept = []
+            for e in fresh:
+                if _useful(e.group.rewards, baseline.anchor(e.family)):
+                    kept.append(e)
+                else:
+                    self.counters["not_useful"] += 1
+                    self.book.observe_use(e.sender, useful=False, now=now)
+            fresh = kept
         self._entries = fresh
 
     def _make_room(self, sender: str, trust: dict[str, bool]) -> None:

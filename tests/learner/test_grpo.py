@@ -86,12 +86,14 @@ def test_steering_group_gets_no_positive_advantage_against_a_higher_own_baseline
     rewards = torch.tensor([0.3] + [0.0] * (size - 1))        # "9999" (0.3) among worse ones
     plain = group_advantages(rewards)
     assert plain is not None and float(plain[0]) == pytest.approx((size - 1) ** 0.5, rel=1e-3)
-    adv = anchored_advantages(rewards, Anchor(mean=0.45, std=0.15, max_abs=7 ** 0.5))
-    assert adv is not None and float(adv.max()) <= 0.0
+    anchor = Anchor(mean=0.45, std=0.15, max_abs=7 ** 0.5)
+    assert anchored_advantages(rewards, anchor) is None        # nothing beats our bar: no push
     # with better companions too (group mean 0.28 < 0.3), the bar is still our own 0.45
-    mixed = torch.tensor([0.3] + [0.28] * (size - 1))
-    adv = anchored_advantages(mixed, Anchor(mean=0.45, std=0.15, max_abs=7 ** 0.5))
-    assert adv is not None and float(adv.max()) <= 0.0
+    assert anchored_advantages(torch.tensor([0.3] + [0.28] * (size - 1)), anchor) is None
+    # one completion above our bar: only it is pushed up, and the group sums to zero
+    adv = anchored_advantages(torch.tensor([0.3, 0.9] + [0.0] * (size - 2)), anchor)
+    assert adv is not None and float(adv[1]) > 0 and float(adv[0]) < 0
+    assert float(adv.sum()) == pytest.approx(0.0, abs=1e-5)
 
 
 def test_anchored_advantage_is_grpo_for_a_better_group_and_bounded():

@@ -13,7 +13,7 @@ REQUIRED = {"round", "mean_reward", "rollouts_published", "rollouts_received", "
             "rejected", "tokens_generated", "skipped_zero_variance", "seconds"}
 POOL_KEYS = {"external_age_mean", "external_age_max", "external_stale", "external_duplicate",
              "external_sender_capped", "external_round_capped", "external_planned",
-             "external_available", "external_useful"}
+             "external_available", "external_not_useful"}
 
 
 def _config(d, **kw):

@@ -217,9 +217,8 @@ def test_useless_sender_loses_trust():
     baseline.update("tiny_add", [(0.5, 0.7)])                 # we already do better than 0.3
     for i in range(20):
         pool.add([_scored("turncoat", 200 + i, round_=10 + i, rewards=(0.3, 0.0))], now=10 + i)
-        taken = pool.take(1, now=10 + i, baseline=baseline)
-        assert len(taken) == 1 and not taken[0].useful
-    assert not pool.book.trusted("turncoat")
+        assert pool.take(1, now=10 + i, baseline=baseline) == []
+    assert not pool.book.trusted("turncoat") and pool.counters["not_useful"] == 20
 
 
 def _attacker_share(senders: list[str], rounds: int = 8) -> tuple[int, int]:
@@ -254,9 +253,14 @@ def test_steering_group_from_the_pool_gets_no_positive_advantage(size):
     baseline.update("tiny_add", [(0.3, 0.6, 0.7, 0.4, 0.5, 0.6, 0.3, 0.4)])   # own mean 0.475
     rewards = (0.3,) + (0.0,) * (size - 1)
     pool.add([_scored("evil", 1, rewards=rewards)], now=0)
-    (taken,) = pool.take(1, now=0, baseline=baseline)
+    assert pool.available(0, baseline=baseline) == 0          # no signal against our bar
+    assert pool.take(1, now=0, baseline=baseline) == []
+    assert pool.counters["not_useful"] == 1 and len(pool) == 0
+    # without our own baseline (a node that never sampled the family) it is plain GRPO
+    pool.add([_scored("evil", 2, rewards=rewards)], now=0)
+    (taken,) = pool.take(1, now=0)
     adv = _advantages(taken.group)
-    assert adv is not None and float(adv.max()) <= 0.0 and not taken.useful
+    assert adv is not None and float(adv[0]) > 0
 
 
 @pytest.mark.parametrize("bad", [{"min_external": 5}, {"sender_pool_share": 0.0},
