@@ -68,7 +68,7 @@ import torch
 
 from node.learner.config import TrainerConfig
 
-__all__ = ["Anchor", "Batch", "GrpoTrainer", "TrainingGroup", "anchored_advantages", "build_batch",
+__all__ = ["Anchor", "Batch", "GrpoTrainer", "TrainingGroup", "advantages", "anchored_advantages", "build_batch",
            "group_advantages", "grpo_loss", "token_logprobs"]
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,8 @@ def anchored_advantages(rewards: torch.Tensor, anchor: Anchor, eps: float = 1e-6
     return adv
 
 
-def _advantages(group: TrainingGroup) -> torch.Tensor | None:
+def advantages(group: TrainingGroup) -> torch.Tensor | None:
+    """The group's advantages: plain GRPO, or anchored when the group carries an ``Anchor``."""
     rewards = torch.tensor(group.rewards, dtype=torch.float32)
     if group.anchor is None:
         return group_advantages(rewards)
@@ -169,7 +170,7 @@ def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_t
     row_group: list[int] = []
     skipped = 0
     for gi, g in enumerate(groups):
-        adv = _advantages(g)
+        adv = advantages(g)
         if adv is None:
             skipped += 1
             if not keep_flat:
@@ -198,9 +199,9 @@ def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_t
         input_ids[b, :len(ids)] = torch.tensor(ids)
         attention[b, :len(ids)] = 1
         loss_mask[b, n_prompt - 1:len(ids) - 1] = 1.0  # predictions of completion tokens
-    advantages = torch.tensor([a for _, _, a in rows], dtype=torch.float32)
+    row_adv = torch.tensor([a for _, _, a in rows], dtype=torch.float32)
     return Batch(input_ids.to(device), attention.to(device), loss_mask.to(device),
-                 advantages.to(device), row_weight.to(device)), skipped
+                 row_adv.to(device), row_weight.to(device)), skipped
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,

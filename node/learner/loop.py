@@ -32,7 +32,7 @@ from node.learner.baseline import OwnBaseline
 from node.learner.checkpoint import load_checkpoint, save_checkpoint
 from node.learner.config import LearnerConfig
 from node.learner.engine import Engine, make_engine
-from node.learner.grpo import GrpoTrainer, TrainingGroup
+from node.learner.grpo import GrpoTrainer, TrainingGroup, advantages
 from node.learner.policy import Policy, load_policy
 from node.learner.report import summarize
 from node.learner.rescore import RescoreResult, Rescorer
@@ -46,6 +46,24 @@ __all__ = ["Learner", "run_learner"]
 log = logging.getLogger(__name__)
 _PUBLISH_CHARS = 256 * 1024
 """Split a round's rollouts into several RolloutBatches above this many characters of text."""
+
+
+def _positive_mass(groups: list[TrainingGroup]) -> float:
+    """Mean over groups of the sum of their positive advantages (0 for a group with none)."""
+    total = 0.0
+    for g in groups:
+        adv = advantages(g)
+        total += float(adv.clamp(min=0).sum()) if adv is not None else 0.0
+    return total / len(groups)
+
+
+def _signal_share(external: list[TrainingGroup], local: list[TrainingGroup]) -> float | None:
+    """External groups' share of the advantage signal per group (sapo.RoundSignals.external_signal)."""
+    if not external:
+        return None
+    ext = _positive_mass(external)
+    loc = _positive_mass(local) if local else 0.0
+    return ext / (ext + loc) if ext + loc > 0 else 0.5
 
 
 def _derive_seed(*parts: object) -> int:
@@ -142,10 +160,9 @@ class Learner:
         train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
         dropped = self.pool.counters - counters_before
-        judged = available + dropped["not_useful"]
         self.signals.observe(
             local_flat=sum(len(set(g.rewards)) == 1 for g in local) / len(local) if local else None,
-            external_useful=available / judged if judged else None,
+            external_signal=_signal_share(external, local),
             mean_reward=(sum(sum(g.rewards) for g in local) / sum(len(g.rewards) for g in local)
                          if local else None))
         return self._record(local=local, taken=taken, completions=completions, train=train,

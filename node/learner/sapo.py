@@ -72,8 +72,11 @@ class RoundSignals:
 
     local_flat: float = 0.5
     """Fraction of recent local groups with no reward variance (no GRPO signal of their own)."""
-    external_useful: float = 0.5
-    """Fraction of fresh external groups that beat our own baseline (not dropped as not useful)."""
+    external_signal: float = 0.5
+    """Advantage signal of the external groups used vs our local ones: mean positive advantage
+    mass per external group / (that + the same per local group); 0.5 = equally informative.
+    Measured on groups actually trained on, so a flood of useless groups (dropped before
+    sampling) cannot move it."""
     reward_trend: float = 0.0
     """Fast minus slow moving average of the node's own mean reward (< 0: falling)."""
 
@@ -81,13 +84,15 @@ class RoundSignals:
 def adaptive_target(config: SapoConfig, signals: RoundSignals) -> int:
     """J wanted this round, in ``[min_external, external]``.
 
-    ``score = useful * (0.5 + 0.5 * flat) - 0.5 * falling``: external groups are worth their
-    slots only as far as they prove useful (beat our own baseline); they matter most when our
-    own groups are flat (no signal to learn from locally); and a falling own reward (the
-    paper's oscillation with too much external data) pulls J down.
+    ``score = min(1, 2 * signal) * (0.5 + 0.5 * flat) - 0.5 * falling``: external groups are
+    worth their slots as far as they carry as much advantage signal (against our own baseline)
+    as our local groups do; they matter most when our own groups are flat (nothing to learn
+    from locally); a falling own reward (the paper's oscillation with too much external data)
+    pulls J down.
     """
     falling = min(1.0, max(0.0, -signals.reward_trend) / _TREND_SCALE)
-    score = signals.external_useful * (0.5 + 0.5 * signals.local_flat) - 0.5 * falling
+    worth = min(1.0, 2.0 * signals.external_signal)
+    score = worth * (0.5 + 0.5 * signals.local_flat) - 0.5 * falling
     score = min(1.0, max(0.0, score))
     return config.min_external + round((config.external - config.min_external) * score)
 
@@ -107,22 +112,29 @@ def plan_round(config: SapoConfig, available_external: int,
 
 
 class SignalTracker:
-    """Moving averages of the signals ``adaptive_target`` reads (one ``observe`` per round)."""
+    """Moving averages of the signals ``adaptive_target`` reads (one ``observe`` per round).
 
-    def __init__(self, *, alpha: float = 0.3, fast: float = 0.5, slow: float = 0.1) -> None:
-        self.alpha, self.fast, self.slow = alpha, fast, slow
+    A round that used no external group does not measure their signal; the average then
+    drifts back toward the neutral 0.5 (``relax``), so a J that fell to 0 is tried again.
+    """
+
+    def __init__(self, *, alpha: float = 0.3, relax: float = 0.1, fast: float = 0.5,
+                 slow: float = 0.1) -> None:
+        self.alpha, self.relax, self.fast, self.slow = alpha, relax, fast, slow
         self._flat = 0.5
-        self._useful = 0.5
+        self._signal = 0.5
         self._fast_reward: float | None = None
         self._slow_reward: float | None = None
 
-    def observe(self, *, local_flat: float | None, external_useful: float | None,
+    def observe(self, *, local_flat: float | None, external_signal: float | None,
                 mean_reward: float | None) -> None:
         """Fold one round in; ``None`` for a signal the round did not measure."""
         if local_flat is not None:
             self._flat += self.alpha * (local_flat - self._flat)
-        if external_useful is not None:
-            self._useful += self.alpha * (external_useful - self._useful)
+        if external_signal is not None:
+            self._signal += self.alpha * (external_signal - self._signal)
+        else:
+            self._signal += self.relax * (0.5 - self._signal)
         if mean_reward is not None:
             if self._fast_reward is None or self._slow_reward is None:
                 self._fast_reward = self._slow_reward = mean_reward
@@ -133,7 +145,7 @@ class SignalTracker:
     def signals(self) -> RoundSignals:
         trend = (0.0 if self._fast_reward is None or self._slow_reward is None
                  else self._fast_reward - self._slow_reward)
-        return RoundSignals(local_flat=self._flat, external_useful=self._useful, reward_trend=trend)
+        return RoundSignals(local_flat=self._flat, external_signal=self._signal, reward_trend=trend)
 
 
 @dataclass

@@ -65,7 +65,7 @@ def test_plan_round_keeps_the_budget():
     assert plan_round(cfg, 0) == (8, 0)
     assert plan_round(SapoConfig(local=8, external=0), 10) == (8, 0)
     # signals are ignored unless adaptive_external is on
-    assert plan_round(cfg, 10, RoundSignals(external_useful=0.0)) == (4, 4)
+    assert plan_round(cfg, 10, RoundSignals(external_signal=0.0)) == (4, 4)
 
 
 def test_adaptive_j_stays_within_bounds():
@@ -74,7 +74,7 @@ def test_adaptive_j_stays_within_bounds():
     for flat in grid:
         for useful in grid:
             for trend in (-0.2, -0.01, 0.0, 0.1):
-                s = RoundSignals(local_flat=flat, external_useful=useful, reward_trend=trend)
+                s = RoundSignals(local_flat=flat, external_signal=useful, reward_trend=trend)
                 assert 1 <= adaptive_target(cfg, s) <= 6
                 i, j = plan_round(cfg, 100, s)
                 assert i + j == 8 and 1 <= j <= 6
@@ -83,19 +83,27 @@ def test_adaptive_j_stays_within_bounds():
 
 def test_adaptive_j_responds_to_what_the_node_measures():
     cfg = SapoConfig(local=0, external=8, adaptive_external=True)
-    useless = RoundSignals(local_flat=1.0, external_useful=0.0)
+    useless = RoundSignals(local_flat=1.0, external_signal=0.0)
     assert adaptive_target(cfg, useless) == 0                      # externals never help: none
-    flat = adaptive_target(cfg, RoundSignals(local_flat=1.0, external_useful=1.0))
-    informative = adaptive_target(cfg, RoundSignals(local_flat=0.0, external_useful=1.0))
+    flat = adaptive_target(cfg, RoundSignals(local_flat=1.0, external_signal=1.0))
+    informative = adaptive_target(cfg, RoundSignals(local_flat=0.0, external_signal=1.0))
     assert flat == 8 and informative == 4                          # flat locals: lean on the swarm
-    falling = adaptive_target(cfg, RoundSignals(local_flat=1.0, external_useful=1.0, reward_trend=-0.1))
+    falling = adaptive_target(cfg, RoundSignals(local_flat=1.0, external_signal=1.0, reward_trend=-0.1))
     assert falling < flat                                          # destabilised: pull back
     tracker = SignalTracker()
     for reward in (0.6, 0.6, 0.6, 0.3, 0.2, 0.1):
-        tracker.observe(local_flat=1.0, external_useful=1.0, mean_reward=reward)
+        tracker.observe(local_flat=1.0, external_signal=1.0, mean_reward=reward)
     sig = tracker.signals()
-    assert sig.reward_trend < 0 and sig.local_flat > 0.8 and sig.external_useful > 0.8
+    assert sig.reward_trend < 0 and sig.local_flat > 0.8 and sig.external_signal > 0.8
     assert adaptive_target(cfg, sig) < 8
+    # externals that carried nothing push J to its floor; unmeasured rounds let it be tried again
+    tracker = SignalTracker()
+    for _ in range(20):
+        tracker.observe(local_flat=0.0, external_signal=0.0, mean_reward=0.5)
+    assert adaptive_target(cfg, tracker.signals()) == 0
+    for _ in range(20):
+        tracker.observe(local_flat=0.0, external_signal=None, mean_reward=0.5)
+    assert adaptive_target(cfg, tracker.signals()) > 0
 
 
 # -- re-scoring and the filter -----------------------------------------------------------------
@@ -246,7 +254,7 @@ def test_twenty_sybils_gain_nothing_over_one_identity():
 
 @pytest.mark.parametrize("size", [8, 64])
 def test_steering_group_from_the_pool_gets_no_positive_advantage(size):
-    from node.learner.grpo import _advantages
+    from node.learner.grpo import advantages
 
     pool = ExternalPool(SapoConfig())
     baseline = OwnBaseline(momentum=0.0, group_size=8)
@@ -259,7 +267,7 @@ def test_steering_group_from_the_pool_gets_no_positive_advantage(size):
     # without our own baseline (a node that never sampled the family) it is plain GRPO
     pool.add([_scored("evil", 2, rewards=rewards)], now=0)
     (taken,) = pool.take(1, now=0)
-    adv = _advantages(taken.group)
+    adv = advantages(taken.group)
     assert adv is not None and float(adv[0]) > 0
 
 
