@@ -10,8 +10,9 @@ so ``ExternalPool`` adds, in this order:
    (``external_duplicate``). This stops replays and copies, not steering (a sender can vary a
    companion); steering is the next points' job.
 2. **Reputation** (``reputation.py``): every re-scored group updates its sender's record (passed
-   the filter? claimed rewards equal ours?), every group we train on too (did any completion
-   beat our own expected reward?). New identities start below any sender with a good record.
+   the filter? claimed rewards equal ours?), and so does every group judged against our own
+   expected reward (did any completion beat it?). New identities start below any sender with
+   a good record.
 3. **Zero-advantage filter** (the paper), then **freshness**: a group's age is
    ``max(our rounds since it arrived, its sender's newest round - the group's round)``; above
    ``max_age_rounds`` it is dropped (``external_stale``), never used. A sender inflating its
@@ -29,7 +30,7 @@ so ``ExternalPool`` adds, in this order:
    What this does not claim: identities cost nothing, so a farm that keeps sending groups
    that beat our own baseline does, over time, promote several identities, each with its own
    share; it promotes them no faster than the shared budget allows, each keeps its share only
-   while at least ``trust_min`` of its used groups are useful, and whatever slots it holds
+   while at least ``trust_min`` of its judged groups are useful, and whatever slots it holds
    cannot pull the policy toward completions worse than our own (the anchor, point 5). Sybils
    can buy slots with useful work; they cannot buy steering.
 5. **Sampling**: fresh groups in order of (age, then sender reputation, then newest arrival),
