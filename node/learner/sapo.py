@@ -192,7 +192,8 @@ class ExternalPool:
         self.counters: collections.Counter[str] = collections.Counter()
         """Cumulative: zero_advantage, duplicate, stale, not_useful, sender_capped, evicted_full,
         round_capped."""
-        self._entries: list[_Entry] = []
+        self._entries: dict[int, _Entry] = {}
+        """Live groups by arrival number (dict order = arrival order: the first is the oldest)."""
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._seq = 0
         self._bucket_cap = max(1, math.floor(config.sender_pool_share * config.pool_capacity))
@@ -212,8 +213,11 @@ class ExternalPool:
     def add(self, scored: list[ScoredGroup], *, now: int) -> int:
         """Dedupe, judge, filter and store the re-scored groups received in our round ``now``;
         returns how many were kept."""
-        live = {(e.sender, e.group.prompt) for e in self._entries}
-        trust: dict[str, bool] = {}  # trust per sender as of this call (cheap bucket lookups)
+        live = {(e.sender, e.group.prompt) for e in self._entries.values()}
+        trust: dict[str, bool] = {}  # trust per sender as of this call
+        buckets: dict[str | None, collections.deque[int]] = collections.defaultdict(collections.deque)
+        for e in self._entries.values():
+            buckets[self._bucket(e.sender, trust)].append(e.seq)
         kept = 0
         for item in scored:
             key = _content_key(item.group)
@@ -234,8 +238,9 @@ class ExternalPool:
             if self.age(entry, now) > self.config.max_age_rounds:
                 self.counters["stale"] += 1
                 continue
-            self._make_room(entry.sender, trust)
-            self._entries.append(entry)
+            self._make_room(entry.sender, trust, buckets)
+            self._entries[entry.seq] = entry
+            buckets[self._bucket(entry.sender, trust)].append(entry.seq)
             live.add((entry.sender, entry.group.prompt))
             kept += 1
         self._purge(now)  # a sender's newest round may have moved on
@@ -252,10 +257,9 @@ class ExternalPool:
             return []
         picked, passed_over = self._select(now, n, baseline)
         self.counters["round_capped"] += passed_over
-        chosen = {id(e) for e in picked}
-        self._entries = [e for e in self._entries if id(e) not in chosen]
         out = []
         for e in picked:
+            del self._entries[e.seq]
             anchor = baseline.anchor(e.family) if baseline is not None else None
             self.book.observe_use(e.sender, useful=True, now=now)
             out.append(Taken(group=dataclasses.replace(e.group, anchor=anchor, source="external"),
@@ -266,9 +270,9 @@ class ExternalPool:
                 baseline: OwnBaseline | None) -> tuple[list[_Entry], int]:
         """The groups to use, in order, and how many fresh ones a round cap passed over."""
         self._purge(now, baseline)
-        rep = {s: self.book.reputation(s) for s in {e.sender for e in self._entries}}
+        rep = {s: self.book.reputation(s) for s in {e.sender for e in self._entries.values()}}
         trusted = {s: self.book.trusted(s) for s in rep}
-        order = sorted(self._entries, key=lambda e: (self.age(e, now), -rep[e.sender], -e.seq))
+        order = sorted(self._entries.values(), key=lambda e: (self.age(e, now), -rep[e.sender], -e.seq))
         per_sender: collections.Counter[str] = collections.Counter()
         newcomers = 0
         picked: list[_Entry] = []
@@ -287,7 +291,7 @@ class ExternalPool:
 
     def _purge(self, now: int, baseline: OwnBaseline | None = None) -> None:
         """Drop stale groups, and (given our baseline) those none of whose completions beats it."""
-        fresh = [e for e in self._entries if self.age(e, now) <= self.config.max_age_rounds]
+        fresh = [e for e in self._entries.values() if self.age(e, now) <= self.config.max_age_rounds]
         self.counters["stale"] += len(self._entries) - len(fresh)
         if baseline is not None:
             kept = []
@@ -298,23 +302,26 @@ class ExternalPool:
                     self.counters["not_useful"] += 1
                     self.book.observe_use(e.sender, useful=False, now=now)
             fresh = kept
-        self._entries = fresh
+        self._entries = {e.seq: e for e in fresh}
 
-    def _make_room(self, sender: str, trust: dict[str, bool]) -> None:
-        """Evict to keep ``sender``'s bucket (trusted: its own; untrusted: the one shared by all
-        untrusted senders) under its pool share, and the pool under its capacity."""
-        def bucket(s: str) -> str | None:
-            if s not in trust:
-                trust[s] = self.book.trusted(s)
-            return s if trust[s] else None
+    def _bucket(self, sender: str, trust: dict[str, bool]) -> str | None:
+        """Trusted senders have a bucket each; all untrusted ones share ``None``."""
+        if sender not in trust:
+            trust[sender] = self.book.trusted(sender)
+        return sender if trust[sender] else None
 
-        mine = bucket(sender)
-        same = [e for e in self._entries if bucket(e.sender) == mine]
-        if len(same) >= self._bucket_cap:
-            self._entries.remove(min(same, key=lambda e: e.seq))
+    def _make_room(self, sender: str, trust: dict[str, bool],
+                   buckets: dict[str | None, collections.deque[int]]) -> None:
+        """Evict to keep ``sender``'s bucket under its pool share and the pool under its
+        capacity, oldest first; O(1) per group (``buckets``: live arrival numbers per bucket,
+        oldest first, kept in step with ``_entries``)."""
+        mine = buckets[self._bucket(sender, trust)]
+        if len(mine) >= self._bucket_cap:
+            del self._entries[mine.popleft()]
             self.counters["sender_capped"] += 1
         if len(self._entries) >= self.config.pool_capacity:
-            self._entries.remove(min(self._entries, key=lambda e: e.seq))
+            oldest = next(iter(self._entries))  # also the oldest of its own bucket
+            buckets[self._bucket(self._entries.pop(oldest).sender, trust)].popleft()
             self.counters["evicted_full"] += 1
 
     def _remember(self, key: bytes) -> None:

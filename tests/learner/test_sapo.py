@@ -202,7 +202,7 @@ def test_per_sender_caps_per_round_and_in_the_pool():
     cfg = SapoConfig(trust_after=0, per_sender_round=2, sender_pool_share=0.25, pool_capacity=16)
     pool = ExternalPool(cfg)
     pool.add([_scored("A", k) for k in range(10)] + [_scored("B", 100 + k) for k in range(3)], now=0)
-    assert sum(1 for e in pool._entries if e.sender == "A") == 4      # 25% of 16
+    assert sum(1 for e in pool._entries.values() if e.sender == "A") == 4      # 25% of 16
     assert pool.counters["sender_capped"] == 6
     taken = pool.take(8, now=0)
     by_sender = [t.sender for t in taken]
@@ -238,7 +238,7 @@ def _attacker_share(senders: list[str], rounds: int = 8) -> tuple[int, int]:
     for r in range(10, 10 + rounds):
         flood = [_scored(senders[k % len(senders)], 1000 * r + k, round_=r) for k in range(40)]
         pool.add(flood + [_scored("honest", 1000 * r + 500 + k, round_=r) for k in range(4)], now=r)
-        held = max(held, sum(not pool.book.trusted(e.sender) for e in pool._entries))
+        held = max(held, sum(not pool.book.trusted(e.sender) for e in pool._entries.values()))
         taken = pool.take(4, now=r)
         assert sum(t.sender == "honest" for t in taken) == 2          # the honest share holds
         used += sum(t.sender != "honest" for t in taken)
@@ -278,3 +278,10 @@ def test_steering_group_from_the_pool_gets_no_positive_advantage(size):
 def test_pool_config_is_validated(bad):
     with pytest.raises(ValueError):
         SapoConfig(**bad)
+
+
+def test_full_pool_evicts_the_oldest_group():
+    pool = ExternalPool(SapoConfig(trust_after=0, pool_capacity=4, sender_pool_share=1.0))
+    pool.add([_scored("A", 1), _scored("A", 2)] + [_scored("B", k) for k in (3, 4, 5)], now=0)
+    assert pool.counters["evicted_full"] == 1 and len(pool) == 4
+    assert sorted(e.group.prompt for e in pool._entries.values()) == ["q2=", "q3=", "q4=", "q5="]
