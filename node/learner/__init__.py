@@ -6,11 +6,12 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
     tiny_model, policy     – the embedded model; loading any HF causal LM; fingerprint
     engine                 – batched sampling behind a backend registry
     tasks/                 – task families (tiny, ReasoningGYM) and TaskSpec regeneration
-    grpo                   – advantages, clipped loss, GrpoTrainer
+    grpo                   – advantages (local: GRPO; external: anchored), clipped loss, GrpoTrainer
+    baseline, reputation   – our own per-family reward baseline; per-sender records and trust
     verifier_worker        – sandboxed child process that rebuilds tasks and scores text
     verifier, rescore      – its client (rlimits, budgets, restart); checks + re-scoring of
                              received rollouts against the receiver's own tasks
-    sapo                   – external pool, zero-advantage filter, I/J split
+    sapo                   – the fresh per-sender-bounded pool, zero-advantage filter, I/J split
     checkpoint             – atomic save / verified resume
     report, loop           – per-round records, node report, run_learner
 """

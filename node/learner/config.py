@@ -170,15 +170,54 @@ class SapoConfig:
     """Most valid external groups kept waiting between rounds (oldest dropped first)."""
     max_receive: int = 256
     """Most RolloutBatch messages taken from the bridge per round."""
+    max_age_rounds: int = 2
+    """Freshness bound: a group is used only while its age is at most this many rounds, where
+    age = max(our rounds since it arrived, its sender's newest round - the group's round);
+    older groups are dropped (``external_stale``). 0: only this round's arrivals."""
+    per_sender_round: int = 2
+    """Most external groups from one trusted sender in one round's training set."""
+    newcomer_round: int = 2
+    """Most external groups from all untrusted senders together in one round (one budget
+    shared by every fresh identity: twenty Sybils get what one gets)."""
+    sender_pool_share: float = 0.25
+    """Largest fraction of ``pool_capacity`` one trusted sender may hold, and all untrusted
+    senders together; above it the bucket's oldest group is evicted (``external_sender_capped``)."""
+    trust_after: int = 4
+    """A sender becomes trusted (a share of its own) after this many of its groups proved
+    useful in training (a completion beat our own baseline), while ``trust_min`` holds."""
+    trust_min: float = 0.5
+    """A trusted sender keeps at least this fraction of useful used groups and of groups whose
+    claimed rewards match ours (Beta(1, 1) posterior means, reputation.py)."""
+    max_senders: int = 1024
+    """Most sender records kept (least recently seen untrusted ones forgotten first)."""
+    dedupe_window: int = 8192
+    """How many recent group contents (prompt + completions) are remembered to drop repeats."""
+    baseline_momentum: float = 0.7
+    """EMA momentum of our own per-family reward baseline (the anchor of external advantages)."""
+    adaptive_external: bool = False
+    """Pick J each round in [min_external, external] from measured signals (sapo.plan_round)
+    instead of always wanting ``external``."""
+    min_external: int = 0
+    """Lower bound of the adaptive J (only with ``adaptive_external``)."""
 
     def __post_init__(self) -> None:
         _positive(self, "questions_per_round", "completions_per_question", "pool_capacity",
-                  "max_receive")
-        _non_negative(self, "local", "external")
+                  "max_receive", "per_sender_round", "max_senders", "dedupe_window")
+        _non_negative(self, "local", "external", "max_age_rounds", "newcomer_round",
+                      "trust_after", "trust_min", "min_external", "baseline_momentum")
         if self.local + self.external != self.questions_per_round:
             raise ValueError(
                 f"SapoConfig.local + external must equal questions_per_round "
                 f"({self.local} + {self.external} != {self.questions_per_round})")
+        if not 0 < self.sender_pool_share <= 1:
+            raise ValueError(f"SapoConfig.sender_pool_share must be in (0, 1], got {self.sender_pool_share}")
+        if self.trust_min > 1:
+            raise ValueError(f"SapoConfig.trust_min must be in [0, 1], got {self.trust_min}")
+        if self.baseline_momentum >= 1:
+            raise ValueError(f"SapoConfig.baseline_momentum must be < 1, got {self.baseline_momentum}")
+        if self.min_external > self.external:
+            raise ValueError(f"SapoConfig.min_external ({self.min_external}) must be <= external "
+                             f"({self.external})")
         if self.completions_per_question < 2:
             raise ValueError("SapoConfig.completions_per_question must be >= 2 (group advantages)")
 

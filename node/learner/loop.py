@@ -2,18 +2,21 @@
 
 One round (each phase timed in the record's ``seconds``; ``stop`` is checked between them)::
 
-    receive   take RolloutBatches from the bridge, re-score them into the external pool
-    plan      J = min(wanted, pool), I = budget - J  (sapo.plan_round)
+    receive   take RolloutBatches from the bridge, re-score them, add them to the external pool
+              (dedupe, reputation, zero-advantage filter, freshness, per-sender shares)
+    plan      J = min(wanted, fresh usable), I = budget - J  (sapo.plan_round; wanted is
+              adaptive with SapoConfig.adaptive_external)
     generate  I local questions x G completions with the inference engine
-    score     local verifier
+    score     local verifier; fold the local rewards into our own per-family baseline
     publish   one RolloutBatch of this round's local groups
-    train     GRPO on I local + J external groups (grpo.GrpoTrainer)
+    train     GRPO on I local + J external groups, external ones anchored to our baseline
 
 The learner never imports libp2p; the bridge is its only way to the swarm.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import logging
@@ -25,15 +28,16 @@ from typing import Any, Callable
 import torch
 
 from node.bridge import Bridge
+from node.learner.baseline import OwnBaseline
 from node.learner.checkpoint import load_checkpoint
 from node.learner.config import LearnerConfig
 from node.learner.engine import Engine, make_engine
-from node.learner.grpo import GrpoTrainer, TrainingGroup
+from node.learner.grpo import GrpoTrainer, TrainingGroup, advantages
 from node.learner.policy import Policy, load_policy
 from node.learner.progress import PhaseCallback, PhaseReporter
 from node.learner.report import summarize
 from node.learner.rescore import RescoreResult, Rescorer, special_token_strings
-from node.learner.sapo import ExternalPool, plan_round
+from node.learner.sapo import ExternalPool, SignalTracker, Taken, plan_round
 from node.learner.saver import CheckpointSaver
 from node.learner.tasks import build_task, get_family
 from node.report import node_report
@@ -44,6 +48,24 @@ __all__ = ["Learner", "run_learner"]
 log = logging.getLogger(__name__)
 _PUBLISH_CHARS = 256 * 1024
 """Split a round's rollouts into several RolloutBatches above this many characters of text."""
+
+
+def _positive_mass(groups: list[TrainingGroup]) -> float:
+    """Mean over groups of the sum of their positive advantages (0 for a group with none)."""
+    total = 0.0
+    for g in groups:
+        adv = advantages(g)
+        total += float(adv.clamp(min=0).sum()) if adv is not None else 0.0
+    return total / len(groups)
+
+
+def _signal_share(external: list[TrainingGroup], local: list[TrainingGroup]) -> float | None:
+    """External groups' share of the advantage signal per group (sapo.RoundSignals.external_signal)."""
+    if not external:
+        return None
+    ext = _positive_mass(external)
+    loc = _positive_mass(local) if local else 0.0
+    return ext / (ext + loc) if ext + loc > 0 else 0.5
 
 
 def _derive_seed(*parts: object) -> int:
@@ -72,6 +94,9 @@ class Learner:
             max_completion_tokens=config.trainer.max_completion_tokens,
             count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
             special_tokens=special_token_strings(tok))
+        self.baseline = OwnBaseline(momentum=config.sapo.baseline_momentum,
+                                    group_size=config.sapo.completions_per_question)
+        self.signals = SignalTracker()
         self.round = 0
         self.progress = PhaseReporter()
         """Phase/progress reports for the status view (run_learner's ``on_phase``)."""
@@ -98,10 +123,11 @@ class Learner:
 
         t = time.perf_counter()
         self.progress.report("receive")
-        zero_adv_before = self.pool.zero_advantage_discarded  # add() counts the discards
+        counters_before = collections.Counter(self.pool.counters)  # add/take count their drops
         ingest = self.rescorer.rescore(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
-        self.pool.add(ingest.groups)
-        n_local, n_external = plan_round(cfg.sapo, len(self.pool))
+        self.pool.add(ingest.groups, now=self.round)
+        available = self.pool.available(self.round, baseline=self.baseline)
+        n_local, n_external = plan_round(cfg.sapo, available, self.signals.signals())
         seconds["receive"] = time.perf_counter() - t
         if stopped():
             return None
@@ -122,6 +148,11 @@ class Learner:
         local = [TrainingGroup(prompt=task.prompt, completions=tuple(c.text for c in group),
                                rewards=tuple(task.score(c.text) for c in group))
                  for task, group in zip(tasks, completions)]
+        by_family: dict[str, list[tuple[float, ...]]] = collections.defaultdict(list)
+        for task, g in zip(tasks, local):
+            by_family[task.spec.family].append(g.rewards)
+        for family, rewards in by_family.items():
+            self.baseline.update(family, rewards)
         seconds["score"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -132,14 +163,21 @@ class Learner:
             return None
 
         t = time.perf_counter()
-        external = self.pool.take(n_external, rng)
+        taken = self.pool.take(n_external, now=self.round, baseline=self.baseline)
+        external = [x.group for x in taken]
         with self.progress.phase("train", total=self._train_passes(len(local) + len(external)),
                                  model=self.policy.model):
             train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
-        return self._record(local=local, external=external, completions=completions, train=train,
+        dropped = self.pool.counters - counters_before
+        self.signals.observe(
+            local_flat=sum(len(set(g.rewards)) == 1 for g in local) / len(local) if local else None,
+            external_signal=_signal_share(external, local),
+            mean_reward=(sum(sum(g.rewards) for g in local) / sum(len(g.rewards) for g in local)
+                         if local else None))
+        return self._record(local=local, taken=taken, completions=completions, train=train,
                             published=published, ingest=ingest, seconds=seconds,
-                            zero_advantage=self.pool.zero_advantage_discarded - zero_adv_before)
+                            dropped=dropped, wanted=n_external, available=available)
 
     def _train_passes(self, groups: int) -> int:
         """Forward passes of the policy in one trainer step (old log-probs + epochs); a chunk
@@ -147,12 +185,15 @@ class Learner:
         tc = self.config.trainer
         return -(-groups // tc.minibatch_groups) * (1 + tc.epochs)
 
-    def _record(self, *, local: list[TrainingGroup], external: list[TrainingGroup],
+    def _record(self, *, local: list[TrainingGroup], taken: list[Taken],
                 completions: list[Any], train: dict[str, float], published: int,
-                ingest: RescoreResult, seconds: dict[str, float], zero_advantage: int) -> dict[str, Any]:
+                ingest: RescoreResult, seconds: dict[str, float],
+                dropped: collections.Counter[str], wanted: int, available: int) -> dict[str, Any]:
         """The per-round record (report.py lists the contract keys)."""
+        external = [x.group for x in taken]
         local_rewards = [r for g in local for r in g.rewards]
         ext_rewards = [r for g in external for r in g.rewards]
+        ages = [x.age for x in taken]
         return {
             "round": self.round,
             "mean_reward": sum(local_rewards) / max(1, len(local_rewards)),
@@ -164,7 +205,18 @@ class Learner:
             "local_used": len(local),
             "external_used": len(external),
             "external_pool": len(self.pool),
-            "external_zero_advantage": zero_advantage,
+            "external_planned": wanted,
+            "external_available": available,
+            "external_not_useful": dropped["not_useful"],
+            "external_age_mean": sum(ages) / len(ages) if ages else None,
+            "external_age_max": max(ages) if ages else None,
+            "external_zero_advantage": dropped["zero_advantage"],
+            "external_stale": dropped["stale"],
+            "external_duplicate": dropped["duplicate"],
+            "external_sender_capped": dropped["sender_capped"],
+            "external_round_capped": dropped["round_capped"],
+            "external_evicted_full": dropped["evicted_full"],
+            "external_senders": len({x.sender for x in taken}),
             "rejected": sum(ingest.rejected.values()),
             "rejected_by_reason": dict(ingest.rejected),
             "tokens_generated": sum(c.token_count for group in completions for c in group),

@@ -11,6 +11,9 @@ from tests.learner.conftest import make_data_dir
 
 REQUIRED = {"round", "mean_reward", "rollouts_published", "rollouts_received", "external_used",
             "rejected", "tokens_generated", "skipped_zero_variance", "seconds"}
+POOL_KEYS = {"external_age_mean", "external_age_max", "external_stale", "external_duplicate",
+             "external_sender_capped", "external_round_capped", "external_planned",
+             "external_available", "external_not_useful"}
 
 
 def _config(d, **kw):
@@ -23,14 +26,20 @@ def test_two_learners_train_on_each_others_rollouts(tmp_path, embedded_base):
     bridges = [hub.bridge(i) for i in ids]
     dirs = [make_data_dir(tmp_path, embedded_base, f"n{i}") for i in range(2)]
     reports: list[list[dict]] = [[], []]
+    # B picks its J adaptively (in [1, 4]); A keeps the fixed split
+    sapo = [SapoConfig(), SapoConfig(adaptive_external=True, min_external=1)]
     for _ in range(2):  # round-robin; each call also resumes from the previous call's checkpoint
         for k in range(2):
-            rep = run_learner(_config(dirs[k]), bridges[k], rounds=1)
+            rep = run_learner(_config(dirs[k], sapo=sapo[k]), bridges[k], rounds=1)
             reports[k].append(rep)
     for k in range(2):
         rounds = [r for rep in reports[k] for r in rep["rounds"]]
         assert [r["round"] for r in rounds] == [0, 1]          # resume continues the counter
-        assert all(REQUIRED <= set(r) for r in rounds)
+        assert all(REQUIRED | POOL_KEYS <= set(r) for r in rounds)
+        used = [r for r in rounds if r["external_used"]]
+        assert all(0 <= r["external_age_mean"] <= r["external_age_max"] <= 2 for r in used)
+        assert all(r["external_used"] <= r["external_planned"] <= min(4, r["external_available"])
+                   for r in rounds)
         assert all(r["rollouts_published"] == r["local_used"] for r in rounds)
         assert sum(r["external_used"] for r in rounds) > 0
         assert sum(r["rollouts_received"] for r in rounds) > 0
