@@ -39,6 +39,10 @@ class OuterConfig:
     """Reducer: a shard whose norm exceeds this multiple of the median shard norm (of the
     reducer's own, in a group of two) is excluded. Member: a returned mean shard whose norm
     exceeds this multiple of its own input's norm for that shard fails the step."""
+    minority_patience: int = 3
+    """A group without a strict majority of the current version's contributors does not
+    advance (no forks); after this many such attempts in a row it advances anyway (the
+    majority is gone: liveness over fork safety)."""
     anchor: str = ""
     """Operator-pinned state hash a joiner may adopt from anyone who serves it ("" = none)."""
     state_requests_per_minute: int = 6
@@ -92,5 +96,7 @@ class OuterConfig:
         if self.anchor and not (len(self.anchor) == 64
                                 and all(c in "0123456789abcdef" for c in self.anchor)):
             raise ValueError("anchor must be empty or a 64-character hex sha256")
+        if self.minority_patience < 0:
+            raise ValueError("minority_patience must be >= 0")
         if self.state_requests_per_minute < 1:
             raise ValueError("state_requests_per_minute must be >= 1")

@@ -25,9 +25,14 @@ peers we saw contribute, through our own reducer, in the step that produced it):
    the winners' state (fetched, hash-checked); a member that applied but lost the vote rolls
    back. Fresh keys that contributed nothing to our shard have no vote.
 2. **It extends ours.** A version commit for v+1 with ``parent`` = our hash is accepted
-   when a strict majority of our witnesses (ourselves excluded) signed that same
-   (hash, members); the new witnesses are those members (vouched for by that quorum).
+   when a strict majority of our witnesses (ourselves excluded) signed that hash; the new
+   witnesses are the members every one of those signers lists (vouched for by all of them).
    Chains are walked one version at a time; only the end state is fetched.
+   **Forks.** Two groups at the same version that met in different windows both advance:
+   siblings with one parent. A sibling signed by a strict majority of the *parent's*
+   witnesses wins (at most one can: each key signs one commit per version); the loser
+   rebases onto it relative to the parent, so its own branch's update and later work stay in
+   its local delta and join the next average.
 3. **Joiners.** A node with no lineage beyond its genesis (version 0: the base model or a
    restart; it has no witnesses) accepts a head only if its hash is the operator-pinned
    ``anchor``, or it is signed by peers the node's ``trust`` predicate accepts (e.g. peers
@@ -58,8 +63,8 @@ from typing import Callable
 
 from protocol import Identity, OuterStepCommit, ProtocolError, open_envelope, seal
 
-__all__ = ["CommitBook", "Lineage", "Candidate", "decide_votes", "extension", "trusted_head",
-           "head_rejections"]
+__all__ = ["CommitBook", "Lineage", "Candidate", "decide_votes", "extension", "sibling",
+           "trusted_head", "head_rejections"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +78,10 @@ class Lineage:
     hash: str
     version: int
     witnesses: frozenset[str] = frozenset()
+    parent: str = ""
+    """Hash this version was made from ("" for genesis or when unknown)."""
+    parent_witnesses: frozenset[str] = frozenset()
+    """Witnesses of the parent: they settle forks between siblings."""
 
     @property
     def is_genesis(self) -> bool:
@@ -94,21 +103,38 @@ def _quorum(signers: set[str], witnesses: frozenset[str], me: str) -> bool:
     return bool(base) and 2 * len(signers & base) > len(base)
 
 
+def _supported(commits: dict[str, OuterStepCommit], *, version: int, parent: str,
+               witnesses: frozenset[str], me: str, exclude: str) -> Candidate | None:
+    groups: dict[str, set[str]] = {}
+    for peer, c in commits.items():
+        if c.kind == "version" and c.step == version and c.parent == parent \
+                and c.state_hash not in (parent, exclude):
+            groups.setdefault(c.state_hash, set()).add(peer)
+    for h, signers in sorted(groups.items()):
+        if _quorum(signers, witnesses, me):
+            vouched = [set(commits[p].members) for p in sorted(signers & witnesses)]
+            members = set.intersection(*vouched) if vouched else set()
+            return Candidate(hash=h, version=version, members=tuple(sorted(members)),
+                             holders=tuple(sorted(signers)))
+    return None
+
+
 def extension(commits: dict[str, OuterStepCommit], lineage: Lineage,
               me: str) -> Candidate | None:
     """The version commit for ``lineage.version + 1`` that a quorum of our witnesses signed
     (rule 2), else None. At most one can have a strict majority."""
-    groups: dict[tuple[str, tuple[str, ...]], set[str]] = {}
-    for peer, c in commits.items():
-        if c.kind == "version" and c.step == lineage.version + 1 and c.parent == lineage.hash \
-                and c.state_hash != lineage.hash:
-            groups.setdefault((c.state_hash, tuple(c.members)), set()).add(peer)
-    for (h, members), signers in sorted(groups.items()):
-        if _quorum(signers, lineage.witnesses, me):
-            holders = sorted(p for p, c in commits.items() if c.state_hash == h)
-            return Candidate(hash=h, version=lineage.version + 1, members=members,
-                             holders=tuple(holders))
-    return None
+    return _supported(commits, version=lineage.version + 1, parent=lineage.hash,
+                      witnesses=lineage.witnesses, me=me, exclude=lineage.hash)
+
+
+def sibling(commits: dict[str, OuterStepCommit], lineage: Lineage,
+            me: str) -> Candidate | None:
+    """A fork of our version (same parent, other hash) that a strict majority of the
+    parent's witnesses signed, else None (rule 2, forks)."""
+    if not lineage.parent:
+        return None
+    return _supported(commits, version=lineage.version, parent=lineage.parent,
+                      witnesses=lineage.parent_witnesses, me=me, exclude=lineage.hash)
 
 
 def decide_votes(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
@@ -136,15 +162,16 @@ def trusted_head(heads: dict[str, OuterStepCommit], *, anchor: str,
             return Candidate(hash=anchor, version=c.step, members=tuple(c.members),
                              holders=tuple(sorted(p for p, x in versions.items()
                                                   if x.state_hash == anchor)))
-    groups: dict[tuple[str, int, tuple[str, ...]], list[str]] = {}
+    groups: dict[tuple[str, int], list[str]] = {}
     for peer, c in versions.items():
         if _safe_trust(trust, peer):
-            groups.setdefault((c.state_hash, c.step, tuple(c.members)), []).append(peer)
+            groups.setdefault((c.state_hash, c.step), []).append(peer)
     if not groups:
         return None
-    (h, step, members), signers = max(groups.items(),
-                                      key=lambda kv: (len(kv[1]), kv[0][1], kv[0][0]))
-    return Candidate(hash=h, version=step, members=members, holders=tuple(sorted(signers)))
+    (h, step), signers = max(groups.items(), key=lambda kv: (len(kv[1]), kv[0][1], kv[0][0]))
+    members = set.intersection(*(set(versions[p].members) for p in signers))
+    return Candidate(hash=h, version=step, members=tuple(sorted(members)),
+                     holders=tuple(sorted(signers)))
 
 
 def _safe_trust(trust: Callable[[str], bool], peer: str) -> bool:

@@ -43,7 +43,7 @@ from collectives.allreduce import AllReduce
 from collectives.codec import get_codec
 from collectives.config import OuterConfig
 from collectives.consistency import (Candidate, CommitBook, Lineage, decide_votes, extension,
-                                     head_rejections, trusted_head)
+                                     head_rejections, sibling, trusted_head)
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.state import OuterState, flatten, unflatten_into
 from collectives.transport import Transport, sanitize_maddrs
@@ -83,12 +83,15 @@ class OuterLoop:
         theta = flatten(self._params)
         self._state = OuterState(theta=theta, momentum=torch.zeros_like(theta))
         self._lineage = Lineage(hash=self._state.hash(), version=0)
+        self._parent_theta: torch.Tensor | None = None
+        """θ of ``_lineage.parent`` when we held it (a fork's loser rebases relative to it)."""
         self._lock = threading.Lock()
         self._discover = discover
         self._trust = trust
         self._rounds_pending = 0
         """Rounds since our delta was last counted in an applied average."""
         self._discarded_rounds = 0
+        self._minority_streak = 0
         self._cache: tuple[str, bytes] | None = None
         self._cache_lock = threading.Lock()
         gid = hashlib.sha256(group.encode()).hexdigest()[:24]
@@ -169,7 +172,7 @@ class OuterLoop:
         found = self._safe_discover()
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
-        self._catch_up(rec, rejected, deadline=t0 + cfg.deadline_s / 4)
+        self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
             snapshot = flatten(self._params)
@@ -222,11 +225,15 @@ class OuterLoop:
         except (StepFailed, TimeoutError) as e:
             rec["error"] = repr(e)[:500]
         else:
-            with self._lock:
-                pre = self._state.clone()
-                self._state.apply(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
-                self._rebase(onto=self._state.theta, base=snapshot)
-            rec["status"] = "ok"
+            if not self._may_advance(set(self._ar.session.witnessed)):  # type: ignore[union-attr]
+                rec["status"] = "minority"
+                rec["error"] = "too few of the current version's contributors took part"
+            else:
+                with self._lock:
+                    pre = self._state.clone()
+                    self._state.apply(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+                    self._rebase(onto=self._state.theta, base=snapshot)
+                rec["status"] = "ok"
         finally:  # record what the exchange did, also when it failed
             s = self._ar.session
             if s is not None:
@@ -242,6 +249,26 @@ class OuterLoop:
         expect = (set(members) - s.suspects) & voters
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
+
+    def _may_advance(self, contributors: set[str]) -> bool:
+        """Whether a group with these contributors may make the next version: it must hold a
+        strict majority of the current version's witnesses, so that two groups that met in
+        different windows cannot both advance (a fork); the minority keeps its delta and
+        later adopts the majority's version by rule 2. After ``minority_patience``
+        consecutive refusals (the majority stayed away) the group advances anyway."""
+        with self._lock:
+            witnesses = self._lineage.witnesses
+        present = contributors | {self.peer_id}
+        if not witnesses or 2 * len(present & witnesses) > len(witnesses):
+            self._minority_streak = 0
+            return True
+        self._minority_streak += 1
+        if self._minority_streak > self.config.minority_patience:
+            logger.warning("advancing without a majority of the last version's witnesses "
+                           "after %d attempts", self._minority_streak - 1)
+            self._minority_streak = 0
+            return True
+        return False
 
     def _reconcile(self, rec: dict[str, Any], v: int, parent: str, pre: OuterState | None,
                    snapshot: torch.Tensor, voters: set[str], expect: set[str],
@@ -271,7 +298,11 @@ class OuterLoop:
             self._roll_back(rec, pre, snapshot, "most contributors did not apply this step")
             return
         witnesses = voters | {self.peer_id}
-        lineage = Lineage(hash=decided, version=v + 1, witnesses=frozenset(witnesses))
+        with self._lock:
+            held = self._lineage
+            parent_theta = pre.theta if pre is not None else self._state.theta
+        lineage = Lineage(hash=decided, version=v + 1, witnesses=frozenset(witnesses),
+                          parent=parent, parent_witnesses=held.witnesses)
         if decided != mine:  # we failed or diverged; the contributors' state wins
             holders = tuple(sorted(p for p, c in votes.items() if c.state_hash == decided))
             try:  # we took part: our delta is in their average, as if we had applied it
@@ -286,7 +317,7 @@ class OuterLoop:
         if decided != parent:
             self._rounds_pending = 0  # our delta is in the average now
             with self._lock:
-                self._lineage = lineage
+                self._lineage, self._parent_theta = lineage, parent_theta
             self._publish(v + 1, parent, tuple(sorted(witnesses)))
 
     def _roll_back(self, rec: dict[str, Any], pre: OuterState, snapshot: torch.Tensor,
@@ -314,15 +345,16 @@ class OuterLoop:
     # --- adopting states ------------------------------------------------------------------
     def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
                   deadline: float) -> None:
-        """Adopt what extends our lineage (or, for a joiner, a trusted/anchored head)."""
+        """Adopt what extends our lineage, or the winning sibling of a fork, or (joiners) a
+        trusted/anchored head; count and refuse every other newer claim."""
         heads = self._book.verify(self._transport.dht_get(
             self._book.head_key, timeout=max(0.1, deadline - time.monotonic())), step=None,
             kind="version")
         heads.pop(self.peer_id, None)
         with self._lock:
-            lineage = self._lineage
-        start = lineage
+            start = lineage = self._lineage
         target: Candidate | None = None
+        base: torch.Tensor | None = None  # rebase relative to this θ (None: the θ we hold)
         if lineage.is_genesis:
             target = trusted_head(heads, anchor=self.config.anchor, trust=self._trust,
                                   mine=lineage.hash)
@@ -331,10 +363,25 @@ class OuterLoop:
                 target = None
             if target is not None:
                 lineage = Lineage(hash=target.hash, version=target.version,
-                                  witnesses=frozenset(target.members))
-        ahead = any(c.step > lineage.version for c in heads.values())
+                                  witnesses=frozenset(target.members),
+                                  parent=heads[target.holders[0]].parent)
+        elif any(c.step == lineage.version and c.parent == lineage.parent
+                 and c.state_hash != lineage.hash for c in heads.values()):
+            commits = self._book.verify(self._transport.dht_get(
+                self._book.key(lineage.version), timeout=max(0.1, deadline - time.monotonic())),
+                step=lineage.version, kind="version")
+            target = sibling(commits, lineage, self.peer_id)
+            if target is not None:
+                logger.info("fork at version %d: switching to %s… (signed by a majority of "
+                            "the parent's witnesses)", lineage.version, target.hash[:12])
+                with self._lock:
+                    base = self._parent_theta
+                lineage = Lineage(hash=target.hash, version=target.version,
+                                  witnesses=frozenset(target.members), parent=lineage.parent,
+                                  parent_witnesses=lineage.parent_witnesses)
         hops = 0
-        while ahead and hops < MAX_HOPS and time.monotonic() < deadline:
+        while any(c.step > lineage.version for c in heads.values()) and hops < MAX_HOPS \
+                and time.monotonic() < deadline:
             commits = self._book.verify(self._transport.dht_get(
                 self._book.key(lineage.version + 1),
                 timeout=max(0.1, deadline - time.monotonic())), step=lineage.version + 1,
@@ -350,9 +397,10 @@ class OuterLoop:
             target = Candidate(hash=nxt.hash, version=nxt.version, members=nxt.members,
                                holders=tuple(dict.fromkeys(nxt.holders + heads_holding)))
             lineage = Lineage(hash=nxt.hash, version=nxt.version,
-                              witnesses=frozenset(nxt.members))
+                              witnesses=frozenset(nxt.members), parent=lineage.hash,
+                              parent_witnesses=lineage.witnesses)
             hops += 1
-        for (p, c) in heads.items():
+        for p, c in heads.items():
             if c.step > lineage.version and c.state_hash != lineage.hash:
                 why = head_rejections({p: c}, lineage if target else start,
                                       joiner=start.is_genesis and target is None)
@@ -362,7 +410,7 @@ class OuterLoop:
             logger.warning("refused %d commit(s) claiming newer versions: %s", len(rejected),
                            dict(Counter(rejected.values())))
         if target is not None:
-            self._fetch_adopt(rec, target, end=deadline, lineage=lineage)
+            self._fetch_adopt(rec, target, end=deadline, lineage=lineage, base=base)
 
     def _fetch_adopt(self, rec: dict[str, Any], target: Candidate, *, end: float,
                      lineage: Lineage | None = None, base: torch.Tensor | None = None) -> None:
@@ -373,22 +421,29 @@ class OuterLoop:
             raise SyncError(f"state {target.hash[:12]}… is at version {state.version}, "
                             f"its commits say {target.version}")
         with self._lock:
-            old = self._state.theta
+            old, held = self._state.theta, self._lineage
             self._state = state
             self._rebase(onto=state.theta, base=old if base is None else base)
             self._lineage = lineage or Lineage(hash=target.hash, version=target.version,
                                                witnesses=frozenset(target.members))
+            self._minority_streak = 0
+            if self._lineage.parent == held.hash:
+                self._parent_theta = old
+            elif self._lineage.parent != held.parent:
+                self._parent_theta = None  # a sibling keeps our parent; else it is unknown
         rec["status"] = "resynced"
         rec["resync_bytes"] += size
         logger.info("adopted outer state %s… (version %d)", target.hash[:12], target.version)
 
     def _fetch(self, want: str, holders: list[str], *, end: float) -> tuple[OuterState, int]:
         numel = self._state.theta.numel()
-        for peer in holders:
+        holders = [p for p in holders if p != self.peer_id]
+        for k, peer in enumerate(holders):
             left = end - time.monotonic()
-            if peer == self.peer_id or left <= 0:
-                continue
-            budget = min(left, max(2.0, left / 2))  # a dead holder must not eat it all
+            if left <= 0:
+                break
+            budget = min(left, max(1.0, left / (len(holders) - k)))  # a dead one must not
+            # eat it all
             try:
                 data = self._transport.run(
                     self._ar.fetch_state(peer, want, budget,

@@ -33,18 +33,40 @@ def emit(event: str, **data: Any) -> None:
     sys.stdout.flush()
 
 
+TRUST_AFTER_ROUNDS = 2
+"""A peer whose validated rollout batches for our model arrived in this many of our rounds
+may anchor a joiner's outer state (collectives.OuterLoop ``trust``)."""
+MAX_TRACKED_SENDERS = 4096
+
+
 class AnnouncingBridge:
-    """Wraps the bridge: remembers the model fingerprint announced by the learner and adds the
-    collective's addresses to every announcement."""
+    """Wraps the bridge: remembers the model fingerprint announced by the learner, adds the
+    collective's addresses to every announcement, and remembers in how many rounds each
+    sender delivered validated rollout batches for our model (the outer loop's ``trust``)."""
 
     def __init__(self, bridge: Any, peer_id: str) -> None:
         self._bridge = bridge
         self.peer_id = peer_id  # seeds this node's task sampling: must differ per node
         self.model: str | None = None
         self.collective_addrs: tuple[str, ...] = ()
+        self._rounds_with_rollouts: dict[str, int] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bridge, name)
+
+    def receive(self, type_: str, *, max_items: int = 256) -> list[Any]:
+        got = self._bridge.receive(type_, max_items=max_items)
+        senders = {r.sender for r in got
+                   if getattr(r.message, "model", None) == self.model and self.model}
+        for sender in senders:  # one count per receive call (once per round)
+            if sender in self._rounds_with_rollouts \
+                    or len(self._rounds_with_rollouts) < MAX_TRACKED_SENDERS:
+                self._rounds_with_rollouts[sender] = self._rounds_with_rollouts.get(sender, 0) + 1
+        return got
+
+    def trusted(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` sent us validated rollouts in >= TRUST_AFTER_ROUNDS rounds."""
+        return self._rounds_with_rollouts.get(peer_id, 0) >= TRUST_AFTER_ROUNDS
 
     def announce(self, *, model: str, collective_addrs: tuple[str, ...] = (),
                  capabilities: tuple[str, ...] = ()) -> None:
@@ -78,7 +100,8 @@ class OuterHook:
 
             self.loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
                                   group=self.bridge.model or "unknown", params=model,
-                                  data_dir=self.data_dir, discover=self._discover)
+                                  data_dir=self.data_dir, discover=self._discover,
+                                  trust=self.bridge.trusted)
             self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
             self.bridge.announce(model=self.bridge.model or "unknown")
         record = self.loop.maybe_outer_step(round_)

@@ -12,7 +12,7 @@ from collectives import OuterConfig, get_codec
 from collectives.codec import CODECS, CodecError
 from collectives.allreduce import RateLimit
 from collectives.consistency import (Candidate, CommitBook, Lineage, decide_votes, extension,
-                                     head_rejections, trusted_head)
+                                     head_rejections, sibling, trusted_head)
 from collectives.reduce import Contribution, reduce_shard, shard_bounds
 from collectives.state import OuterState, flatten, unflatten_into
 from protocol import Identity, OuterStepCommit
@@ -164,6 +164,22 @@ def test_lineage_extension_needs_a_quorum_of_our_witnesses() -> None:
     pair = Lineage(hash="h1", version=1, witnesses=frozenset({"me", "a"}))
     assert extension({"a": nxt}, pair, "me") is not None
     assert extension({"a": _c(1, "h2", parent="g0")}, Lineage("g0", 0), "me") is None
+
+
+def test_a_fork_is_settled_by_the_parents_witnesses() -> None:
+    # we (me, d) made "ours" from "p" while a, b, c made "theirs" from "p" in another window
+    mine = Lineage(hash="ours", version=5, witnesses=frozenset({"me", "d"}), parent="p",
+                   parent_witnesses=frozenset({"me", "a", "b", "c", "d"}))
+    theirs = _c(5, "theirs", parent="p", members=("a", "b", "c"))
+    got = sibling({"a": theirs, "b": theirs, "c": theirs, "d": _c(5, "ours", parent="p")},
+                  mine, "me")
+    assert got is not None and got.hash == "theirs" and got.members == ("a", "b", "c")
+    # the other side never switches to the minority fork
+    them = Lineage(hash="theirs", version=5, witnesses=frozenset({"a", "b", "c"}), parent="p",
+                   parent_witnesses=mine.parent_witnesses)
+    assert sibling({"me": _c(5, "ours", parent="p"), "d": _c(5, "ours", parent="p")}, them,
+                   "a") is None
+    assert sibling({f"s{i}": theirs for i in range(9)}, mine, "me") is None  # fresh keys
 
 
 def test_votes_count_only_peers_we_saw_contribute() -> None:
