@@ -57,6 +57,9 @@ __all__ = ["Session", "AllReduce", "members_digest", "STATE_CHUNK"]
 logger = logging.getLogger(__name__)
 STATE_CHUNK = 4 << 20
 """Bytes per frame of a state transfer."""
+JOIN_TRIES = 3
+"""A JOIN whose reply was lost (IncompleteReadError) is asked again: the leader answers an
+admitted member's repeated JOIN with the same list."""
 LINGER_S = 5.0
 """How long a handler waits for the caller to close first (a handler that closes right
 after writing can make p2pd reset the stream and lose the reply)."""
@@ -180,10 +183,12 @@ class AllReduce:
     async def _on_join(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
         s = self._current(req.get("step"))
-        if s is None or req.get("hash") != s.state_hash or s.members_fut.done():
+        if s is None or req.get("hash") != s.state_hash:
             await send_header(writer, {"ok": False, "reason": "closed"})
             return
-        s.joins.add(peer)
+        if not s.members_fut.done():
+            s.joins.add(peer)
+        # idempotent: an admitted member whose reply was lost asks again and gets it again
         try:
             members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
         except Exception:  # noqa: BLE001 - not the leader, or the deadline passed
@@ -296,17 +301,17 @@ class AllReduce:
             s.members_fut.set_result(members)
             return members
         s.members_fut.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
-        try:
-            _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
-                PeerID.from_base58(leader), self.names["join"]), s.remaining())
+        for attempt in range(JOIN_TRIES):
             try:
-                await send_header(writer, {"step": s.step, "hash": s.state_hash})
-                reply = await asyncio.wait_for(recv_header(reader), s.remaining())
-            finally:
-                writer.close()
-        except Exception as e:  # noqa: BLE001
-            s.members_fut.set_exception(StepFailed(f"join via {leader} failed: {e!r}"))
-            raise StepFailed(f"could not join leader {leader}: {e!r}") from e
+                reply = await self._join_once(s, leader)
+                break
+            except Exception as e:  # noqa: BLE001
+                transient = isinstance(e, (asyncio.IncompleteReadError, ConnectionError))
+                if transient and attempt + 1 < JOIN_TRIES and s.remaining() > 0.5:
+                    logger.info("JOIN via %s lost its reply (%r); asking again", leader, e)
+                    continue
+                s.members_fut.set_exception(StepFailed(f"join via {leader} failed: {e!r}"))
+                raise StepFailed(f"could not join leader {leader}: {e!r}") from e
         members, nonce = reply.get("members"), reply.get("nonce")
         if not reply.get("ok") or not isinstance(members, list) or self.peer_id not in members \
                 or not all(isinstance(m, str) for m in members) or members != sorted(set(members)) \
@@ -317,6 +322,15 @@ class AllReduce:
         s.nonce = nonce
         s.members_fut.set_result(members)
         return members
+
+    async def _join_once(self, s: Session, leader: str) -> dict:
+        _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
+            PeerID.from_base58(leader), self.names["join"]), s.remaining())
+        try:  # we close first, after the reply: see LINGER_S
+            await send_header(writer, {"step": s.step, "hash": s.state_hash})
+            return await asyncio.wait_for(recv_header(reader), s.remaining())
+        finally:
+            writer.close()
 
     async def exchange(self, delta: torch.Tensor, members: list[str], *,
                        reduce_deadline: float) -> torch.Tensor:

@@ -40,6 +40,10 @@ class Fault(enum.Enum):
     """After answering `after` members with its reduced shard (a partial all-gather)."""
 
 
+CURRENT = {"i": -1}
+"""The worker's step index (the fault's clock: the outer version lags it after failures)."""
+
+
 def crash() -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -54,7 +58,7 @@ def install_fault(fault: Fault, step: int, after: int) -> None:
 
     async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
         s = self.session
-        armed = s is not None and s.step == step
+        armed = s is not None and CURRENT["i"] == step
         if armed and after == 0:
             crash()
         result = await original(self, *a, **kw)
@@ -195,6 +199,7 @@ def main() -> None:
                 barrier(root, i, args.name, 1 if solo else args.peers, args.barrier_timeout)
                 if i in skip:
                     continue
+            CURRENT["i"] = i
             if r % 2 == 1 and not args.no_save:
                 before = loop._state.theta.clone().numpy()
                 local = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
