@@ -8,9 +8,9 @@ its failure semantics (a failed reducer leaves each peer with its own values) st
 A compact protocol on ``hivemind.p2p`` binary streams is shorter and parity holds by
 construction:
 
-1. **Group.** Each peer stores ``join/<step>`` in the DHT (subkey = peer id, value = its state
-   hash, signed), waits ``join_window_s`` and reads the records. Among records with the majority hash,
-   the smallest peer id leads. Others send JOIN(step, hash) to the leader; at
+1. **Group.** Each peer stores ``join/<version>`` in the DHT (subkey = peer id, value = its
+   state hash, signed), waits ``join_window_s`` and reads the records. Among the peers that
+   claim its own hash, the smallest peer id leads. Others send JOIN(version, hash) to it; at
    ``1.5 x join_window_s`` the leader freezes the member list (sorted peer ids) and answers
    every JOIN with it and a fresh nonce; the members' digest covers both, so a stream of an
    earlier attempt at the same version is refused. Peers only group with peers that claim

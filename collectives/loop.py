@@ -3,7 +3,8 @@
 One attempt (every ``every_rounds`` rounds), all under ``deadline_s`` from its start ``t0``:
 
     catch-up   walk the version commits that extend our lineage (a quorum of our witnesses
-               signed each, consistency.py); a joiner may adopt a trusted or anchored head;
+               signed each, consistency.py), after switching to the winning sibling if our
+               version lost a fork; a joiner may adopt a trusted or anchored head;
                fetch the end state, verify its hash, adopt it by rebasing (below); everything
                else that claims a newer version is refused and counted, never fetched
     join       store <gid>/join/<version> = our state hash (signed); after join_window_s
@@ -12,6 +13,8 @@ One attempt (every ``every_rounds`` rounds), all under ``deadline_s`` from its s
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline;
                every returned shard is checked before it is used
     apply      outer Nesterov SGD on θ_global; the version advances (>= 2 peers averaged)
+               if the contributors hold a strict majority of our version's witnesses (else
+               status "minority": no fork; that delta waits for the majority's version)
     vote       signed vote in <gid>/vote/<version> (our new hash, or the old one if we
                failed); the hash with most votes among the peers our reducer saw contribute
                wins: a failed member adopts it, an applied member that lost rolls back
@@ -67,12 +70,17 @@ class OuterLoop:
     peer signed; wire it to peers this node has exchanged valid rollouts with for a while.
     The default trusts nobody: a joiner then trains on its own state and averages only with
     peers at its own hash (see consistency.py).
+
+    ``genesis``: θ of version 0, flat fp32 — the base model every peer of the group starts
+    from (default: the params now; pass the base weights when the loop is created after the
+    first inner rounds, or every node's genesis differs and none can group with another).
     """
 
     def __init__(self, config: OuterConfig, *, identity: Identity, group: str,
                  params: list[torch.nn.Parameter] | torch.nn.Module, data_dir: str,
                  discover: Callable[[], list[str]],
-                 trust: Callable[[str], bool] = _trust_nobody) -> None:
+                 trust: Callable[[str], bool] = _trust_nobody,
+                 genesis: torch.Tensor | None = None) -> None:
         if not group:
             raise ValueError("group must be a non-empty string")
         self.config = config
@@ -81,6 +89,10 @@ class OuterLoop:
         self._params = list(params.parameters()) if isinstance(params, torch.nn.Module) \
             else list(params)
         theta = flatten(self._params)
+        if genesis is not None:
+            if genesis.dim() != 1 or genesis.numel() != theta.numel():
+                raise ValueError(f"genesis has {genesis.numel()} values, params {theta.numel()}")
+            theta = genesis.detach().to("cpu", torch.float32).clone()
         self._state = OuterState(theta=theta, momentum=torch.zeros_like(theta))
         self._lineage = Lineage(hash=self._state.hash(), version=0)
         self._parent_theta: torch.Tensor | None = None

@@ -81,13 +81,33 @@ class OuterHook:
     """``outer(model, round)`` for run_learner: starts the collective lazily (the group is the
     model fingerprint, known once the learner announced it) and runs its outer steps."""
 
-    def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str) -> None:
+    def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str,
+                 learner_config: Any = None) -> None:
         from collectives import OuterConfig
 
         self.config = OuterConfig(**outer_cfg)
         self.bridge = bridge
         self.data_dir = data_dir
+        self.learner_config = learner_config
         self.loop: Any = None
+
+    def _genesis(self, model: Any) -> Any:
+        """θ of the base model (flat): the outer state's version 0, the same on every node of
+        the group. The loop starts after the first round, so the live params have moved."""
+        if self.learner_config is None:
+            return None
+        try:
+            from collectives.state import flatten
+            from node.learner.policy import load_policy
+
+            base = load_policy(self.learner_config.policy, self.learner_config.data_dir)
+            flat = flatten(list(base.model.parameters()))
+            if flat.numel() != sum(p.numel() for p in model.parameters()):
+                raise ValueError("the base model's parameters differ from the trained model's")
+            return flat
+        except Exception as e:  # noqa: BLE001 - without it the node still trains (alone)
+            log.warning("could not load the base weights for the outer state: %s", e)
+            return None
 
     def _discover(self) -> list[str]:
         return [a for p in self.bridge.peers() if p.model == self.bridge.model
@@ -101,7 +121,7 @@ class OuterHook:
             self.loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
                                   group=self.bridge.model or "unknown", params=model,
                                   data_dir=self.data_dir, discover=self._discover,
-                                  trust=self.bridge.trusted)
+                                  trust=self.bridge.trusted, genesis=self._genesis(model))
             self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
             self.bridge.announce(model=self.bridge.model or "unknown")
         record = self.loop.maybe_outer_step(round_)
@@ -142,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
-    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"])
+    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"], config)
     from node.learner.errors import LearnerError
 
     try:

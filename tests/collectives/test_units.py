@@ -265,3 +265,12 @@ def test_state_hash_cache_follows_every_change() -> None:
         change()
         assert st.hash() == fresh() and st.hash() not in seen
         seen.add(st.hash())
+
+
+def test_genesis_must_match_the_params(tmp_path) -> None:
+    from collectives import OuterLoop
+
+    with pytest.raises(ValueError, match="genesis"):
+        OuterLoop(OuterConfig(), identity=Identity.generate(), group="g",
+                  params=torch.nn.Linear(2, 2), data_dir=str(tmp_path), discover=lambda: [],
+                  genesis=torch.zeros(5))
