@@ -1,4 +1,5 @@
-"""JOIN after the freeze (issue 17.6): an admitted member whose reply was lost asks again."""
+"""Outer-step stream endpoints in-process: JOIN after the freeze (issue 17.6: an admitted
+member whose reply was lost asks again) and the state endpoint (rate limit, chunks, bound)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import asyncio
 
 from collectives import OuterConfig, get_codec
 from collectives._hivemind import P2P
-from collectives.allreduce import AllReduce
+from collectives.allreduce import STATE_CHUNK, AllReduce
+from collectives.errors import StepFailed
 
 
 async def _pair() -> tuple[P2P, P2P]:
@@ -55,6 +57,44 @@ def test_join_reply_lost_once_is_asked_again_and_answered_the_same() -> None:
             again = await real(member.session, leader.peer_id)
             assert again["ok"] and again["members"] == sorted(ids)
             assert again["nonce"] == leader.session.nonce
+        finally:
+            await b.shutdown()
+            await a.shutdown()
+
+    asyncio.run(main())
+
+
+def test_state_endpoint_chunks_bounds_and_rate_limits_per_peer() -> None:
+    data = bytes(range(256)) * (STATE_CHUNK // 256 * 2 + 7)  # three chunks
+    calls = []
+
+    def provider(want: str) -> bytes | None:
+        calls.append(want)
+        return data if want == "h" else None
+
+    async def main() -> None:
+        a, b = await _pair()
+        try:
+            cfg = OuterConfig(state_requests_per_minute=2)
+            server = AllReduce(a, cfg, get_codec("none"), peer_id=a.peer_id.to_base58(),
+                               gid="g", state_provider=provider)
+            client = AllReduce(b, cfg, get_codec("none"), peer_id=b.peer_id.to_base58(),
+                               gid="g", state_provider=lambda h: None)
+            await server.start()
+            await client.start()
+            srv = server.peer_id
+            assert await client.fetch_state(srv, "h", 20, max_bytes=len(data)) == data
+            try:  # bounded by what it must be: one byte less than announced is refused
+                await client.fetch_state(srv, "h", 20, max_bytes=len(data) - 1)
+                raise AssertionError("an oversized state was accepted")
+            except StepFailed as e:
+                assert "bytes" in str(e)
+            try:  # third request within a minute from the same peer: refused, counted
+                await client.fetch_state(srv, "h", 20, max_bytes=len(data))
+                raise AssertionError("the rate limit did not hold")
+            except StepFailed as e:
+                assert "rate" in str(e)
+            assert server.state_refused == 1 and calls == ["h", "h"]
         finally:
             await b.shutdown()
             await a.shutdown()
