@@ -274,3 +274,22 @@ def test_genesis_must_match_the_params(tmp_path) -> None:
         OuterLoop(OuterConfig(), identity=Identity.generate(), group="g",
                   params=torch.nn.Linear(2, 2), data_dir=str(tmp_path), discover=lambda: [],
                   genesis=torch.zeros(5))
+
+
+def test_a_group_without_most_of_the_last_contributors_does_not_advance() -> None:
+    import threading
+
+    from collectives import OuterLoop
+
+    loop = object.__new__(OuterLoop)  # only the rule: no transport needed
+    loop.config, loop.peer_id, loop._lock = OuterConfig(minority_patience=2), "me", \
+        threading.Lock()
+    loop._minority_streak = 0
+    loop._lineage = Lineage(hash="h", version=4, witnesses=frozenset({"me", "a", "b", "c"}))
+    assert loop._may_advance({"a", "b"})  # 3 of 4 witnesses (us included)
+    assert not loop._may_advance({"a", "x", "y"})  # 2 of 4: the other half may be stepping
+    assert not loop._may_advance({"a"})
+    assert loop._may_advance({"a"})  # patience (2) exhausted: the majority is gone
+    assert not loop._may_advance({"z"})  # the streak starts again
+    loop._lineage = Lineage(hash="g", version=0)  # genesis: no witnesses, no rule
+    assert loop._may_advance({"z"})
