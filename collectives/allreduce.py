@@ -8,19 +8,27 @@ its failure semantics (a failed reducer leaves each peer with its own values) st
 A compact protocol on ``hivemind.p2p`` binary streams is shorter and parity holds by
 construction:
 
-1. **Group.** Each peer stores ``join/<step>`` in the DHT (subkey = peer id, value = its state
-   hash, signed), waits ``join_window_s`` and reads the records. Among records with the majority hash,
-   the smallest peer id leads. Others send JOIN(step, hash) to the leader; at
+1. **Group.** Each peer stores ``join/<version>`` in the DHT (subkey = peer id, value = its
+   state hash, signed), waits ``join_window_s`` and reads the records. Among the peers that
+   claim its own hash, the smallest peer id leads. Others send JOIN(version, hash) to it; at
    ``1.5 x join_window_s`` the leader freezes the member list (sorted peer ids) and answers
-   every JOIN with it. A peer whose hash is not the majority's does not join (it re-syncs).
+   every JOIN with it and a fresh nonce; the members' digest covers both, so a stream of an
+   earlier attempt at the same version is refused. Peers only group with peers that claim
+   their own state hash (consistency.py).
 2. **Reduce-scatter.** The flat pseudo-gradient is cut into one contiguous shard per member.
    Member i sends shard j, encoded with the codec, to member j. Reducer j decodes, applies the
-   bounds (``reduce.py``) and sums in peer-id order.
+   bounds, the weight cap and the robust mean (``reduce.py``) in peer-id order.
 3. **All-gather.** Reducer j encodes the mean *once* and sends the same bytes to every member;
    it uses ``decode(those bytes)`` itself. Every member concatenates identical decoded shards.
+4. **Check.** A member never applies a shard it did not check: finite, L2 norm <= ``max_norm``
+   and <= ``max_norm_ratio`` x the norm of its own input for that shard (an honest mean of
+   bounded contributions cannot be far larger). A bad shard fails the step for the member;
+   a shard poisoned for everyone fails it for everyone, with their hashes unchanged.
 
-A member that misses any shard fails the step (keeps training locally; the consistency layer
-in ``loop.py`` reconciles peers that finished with peers that did not).
+A member that misses or rejects any shard fails the step (keeps training locally; the votes
+in ``loop.py`` reconcile peers that finished with peers that did not). Every frame is bounded
+by the size it must have: a shard by the codec's size for its length, the state by its wire
+size for our model, sent in chunks of ``STATE_CHUNK`` bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
+import secrets
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,13 +52,45 @@ from collectives.errors import StepFailed
 from collectives.reduce import Contribution, reduce_shard, shard_bounds
 from collectives.streams import FrameError, recv_frame, recv_header, send_frame, send_header
 
-__all__ = ["Session", "AllReduce", "members_digest"]
+__all__ = ["Session", "AllReduce", "members_digest", "STATE_CHUNK"]
 
 logger = logging.getLogger(__name__)
+STATE_CHUNK = 4 << 20
+"""Bytes per frame of a state transfer."""
+JOIN_TRIES = 3
+"""A JOIN whose reply was lost (IncompleteReadError) is asked again: the leader answers an
+admitted member's repeated JOIN with the same list."""
+LINGER_S = 5.0
+"""How long a handler waits for the caller to close first (a handler that closes right
+after writing can make p2pd reset the stream and lose the reply)."""
 
 
-def members_digest(members: list[str]) -> str:
-    return hashlib.sha256("\n".join(members).encode()).hexdigest()[:32]
+def members_digest(members: list[str], nonce: str = "") -> str:
+    return hashlib.sha256("\n".join([nonce, *members]).encode()).hexdigest()[:32]
+
+
+class RateLimit:
+    """At most ``per_minute`` events per key in any 60 s window; at most ``max_keys`` keys."""
+
+    def __init__(self, per_minute: int, max_keys: int = 4096) -> None:
+        self.per_minute, self.max_keys = per_minute, max_keys
+        self._seen: dict[str, deque[float]] = {}
+
+    def allow(self, key: str, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        q = self._seen.get(key)
+        if q is None:
+            if len(self._seen) >= self.max_keys:
+                self._seen = {k: v for k, v in self._seen.items() if v and v[-1] > now - 60}
+                if len(self._seen) >= self.max_keys:
+                    return False
+            q = self._seen[key] = deque()
+        while q and q[0] <= now - 60:
+            q.popleft()
+        if len(q) >= self.per_minute:
+            return False
+        q.append(now)
+        return True
 
 
 @dataclass
@@ -62,6 +106,8 @@ class Session:
     members_fut: asyncio.Future[list[str]]
     joins: set[str] = field(default_factory=set)
     members: list[str] | None = None
+    nonce: str = ""
+    """Chosen by the leader at the freeze; part of the members' digest."""
     contribs: dict[str, Contribution] = field(default_factory=dict)
     excluded: dict[str, str] = field(default_factory=dict)
     shard_done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -69,7 +115,13 @@ class Session:
     bytes_sent: int = 0
     bytes_received: int = 0
     suspects: set[str] = field(default_factory=set)
-    """Members whose shard or contribution never came: their commits are not awaited."""
+    """Members whose shard or contribution never came: their votes are not awaited."""
+    witnessed: tuple[str, ...] = ()
+    """Peers whose contribution our reducer accepted (us included): who saw us contribute
+    and whose votes count (consistency.py)."""
+    bad_shards: dict[str, str] = field(default_factory=dict)
+    """Reducer -> why the shard it returned was rejected ("non_finite", "norm")."""
+    clipped: tuple[str, ...] = ()
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
@@ -79,12 +131,17 @@ class AllReduce:
     """Stream handlers and the member-side protocol of one node (runs on the transport loop)."""
 
     def __init__(self, p2p: P2P, config: OuterConfig, codec: Codec, *, peer_id: str, gid: str,
-                 state_provider: Callable[[], tuple[str, bytes]]) -> None:
+                 state_provider: Callable[[str], bytes | None]) -> None:
         self.p2p, self.config, self.codec, self.peer_id = p2p, config, codec, peer_id
-        self.names = {k: f"/swarm-node/outer/{gid}/{k}/1" for k in ("join", "reduce", "state")}
+        self.names = {k: f"/swarm-node/outer/{gid}/{k}/2" for k in ("join", "reduce", "state")}
         self.state_provider = state_provider
+        """hash -> the serialized state if we hold it (cached per hash by the provider)."""
         self.session: Session | None = None
         self.rejected = 0
+        self.state_refused = 0
+        """State requests refused by the per-peer rate limit."""
+        self._state_limit = RateLimit(config.state_requests_per_minute)
+        self._state_slots = asyncio.Semaphore(2)
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.names["join"], self._guard(self._on_join))
@@ -96,6 +153,10 @@ class AllReduce:
         async def wrapped(info, reader, writer) -> None:  # type: ignore[no-untyped-def]
             try:
                 await handler(info.peer_id.to_base58(), reader, writer)
+                try:  # let the caller close first: it has read our reply by then
+                    await asyncio.wait_for(reader.read(1), LINGER_S)
+                except (asyncio.TimeoutError, ConnectionError):
+                    pass
             except (FrameError, asyncio.IncompleteReadError, ConnectionError,
                     asyncio.TimeoutError, StepFailed) as e:
                 self.rejected += 1
@@ -122,16 +183,19 @@ class AllReduce:
     async def _on_join(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
         s = self._current(req.get("step"))
-        if s is None or req.get("hash") != s.state_hash or s.members_fut.done():
+        if s is None or req.get("hash") != s.state_hash:
             await send_header(writer, {"ok": False, "reason": "closed"})
             return
-        s.joins.add(peer)
+        if not s.members_fut.done():
+            s.joins.add(peer)
+        # idempotent: an admitted member whose reply was lost asks again and gets it again
         try:
             members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
         except Exception:  # noqa: BLE001 - not the leader, or the deadline passed
             members = []
         ok = peer in members
-        await send_header(writer, {"ok": ok, "members": members if ok else []})
+        await send_header(writer, {"ok": ok, "members": members if ok else [],
+                                   "nonce": s.nonce if ok else ""})
 
     async def _on_reduce(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         head = await asyncio.wait_for(recv_header(reader), 10)
@@ -140,12 +204,12 @@ class AllReduce:
             await send_header(writer, {"ok": False, "reason": "step"})
             return
         members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
-        if head.get("digest") != members_digest(members) or peer not in members \
+        if head.get("digest") != members_digest(members, s.nonce) or peer not in members \
                 or peer == self.peer_id or peer in s.contribs or peer in s.excluded:
             await send_header(writer, {"ok": False, "reason": "membership"})
             return
         lo, hi = shard_bounds(s.numel, len(members))[members.index(self.peer_id)]
-        payload = await asyncio.wait_for(recv_frame(reader, self.config.max_message_bytes),
+        payload = await asyncio.wait_for(recv_frame(reader, self.codec.encoded_size(hi - lo)),
                                          s.remaining())
         s.bytes_received += len(payload)
         weight = head.get("weight")
@@ -167,14 +231,22 @@ class AllReduce:
 
     async def _on_state(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
-        loop = asyncio.get_running_loop()
-        state_hash, data = await loop.run_in_executor(None, self.state_provider)
-        if req.get("hash") != state_hash:
-            await send_header(writer, {"ok": False, "hash": state_hash})
+        want = req.get("hash")
+        if not isinstance(want, str) or not self._state_limit.allow(peer):
+            self.state_refused += 1
+            await send_header(writer, {"ok": False, "reason": "rate"})
             return
-        await send_header(writer, {"ok": True, "hash": state_hash})
-        await send_frame(writer, data)
-        logger.info("served outer state %s… to %s (%d bytes)", state_hash[:12], peer, len(data))
+        async with self._state_slots:  # serialisation happens once per hash (provider cache)
+            data = await asyncio.get_running_loop().run_in_executor(None, self.state_provider,
+                                                                    want)
+            if data is None:
+                await send_header(writer, {"ok": False, "reason": "gone"})
+                return
+            await send_header(writer, {"ok": True, "hash": want, "size": len(data)})
+            view = memoryview(data)
+            for offset in range(0, len(view), STATE_CHUNK):
+                await send_frame(writer, view[offset : offset + STATE_CHUNK])
+        logger.info("served outer state %s… to %s (%d bytes)", want[:12], peer, len(data))
 
     # --- reducer --------------------------------------------------------------------------
     def _add(self, s: Session, c: Contribution) -> None:
@@ -188,7 +260,9 @@ class AllReduce:
             return
         cfg = self.config
         res = reduce_shard(list(s.contribs.values()), max_weight=cfg.max_weight,
-                           max_norm=cfg.max_norm, max_norm_ratio=cfg.max_norm_ratio)
+                           max_norm=cfg.max_norm, max_norm_ratio=cfg.max_norm_ratio,
+                           own=self.peer_id)
+        s.witnessed, s.clipped = res.accepted, res.clipped
         for peer, why in res.excluded.items():
             s.excluded.setdefault(peer, why)
         for peer in s.members:
@@ -223,27 +297,40 @@ class AllReduce:
             if len(members) > self.config.max_peers:
                 others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
                 members = sorted([self.peer_id, *others])
+            s.nonce = secrets.token_hex(8)
             s.members_fut.set_result(members)
             return members
         s.members_fut.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
-        try:
-            _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
-                PeerID.from_base58(leader), self.names["join"]), s.remaining())
+        for attempt in range(JOIN_TRIES):
             try:
-                await send_header(writer, {"step": s.step, "hash": s.state_hash})
-                reply = await asyncio.wait_for(recv_header(reader), s.remaining())
-            finally:
-                writer.close()
-        except Exception as e:  # noqa: BLE001
-            s.members_fut.set_exception(StepFailed(f"join via {leader} failed: {e!r}"))
-            raise StepFailed(f"could not join leader {leader}: {e!r}") from e
-        members = reply.get("members")
+                reply = await self._join_once(s, leader)
+                break
+            except Exception as e:  # noqa: BLE001
+                transient = isinstance(e, (asyncio.IncompleteReadError, ConnectionError))
+                if transient and attempt + 1 < JOIN_TRIES and s.remaining() > 0.5:
+                    logger.info("JOIN via %s lost its reply (%r); asking again", leader, e)
+                    continue
+                s.members_fut.set_exception(StepFailed(f"join via {leader} failed: {e!r}"))
+                raise StepFailed(f"could not join leader {leader}: {e!r}") from e
+        members, nonce = reply.get("members"), reply.get("nonce")
         if not reply.get("ok") or not isinstance(members, list) or self.peer_id not in members \
-                or not all(isinstance(m, str) for m in members) or members != sorted(set(members)):
+                or not all(isinstance(m, str) for m in members) or members != sorted(set(members)) \
+                or len(members) > self.config.max_peers \
+                or not (isinstance(nonce, str) and 0 < len(nonce) <= 64):
             s.members_fut.set_exception(StepFailed("not admitted"))
             raise StepFailed(f"leader {leader} did not admit us: {reply.get('reason')}")
+        s.nonce = nonce
         s.members_fut.set_result(members)
         return members
+
+    async def _join_once(self, s: Session, leader: str) -> dict:
+        _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
+            PeerID.from_base58(leader), self.names["join"]), s.remaining())
+        try:  # we close first, after the reply: see LINGER_S
+            await send_header(writer, {"step": s.step, "hash": s.state_hash})
+            return await asyncio.wait_for(recv_header(reader), s.remaining())
+        finally:
+            writer.close()
 
     async def exchange(self, delta: torch.Tensor, members: list[str], *,
                        reduce_deadline: float) -> torch.Tensor:
@@ -257,7 +344,7 @@ class AllReduce:
         lo, hi = bounds[me]
         own = self.codec.decode(self.codec.encode(delta[lo:hi]), hi - lo)
         self._add(s, Contribution(peer=self.peer_id, weight=s.weight, values=own))
-        digest = members_digest(members)
+        digest = members_digest(members, s.nonce)
         tasks = {j: asyncio.create_task(self._exchange_with(s, peer, delta[slice(*bounds[j])],
                                                             digest))
                  for j, peer in enumerate(members) if j != me}
@@ -280,12 +367,29 @@ class AllReduce:
             errors[self.peer_id] = "own shard has no result"
         else:
             shards[me] = self.codec.decode(s.result, hi - lo)
+        for j, shard in shards.items():
+            if j != me:
+                why = self._check_shard(shard, delta[slice(*bounds[j])])
+                if why is not None:
+                    s.bad_shards[members[j]] = why
+                    errors[members[j]] = f"bad shard: {why}"
         s.suspects |= set(errors) - {self.peer_id}
         s.suspects |= {p for p, why in s.excluded.items() if why == "missing"}
         if errors:
-            raise StepFailed(f"missing shards from {sorted(errors)}: {errors}")
+            raise StepFailed(f"missing or bad shards from {sorted(errors)}: {errors}")
         timer.cancel()
         return torch.cat([shards[j] for j in range(len(members))])
+
+    def _check_shard(self, shard: torch.Tensor, own: torch.Tensor) -> str | None:
+        """Why a reducer's returned shard must not be applied, else None."""
+        norm = float(torch.linalg.vector_norm(shard)) if shard.numel() else 0.0
+        if not math.isfinite(norm):
+            return "non_finite"
+        own_norm = float(torch.linalg.vector_norm(own)) if own.numel() else 0.0
+        limit = self.config.max_norm
+        if own_norm > 0 and math.isfinite(own_norm):
+            limit = min(limit, self.config.max_norm_ratio * own_norm)
+        return "norm" if norm > limit else None
 
     async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor,
                              digest: str) -> torch.Tensor:
@@ -301,23 +405,35 @@ class AllReduce:
             head = await recv_header(reader)
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")
-            data = await recv_frame(reader, self.config.max_message_bytes)
+            data = await recv_frame(reader, self.codec.encoded_size(part.numel()))
             s.bytes_received += len(data)
             return self.codec.decode(data, part.numel())
         finally:
             writer.close()
 
-    async def fetch_state(self, peer: str, state_hash: str, timeout: float) -> bytes:
-        """The serialized state ``state_hash`` from ``peer`` (not verified here)."""
+    async def fetch_state(self, peer: str, state_hash: str, timeout: float, *,
+                          max_bytes: int) -> bytes:
+        """The serialized state ``state_hash`` from ``peer`` (at most ``max_bytes``, in
+        chunks; not verified here)."""
         async def go() -> bytes:
             _, reader, writer = await self.p2p.call_binary_stream_handler(
                 PeerID.from_base58(peer), self.names["state"])
             try:
                 await send_header(writer, {"hash": state_hash})
                 head = await recv_header(reader)
+                size = head.get("size")
                 if not head.get("ok"):
-                    raise StepFailed(f"{peer} no longer holds {state_hash[:12]}")
-                return await recv_frame(reader, self.config.max_message_bytes)
+                    raise StepFailed(f"{peer} refused {state_hash[:12]}: {head.get('reason')}")
+                if not isinstance(size, int) or isinstance(size, bool) \
+                        or not 0 < size <= max_bytes:
+                    raise StepFailed(f"{peer} announced a state of {size!r} bytes")
+                buf = bytearray()
+                while len(buf) < size:
+                    chunk = await recv_frame(reader, min(STATE_CHUNK, size - len(buf)))
+                    if not chunk:
+                        raise StepFailed(f"{peer} sent an empty state chunk")
+                    buf += chunk
+                return bytes(buf)
             finally:
                 writer.close()
         return await asyncio.wait_for(go(), timeout)

@@ -39,6 +39,10 @@ class Codec(abc.ABC):
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         """The 1-D fp32 tensor of ``numel`` values held by ``data``; CodecError if malformed."""
 
+    @abc.abstractmethod
+    def encoded_size(self, numel: int) -> int:
+        """Exact length of ``encode`` of ``numel`` values (frames are bounded by it)."""
+
     def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(x), x.numel())
 
@@ -55,6 +59,9 @@ class NoCompression(Codec):
     def encode(self, x: torch.Tensor) -> bytes:
         return _as_f32(x).astype("<f4", copy=False).tobytes()
 
+    def encoded_size(self, numel: int) -> int:
+        return 4 * numel
+
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         if len(data) != 4 * numel:
             raise CodecError(f"fp32 payload of {len(data)} bytes for {numel} values")
@@ -67,6 +74,9 @@ class Float16(Codec):
     def encode(self, x: torch.Tensor) -> bytes:
         t = x.detach().to("cpu", torch.float32).clamp(-65504.0, 65504.0).to(torch.float16)
         return t.numpy().tobytes()  # little-endian on every platform torch supports
+
+    def encoded_size(self, numel: int) -> int:
+        return 2 * numel
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         if len(data) != 2 * numel:
@@ -94,6 +104,9 @@ class BlockwiseInt8(Codec):
         safe = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
         codes = np.rint(blocks / safe[:, None]).clip(-127, 127).astype(np.int8)
         return scale.astype("<f4").tobytes() + codes.reshape(-1)[:n].tobytes()
+
+    def encoded_size(self, numel: int) -> int:
+        return 4 * -(-numel // self.block) + numel
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         nblocks = -(-numel // self.block)

@@ -29,13 +29,24 @@ class OuterConfig:
     max_peers: int = 64
     """Largest group the leader admits (peers in id order)."""
     weight: float = 1.0
-    """Default weight of this node's contribution (e.g. samples seen); bounded by max_weight."""
+    """Weight of one inner round: a contribution declares ``weight`` x the rounds since this
+    node's delta was last counted (reducers cap it by the group's median)."""
     max_weight: float = 1000.0
     """A contribution whose declared weight is outside (0, max_weight] is excluded."""
     max_norm: float = math.inf
-    """Absolute bound on the L2 norm of a contribution's shard; larger ones are excluded."""
+    """Absolute bound on the L2 norm of a contribution's shard and of a returned mean shard."""
     max_norm_ratio: float = 10.0
-    """A shard whose norm exceeds this multiple of the median shard norm is excluded."""
+    """Reducer: a shard whose norm exceeds this multiple of the median shard norm (of the
+    reducer's own, in a group of two) is excluded. Member: a returned mean shard whose norm
+    exceeds this multiple of its own input's norm for that shard fails the step."""
+    minority_patience: int = 3
+    """A group without a strict majority of the current version's contributors does not
+    advance (no forks); after this many such attempts in a row it advances anyway (the
+    majority is gone: liveness over fork safety)."""
+    anchor: str = ""
+    """Operator-pinned state hash a joiner may adopt from anyone who serves it ("" = none)."""
+    state_requests_per_minute: int = 6
+    """State transfers this node serves to one peer per minute; more are refused."""
     dht_min_interval_s: float = 0.25
     """Throttle: at least this long between two DHT calls of this node."""
     dht_timeout_s: float = 10.0
@@ -48,8 +59,6 @@ class OuterConfig:
     """Multiaddrs p2pd listens on."""
     announce_maddrs: tuple[str, ...] = ()
     """Multiaddrs p2pd announces (empty: the listen addresses)."""
-    max_message_bytes: int = 2**31 - 1
-    """Largest frame accepted on an outer-step stream."""
 
     def __post_init__(self) -> None:
         from collectives.codec import CODECS  # local: codec imports torch
@@ -84,5 +93,10 @@ class OuterConfig:
             raise ValueError("swarm_id must be 1..64 characters")
         if not self.host_maddrs:
             raise ValueError("host_maddrs must not be empty")
-        if self.max_message_bytes < 1024:
-            raise ValueError("max_message_bytes must be >= 1024")
+        if self.anchor and not (len(self.anchor) == 64
+                                and all(c in "0123456789abcdef" for c in self.anchor)):
+            raise ValueError("anchor must be empty or a 64-character hex sha256")
+        if self.minority_patience < 0:
+            raise ValueError("minority_patience must be >= 0")
+        if self.state_requests_per_minute < 1:
+            raise ValueError("state_requests_per_minute must be >= 1")

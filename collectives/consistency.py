@@ -1,67 +1,240 @@
-"""Signed state commits in the DHT, and the choice of the canonical state.
+"""Signed outer-step records in the DHT, and which states a node accepts: lineage, not votes.
 
-Channel: after attempt ``k`` every participant seals ``OuterStepCommit(group, step=k,
-state_hash, peers)`` with its node identity (``protocol.seal``) and stores the bytes in the
-hivemind DHT under ``<gid>/commit/<k>`` (subkey = its peer id) and under ``<gid>/head`` (its
-latest commit; joiners and stragglers read it). Readers verify each value with
-``protocol.open_envelope`` and drop values whose signer is not the subkey's peer id, whose
-group or step differ, or that do not decode (counted in ``invalid``). The same bytes can be
-mirrored on gossip unchanged.
+Threat model. Identities are free: anyone can make any number of keys, store any signed
+record in the DHT under its own key (the subkey is its peer id; a record under another
+subkey is rejected and counted), read every record, claim any state hash, and serve any
+bytes. It cannot forge another key's signature or find bytes for a hash it did not compute.
+So nothing here counts keys: a record is only as good as the history of the key that signed
+it *as seen by the reader*.
 
-Canonical state: the hash held by most commits; ties go to the lexicographically larger hash
-(any deterministic rule works: all peers read the same commits once they have propagated).
+Records (``OuterStepCommit``, sealed with the node identity via ``protocol.seal``):
+
+- ``<gid>/join/<v>``  kind "join": "I hold state ``state_hash`` at version v and want to
+  average now". Grouping only: a node groups with peers that claim *its own* hash.
+- ``<gid>/vote/<v>``  kind "vote": a member's result of one attempt from version v: the new
+  hash if it applied the average, its unchanged hash if it failed. Members decide together.
+- ``<gid>/commit/<v>`` kind "version", and ``<gid>/head`` (the signer's latest): "version v
+  is ``state_hash``, made from ``parent`` by the contributions of ``members``".
+
+Acceptance rules (``Lineage`` = the hash and version we hold, and its ``witnesses``: the
+peers we saw contribute, through our own reducer, in the step that produced it):
+
+1. **We took part.** After an attempt we contributed to, the members' votes are counted
+   among the peers our reducer accepted a contribution from (and us); the hash with most
+   such votes wins (ties: an advanced state, then the larger hash). A failed member adopts
+   the winners' state (fetched, hash-checked); a member that applied but lost the vote rolls
+   back. Fresh keys that contributed nothing to our shard have no vote.
+2. **It extends ours.** A version commit for v+1 with ``parent`` = our hash is accepted
+   when a strict majority of our witnesses (ourselves excluded) signed that hash; the new
+   witnesses are the members every one of those signers lists (vouched for by all of them).
+   Chains are walked one version at a time; only the end state is fetched.
+   **Forks.** Two groups at the same version that met in different windows both advance:
+   siblings with one parent. A sibling signed by a strict majority of the *parent's*
+   witnesses wins (at most one can: each key signs one commit per version); the loser
+   rebases onto it relative to the parent, so its own branch's update and later work stay in
+   its local delta and join the next average.
+3. **Joiners.** A node with no lineage beyond its genesis (version 0: the base model or a
+   restart; it has no witnesses) accepts a head only if its hash is the operator-pinned
+   ``anchor``, or it is signed by peers the node's ``trust`` predicate accepts (e.g. peers
+   it has exchanged valid rollouts with for a while); the most trusted signers win. With the
+   default (trust nobody, no anchor) a joiner keeps training on its own state and groups
+   only with peers at its own hash: it averages with other joiners, never with an
+   established group (documented limitation, not an error).
+
+Anything else that claims a newer version — e.g. a fresh key's head at step 10**6 with the
+hash of an all-zero state — is never fetched and is counted in ``rejected`` by reason:
+"no_quorum" (extends our hash, too few of our witnesses signed), "unknown_parent" (does not
+extend our lineage), "untrusted" (joiner: no anchor, no trusted signer).
+
+What this bounds and what it does not: a takeover needs a strict majority of the peers that
+actually contributed to the reader's last step; Sybils admitted into a group (they can claim
+the group's hash and contribute bounded, robustly aggregated deltas) can become witnesses,
+so a group whose contributors are mostly one adversary's keys is not protected — wire
+``trust`` to restrict who can enter a joiner's lineage. A Sybil leader (smallest peer id) can
+refuse or stall a group: a liveness attack only; no state changes without the rules above.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from protocol import Identity, OuterStepCommit, ProtocolError, open_envelope, seal
 
-__all__ = ["CommitBook", "canonical", "majority"]
+__all__ = ["CommitBook", "Lineage", "Candidate", "decide_votes", "extension", "sibling",
+           "trusted_head", "head_rejections"]
 
 logger = logging.getLogger(__name__)
 
-
-def majority(hashes: dict[str, str]) -> tuple[str, list[str]]:
-    """(hash, holders sorted) of the hash most peers hold (ties: the larger hash); not empty."""
-    counts = Counter(hashes.values())
-    best = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
-    return best, sorted(p for p, h in hashes.items() if h == best)
+KINDS = ("version", "vote", "join")
 
 
-def canonical(commits: dict[str, OuterStepCommit]) -> tuple[str, list[str]] | None:
-    """(hash, holders sorted) of the majority state among ``commits``, None if empty."""
-    if not commits:
+@dataclass(frozen=True)
+class Lineage:
+    """The state a node holds and the peers whose word can move it forward."""
+
+    hash: str
+    version: int
+    witnesses: frozenset[str] = frozenset()
+    parent: str = ""
+    """Hash this version was made from ("" for genesis or when unknown)."""
+    parent_witnesses: frozenset[str] = frozenset()
+    """Witnesses of the parent: they settle forks between siblings."""
+
+    @property
+    def is_genesis(self) -> bool:
+        return self.version == 0 and not self.witnesses
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A state to adopt: its hash, version, members, and who holds it (to fetch from)."""
+
+    hash: str
+    version: int
+    members: tuple[str, ...]
+    holders: tuple[str, ...]
+
+
+def _quorum(signers: set[str], witnesses: frozenset[str], me: str) -> bool:
+    base = witnesses - {me}
+    return bool(base) and 2 * len(signers & base) > len(base)
+
+
+def _supported(commits: dict[str, OuterStepCommit], *, version: int, parent: str,
+               witnesses: frozenset[str], me: str, exclude: str) -> Candidate | None:
+    groups: dict[str, set[str]] = {}
+    for peer, c in commits.items():
+        if c.kind == "version" and c.step == version and c.parent == parent \
+                and c.state_hash not in (parent, exclude):
+            groups.setdefault(c.state_hash, set()).add(peer)
+    for h, signers in sorted(groups.items()):
+        if _quorum(signers, witnesses, me):
+            vouched = [set(commits[p].members) for p in sorted(signers & witnesses)]
+            members = set.intersection(*vouched) if vouched else set()
+            return Candidate(hash=h, version=version, members=tuple(sorted(members)),
+                             holders=tuple(sorted(signers)))
+    return None
+
+
+def extension(commits: dict[str, OuterStepCommit], lineage: Lineage,
+              me: str) -> Candidate | None:
+    """The version commit for ``lineage.version + 1`` that a quorum of our witnesses signed
+    (rule 2), else None. At most one can have a strict majority."""
+    return _supported(commits, version=lineage.version + 1, parent=lineage.hash,
+                      witnesses=lineage.witnesses, me=me, exclude=lineage.hash)
+
+
+def sibling(commits: dict[str, OuterStepCommit], lineage: Lineage,
+            me: str) -> Candidate | None:
+    """A fork of our version (same parent, other hash) that a strict majority of the
+    parent's witnesses signed, else None (rule 2, forks)."""
+    if not lineage.parent:
         return None
-    return majority({p: c.state_hash for p, c in commits.items()})
+    return _supported(commits, version=lineage.version, parent=lineage.parent,
+                      witnesses=lineage.parent_witnesses, me=me, exclude=lineage.hash)
+
+
+def decide_votes(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
+                 voters: set[str], me: str) -> str:
+    """The hash a group's attempt from ``parent`` ends at (rule 1): most votes among
+    ``voters`` (the peers our reducer accepted, and us with ``mine``); ties go to an advanced
+    state (hash != parent), then the larger hash."""
+    tally: Counter[str] = Counter({mine: 1})
+    for peer, c in votes.items():
+        if peer != me and peer in voters and c.kind == "vote" and c.parent == parent:
+            tally[c.state_hash] += 1
+    return max(tally.items(), key=lambda kv: (kv[1], kv[0] != parent, kv[0]))[0]
+
+
+def trusted_head(heads: dict[str, OuterStepCommit], *, anchor: str,
+                 trust: Callable[[str], bool], mine: str) -> Candidate | None:
+    """A joiner's choice among version heads (rule 3): the anchor if someone holds it,
+    else the (hash, version, members) signed by the most trusted peers (ties: the higher
+    version, then the larger hash); None if no head qualifies."""
+    versions = {p: c for p, c in heads.items() if c.kind == "version" and c.state_hash != mine}
+    if anchor:
+        at = [c for c in versions.values() if c.state_hash == anchor]
+        if at:
+            c = max(at, key=lambda c: (c.step, tuple(c.members)))
+            return Candidate(hash=anchor, version=c.step, members=tuple(c.members),
+                             holders=tuple(sorted(p for p, x in versions.items()
+                                                  if x.state_hash == anchor)))
+    groups: dict[tuple[str, int], list[str]] = {}
+    for peer, c in versions.items():
+        if _safe_trust(trust, peer):
+            groups.setdefault((c.state_hash, c.step), []).append(peer)
+    if not groups:
+        return None
+    (h, step), signers = max(groups.items(), key=lambda kv: (len(kv[1]), kv[0][1], kv[0][0]))
+    members = set.intersection(*(set(versions[p].members) for p in signers))
+    return Candidate(hash=h, version=step, members=tuple(sorted(members)),
+                     holders=tuple(sorted(signers)))
+
+
+def _safe_trust(trust: Callable[[str], bool], peer: str) -> bool:
+    try:
+        return bool(trust(peer))
+    except Exception as e:  # noqa: BLE001 - the caller's callback must not break us
+        logger.warning("trust(%s) failed: %s", peer, e)
+        return False
+
+
+def head_rejections(heads: dict[str, OuterStepCommit], lineage: Lineage, *,
+                    joiner: bool) -> Counter[str]:
+    """Reasons for refusing the heads that claim a version newer than ``lineage``."""
+    out: Counter[str] = Counter()
+    for c in heads.values():
+        if c.kind != "version" or c.step <= lineage.version or c.state_hash == lineage.hash:
+            continue
+        if joiner:
+            out["untrusted"] += 1
+        elif c.parent == lineage.hash and c.step == lineage.version + 1:
+            out["no_quorum"] += 1
+        else:
+            out["unknown_parent"] += 1
+    return out
 
 
 @dataclass
 class CommitBook:
-    """Seal, store and read commits for one group."""
+    """Seal, store and read the records of one group."""
 
     identity: Identity
     group: str
     gid: str
     swarm_id: str
     invalid: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Reason -> commits claiming a newer version that this node refused (never fetched)."""
 
     def key(self, step: int) -> str:
+        """Key of the version commits for version ``step``."""
         return f"{self.gid}/commit/{step}"
+
+    def join_key(self, version: int) -> str:
+        return f"{self.gid}/join/{version}"
+
+    def vote_key(self, version: int) -> str:
+        return f"{self.gid}/vote/{version}"
 
     @property
     def head_key(self) -> str:
         return f"{self.gid}/head"
 
-    def seal(self, step: int, state_hash: str, peers: int) -> bytes:
-        msg = OuterStepCommit(group=self.group, step=step, state_hash=state_hash, peers=peers)
+    def seal(self, step: int, state_hash: str, peers: int, *, parent: str = "",
+             members: tuple[str, ...] | list[str] = (), kind: str = "version") -> bytes:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}")
+        msg = OuterStepCommit(group=self.group, step=step, state_hash=state_hash, peers=peers,
+                              parent=parent, members=tuple(members), kind=kind)
         return seal(self.identity, msg, swarm_id=self.swarm_id)
 
-    def verify(self, raw: dict[str, bytes], *, step: int | None) -> dict[str, OuterStepCommit]:
-        """Peer id -> commit for the values that verify; others counted in ``invalid``."""
+    def verify(self, raw: dict[str, bytes], *, step: int | None,
+               kind: str | None = None) -> dict[str, OuterStepCommit]:
+        """Peer id -> record for the values that verify; others counted in ``invalid``."""
         out: dict[str, OuterStepCommit] = {}
         for peer, data in raw.items():
             try:
@@ -72,7 +245,8 @@ class CommitBook:
                 continue
             msg = env.message
             if not isinstance(msg, OuterStepCommit) or env.sender_peer_id != peer \
-                    or msg.group != self.group or (step is not None and msg.step != step):
+                    or msg.group != self.group or (step is not None and msg.step != step) \
+                    or (kind is not None and msg.kind != kind):
                 self.invalid += 1
                 logger.warning("commit under subkey %s does not match (signer %s)", peer,
                                env.sender_peer_id)

@@ -1,4 +1,4 @@
-"""The shared outer state (θ_global, Nesterov buffer, counters): hashing, wire form, update.
+"""The shared outer state (θ_global, Nesterov buffer, version): hashing, wire form, update.
 
 Everything here is a deterministic function of its inputs; given the same state and the same
 averaged pseudo-gradient bytes, every peer computes the same bits (elementwise fp32 ops only).
@@ -17,7 +17,7 @@ from protocol.limits import Limits, packb, unpackb
 
 __all__ = ["OuterState", "flatten", "unflatten_into"]
 
-_WIRE_VERSION = 1
+_WIRE_VERSION = 2
 
 
 def _le_f32(t: torch.Tensor) -> np.ndarray:
@@ -46,27 +46,40 @@ def unflatten_into(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None
 
 @dataclass
 class OuterState:
-    """θ_global, the Nesterov momentum buffer, the attempt index and applied-step count."""
+    """θ_global, the Nesterov momentum buffer and the version.
+
+    The version counts the averages of >= 2 peers applied to θ_global since genesis; an
+    attempt that changed nothing (alone, failed) changes neither the version nor the hash.
+    """
 
     theta: torch.Tensor
     momentum: torch.Tensor
-    attempt: int = 0
-    """Index of the next outer step attempt (agreed across the group)."""
     applied: int = 0
-    """Number of outer steps that changed θ_global."""
+    """Version: number of outer steps (averages of >= 2 peers) that changed θ_global."""
 
     _memo: tuple[object, ...] = field(default=(), init=False, repr=False, compare=False)
-    """(theta, momentum, their versions and the counters, hash) of the last hash computed."""
+    """(theta, momentum, their versions and the counter, hash) of the last hash computed."""
+
+    @property
+    def version(self) -> int:
+        return self.applied
+
+    def clone(self) -> OuterState:
+        return OuterState(theta=self.theta.clone(), momentum=self.momentum.clone(),
+                          applied=self.applied)
+
+    def is_finite(self) -> bool:
+        return bool(torch.isfinite(self.theta).all()) and bool(torch.isfinite(self.momentum).all())
 
     def hash(self) -> str:
-        """sha256 of the counters, θ_global and the momentum; cached until one of them changes.
+        """sha256 of the version, θ_global and the momentum; cached until one of them changes.
 
         torch bumps a tensor's ``_version`` on every in-place write (``t[i] = x`` included);
         writes through ``.numpy()`` or ``.data`` would bypass it, and nothing here makes them.
         """
         if self.theta.is_inference() or self.momentum.is_inference():
             return self._digest()  # inference tensors have no version counter
-        key = (self.attempt, self.applied, self.theta._version, self.momentum._version)
+        key = (self.applied, self.theta._version, self.momentum._version)
         m = self._memo
         if m and m[0] is self.theta and m[1] is self.momentum and m[2] == key:
             return m[3]  # type: ignore[return-value]
@@ -76,8 +89,7 @@ class OuterState:
 
     def _digest(self) -> str:
         h = hashlib.sha256()
-        h.update(b"swarm-node/outer-state/v1")
-        h.update(self.attempt.to_bytes(8, "little"))
+        h.update(b"swarm-node/outer-state/v2")
         h.update(self.applied.to_bytes(8, "little"))
         h.update(_le_f32(self.theta))
         h.update(_le_f32(self.momentum))
@@ -95,8 +107,14 @@ class OuterState:
         self.applied += 1
 
     def to_bytes(self) -> bytes:
-        return packb([_WIRE_VERSION, self.attempt, self.applied, self.theta.numel(),
+        return packb([_WIRE_VERSION, self.applied, self.theta.numel(),
                       _le_f32(self.theta).tobytes(), _le_f32(self.momentum).tobytes()])
+
+    @staticmethod
+    def wire_size(numel: int) -> int:
+        """An upper bound on the length of ``to_bytes()`` for ``numel`` values (the fetch bound)."""
+        return len(packb([_WIRE_VERSION, 2**63 - 1, numel, b"", b""])) + 8 * numel \
+            + 2 * (_bin_header(4 * numel) - _bin_header(0))
 
     @classmethod
     def from_bytes(cls, data: bytes, *, numel: int) -> OuterState:
@@ -106,14 +124,20 @@ class OuterState:
             raw = unpackb(data, limits)
         except ProtocolError as e:
             raise ValueError(f"outer state does not decode: {e}") from e
-        if not (isinstance(raw, list) and len(raw) == 6 and raw[0] == _WIRE_VERSION):
+        if not (isinstance(raw, list) and len(raw) == 5 and raw[0] == _WIRE_VERSION):
             raise ValueError("not an outer state")
-        _, attempt, applied, n, theta, mom = raw
-        if n != numel or len(theta) != 4 * numel or len(mom) != 4 * numel:
+        _, applied, n, theta, mom = raw
+        if n != numel or not isinstance(theta, bytes) or not isinstance(mom, bytes) \
+                or len(theta) != 4 * numel or len(mom) != 4 * numel:
             raise ValueError(f"outer state of {n} values, expected {numel}")
-        if not (isinstance(attempt, int) and isinstance(applied, int) and attempt >= 0 <= applied):
-            raise ValueError("bad counters in outer state")
+        if not (isinstance(applied, int) and applied >= 0):
+            raise ValueError("bad version in outer state")
         t = torch.from_numpy(np.frombuffer(theta, "<f4").astype(np.float32))
         m = torch.from_numpy(np.frombuffer(mom, "<f4").astype(np.float32))
-        return cls(theta=t, momentum=m, attempt=attempt, applied=applied)
+        return cls(theta=t, momentum=m, applied=applied)
+
+
+def _bin_header(n: int) -> int:
+    """Bytes of the msgpack header of a bin of length ``n``."""
+    return 2 if n < 2**8 else 3 if n < 2**16 else 5
 

@@ -55,18 +55,40 @@ def emit(event: str, **data: Any) -> None:
         _events.flush()
 
 
+TRUST_AFTER_ROUNDS = 2
+"""A peer whose validated rollout batches for our model arrived in this many of our rounds
+may anchor a joiner's outer state (collectives.OuterLoop ``trust``)."""
+MAX_TRACKED_SENDERS = 4096
+
+
 class AnnouncingBridge:
-    """Wraps the bridge: remembers the model fingerprint announced by the learner and adds the
-    collective's addresses to every announcement."""
+    """Wraps the bridge: remembers the model fingerprint announced by the learner, adds the
+    collective's addresses to every announcement, and remembers in how many rounds each
+    sender delivered validated rollout batches for our model (the outer loop's ``trust``)."""
 
     def __init__(self, bridge: Any, peer_id: str) -> None:
         self._bridge = bridge
         self.peer_id = peer_id  # seeds this node's task sampling: must differ per node
         self.model: str | None = None
         self.collective_addrs: tuple[str, ...] = ()
+        self._rounds_with_rollouts: dict[str, int] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bridge, name)
+
+    def receive(self, type_: str, *, max_items: int = 256) -> list[Any]:
+        got = self._bridge.receive(type_, max_items=max_items)
+        senders = {r.sender for r in got
+                   if getattr(r.message, "model", None) == self.model and self.model}
+        for sender in senders:  # one count per receive call (once per round)
+            if sender in self._rounds_with_rollouts \
+                    or len(self._rounds_with_rollouts) < MAX_TRACKED_SENDERS:
+                self._rounds_with_rollouts[sender] = self._rounds_with_rollouts.get(sender, 0) + 1
+        return got
+
+    def trusted(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` sent us validated rollouts in >= TRUST_AFTER_ROUNDS rounds."""
+        return self._rounds_with_rollouts.get(peer_id, 0) >= TRUST_AFTER_ROUNDS
 
     def announce(self, *, model: str, collective_addrs: tuple[str, ...] = (),
                  capabilities: tuple[str, ...] = ()) -> None:
@@ -81,13 +103,33 @@ class OuterHook:
     """``outer(model, round)`` for run_learner: starts the collective lazily (the group is the
     model fingerprint, known once the learner announced it) and runs its outer steps."""
 
-    def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str) -> None:
+    def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str,
+                 learner_config: Any = None) -> None:
         from collectives import OuterConfig
 
         self.config = OuterConfig(**outer_cfg)
         self.bridge = bridge
         self.data_dir = data_dir
+        self.learner_config = learner_config
         self.loop: Any = None
+
+    def _genesis(self, model: Any) -> Any:
+        """θ of the base model (flat): the outer state's version 0, the same on every node of
+        the group. The loop starts after the first round, so the live params have moved."""
+        if self.learner_config is None:
+            return None
+        try:
+            from collectives.state import flatten
+            from node.learner.policy import load_policy
+
+            base = load_policy(self.learner_config.policy, self.learner_config.data_dir)
+            flat = flatten(list(base.model.parameters()))
+            if flat.numel() != sum(p.numel() for p in model.parameters()):
+                raise ValueError("the base model's parameters differ from the trained model's")
+            return flat
+        except Exception as e:  # noqa: BLE001 - without it the node still trains (alone)
+            log.warning("could not load the base weights for the outer state: %s", e)
+            return None
 
     def _discover(self) -> list[str]:
         return [a for p in self.bridge.peers() if p.model == self.bridge.model
@@ -100,7 +142,8 @@ class OuterHook:
 
             self.loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
                                   group=self.bridge.model or "unknown", params=model,
-                                  data_dir=self.data_dir, discover=self._discover)
+                                  data_dir=self.data_dir, discover=self._discover,
+                                  trust=self.bridge.trusted, genesis=self._genesis(model))
             self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
             self.bridge.announce(model=self.bridge.model or "unknown")
         if (round_ + 1) % self.config.every_rounds == 0:  # OuterLoop.maybe_outer_step's rule
@@ -144,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
-    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"])
+    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"], config)
     from node.learner.errors import LearnerError
 
     try:

@@ -79,13 +79,24 @@ class PeerAnnouncement(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class OuterStepCommit(Message):
-    """The hash of a peer's shared state after an outer step, for the consistency check."""
+    """A peer's signed statement about the shared outer state (see collectives/consistency.py).
+
+    A version commit says: at version ``step`` the state is ``state_hash``; it was made from
+    ``parent`` by averaging the contributions of ``members``. Join and vote records reuse the
+    type (``kind``)."""
 
     TYPE = "outer_commit"
     group: str = spec(str, max_len=128, min_len=1)
     step: int = spec(int, lo=0, hi=U63)
     state_hash: str = spec(str, max_len=128, min_len=1)
     peers: int = spec(int, lo=0, hi=10_000, default=0)
+    parent: str = spec(str, max_len=128, default="")
+    """Hash of the state this version was computed from ("" for join records)."""
+    members: tuple[str, ...] = spec(list, max_len=64, item=Spec(kind=str, max_len=128),
+                                    default=())
+    """Sorted peer ids whose contributions made this version."""
+    kind: str = spec(str, max_len=16, default="version")
+    """"version" (a new state), "vote" (a member's result of one attempt) or "join"."""
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {

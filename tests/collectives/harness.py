@@ -21,10 +21,12 @@ class Swarm:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def spawn(self, name: str, seed: int, *, prefix: list[str] | None = None,
-              **opts: object) -> None:
+              module: str = "tests.collectives.peer_worker", **opts: object) -> None:
         """Start a peer; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
-        cmd = [*(prefix or []), sys.executable, "-m", "tests.collectives.peer_worker",
-               "--dir", str(self.root), "--name", name, "--seed", str(seed)]
+        cmd = [*(prefix or []), sys.executable, "-m", module, "--dir", str(self.root),
+               "--seed", str(seed)]
+        if module == "tests.collectives.peer_worker":
+            cmd += ["--name", name]
         for k, v in opts.items():
             if v is True:
                 cmd.append(f"--{k.replace('_', '-')}")
@@ -117,7 +119,8 @@ def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
     def spawn(name: str) -> None:
         kind, step, after = fault.get(name, ("none", -1, 0))
         swarm.spawn(name, seeds[name], steps=total - start[name], start_step=start[name],
-                    peers=peers, fault=kind, fault_step=step, fault_after=after, **opts)
+                    peers=peers, fault=kind, fault_step=step, fault_after=after, trust="all",
+                    **opts)
 
     for n in [f"p{i}" for i in range(peers)]:
         spawn(n)

@@ -24,6 +24,7 @@ import torch
 
 from collectives import OuterConfig, OuterLoop
 from collectives.allreduce import AllReduce
+from collectives.reduce import shard_bounds
 from protocol import Identity, atomic_write_bytes
 
 SHAPES = [(100, 50), (50,), (200, 30)]
@@ -37,6 +38,10 @@ class Fault(enum.Enum):
     """After `after` completed member-side exchanges (0: before sending anything)."""
     REDUCER = "reducer"
     """After answering `after` members with its reduced shard (a partial all-gather)."""
+
+
+CURRENT = {"i": -1}
+"""The worker's step index (the fault's clock: the outer version lags it after failures)."""
 
 
 def crash() -> None:
@@ -53,7 +58,7 @@ def install_fault(fault: Fault, step: int, after: int) -> None:
 
     async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
         s = self.session
-        armed = s is not None and s.step == step
+        armed = s is not None and CURRENT["i"] == step
         if armed and after == 0:
             crash()
         result = await original(self, *a, **kw)
@@ -79,6 +84,44 @@ def discover(root: Path, me: str) -> list[str]:
         if f.stem != me:
             out += [line for line in f.read_text().split() if line]
     return out
+
+
+def poison_reducer(kind: str) -> None:
+    """Our reducer's mean shard becomes NaN or 1e6 x after an honest reduction."""
+    if kind == "none":
+        return
+    original = AllReduce._maybe_finish
+
+    def wrapped(self, s, *, force=False):  # type: ignore[no-untyped-def]
+        done = s.shard_done.is_set()
+        original(self, s, force=force)
+        if not done and s.result is not None:
+            lo, hi = shard_bounds(s.numel, len(s.members))[s.members.index(self.peer_id)]
+            mean = self.codec.decode(s.result, hi - lo)
+            mean = mean * 1e6 if kind == "huge" else mean.fill_(float("nan"))
+            s.result = self.codec.encode(mean)
+
+    AllReduce._maybe_finish = wrapped  # type: ignore[method-assign]
+
+
+def known_peer_ids(root: Path, names: str) -> set[str]:
+    """Peer ids in D/addrs/<name>.txt for ``names`` (comma-separated, or "all")."""
+    wanted = None if names == "all" else set(names.split(","))
+    out = set()
+    for f in (root / "addrs").glob("*.txt"):
+        if wanted is None or f.stem in wanted:
+            out |= {line.rsplit("/p2p/", 1)[-1] for line in f.read_text().split() if line}
+    return out
+
+
+def wait_for_record(root: Path, name: str, i: int, timeout: float) -> None:
+    path = root / "out" / f"{name}.jsonl"
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and any(json.loads(line)["i"] == i
+                                 for line in path.read_text().splitlines()):
+            return
+        time.sleep(0.05)
 
 
 def barrier(root: Path, i: int, me: str, n: int, timeout: float) -> None:
@@ -109,8 +152,20 @@ def main() -> None:
     ap.add_argument("--fault", choices=[f.value for f in Fault], default="none")
     ap.add_argument("--fault-step", type=int, default=-1)
     ap.add_argument("--fault-after", type=int, default=0)
+    ap.add_argument("--trust", default="", help="peer names to trust as a joiner, or 'all'")
+    ap.add_argument("--skip-steps", default="", help="steps (comma-separated) whose outer "
+                    "step this peer leaves out (it trains on and passes the barrier)")
+    ap.add_argument("--solo-steps", type=int, default=0,
+                    help="steps below this one do not wait for the other peers")
+    ap.add_argument("--after", default="", help="NAME: before each solo step, wait until "
+                    "NAME recorded it (so solo steps never overlap)")
+    ap.add_argument("--weight", type=float, default=None, help="declared weight (hostile)")
+    ap.add_argument("--poison-reducer", choices=["none", "nan", "huge"], default="none",
+                    help="this peer's reducer returns a poisoned mean shard")
     args = ap.parse_args()
     install_fault(Fault(args.fault), args.fault_step, args.fault_after)
+    poison_reducer(args.poison_reducer)
+    skip = {int(x) for x in args.skip_steps.split(",") if x}
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s")
     root = Path(args.dir)
@@ -120,9 +175,11 @@ def main() -> None:
     model = make_model(args.numel)
     cfg = OuterConfig(every_rounds=2, compression=args.compression, deadline_s=args.deadline,
                       join_window_s=args.join_window, host_maddrs=(args.host,))
+    trust = (lambda p: p in known_peer_ids(root, args.trust)) if args.trust else None
     loop = OuterLoop(cfg, identity=identity, group="test-model", params=model,
                      data_dir=str(root / "data" / args.name),
-                     discover=lambda: discover(root, args.name))
+                     discover=lambda: discover(root, args.name),
+                     **({"trust": trust} if trust else {}))
     atomic_write_bytes(root / "addrs" / f"{args.name}.txt",
                        "\n".join(loop.collective_addrs()).encode())
     gen = torch.Generator().manual_seed(args.seed)
@@ -136,15 +193,22 @@ def main() -> None:
                     if args.poison == "huge" and r % 2 == 1:
                         p.mul_(1e6)
             if r % 2 == 1:
-                barrier(root, i, args.name, args.peers, args.barrier_timeout)
+                solo = i < args.solo_steps
+                if solo and args.after:
+                    wait_for_record(root, args.after, i, args.barrier_timeout)
+                barrier(root, i, args.name, 1 if solo else args.peers, args.barrier_timeout)
+                if i in skip:
+                    continue
+            CURRENT["i"] = i
             if r % 2 == 1 and not args.no_save:
                 before = loop._state.theta.clone().numpy()
                 local = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
-            rec = loop.maybe_outer_step(r)
+            rec = loop.maybe_outer_step(r, weight=args.weight)
             if rec is not None and not args.no_save:
                 after = loop._state.theta.clone().numpy()
+                params = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
                 np.savez(root / "out" / f"{args.name}-{i}.npz", before=before,
-                         delta=before - local, after=after)
+                         delta=before - local, after=after, local=local, params=params)
             if rec is not None:
                 rec["i"] = i
                 with open(root / "out" / f"{args.name}.jsonl", "a") as f:

@@ -17,7 +17,8 @@ def test_survivors_agree_after_kill_during_allreduce(swarm: Swarm) -> None:
         assert r["kill_hashes"] == 1, (r, swarm.logs(r["survivors"]))
         # ... and at the retry, with the joiner that replaced the victim
         assert r["retry_hashes"] == 1, (r, swarm.logs(r["survivors"] + [r["joiner"]]))
-        assert r["retry_status"][r["joiner"]] in ("ok", "resynced", "failed"), r
+        # the joiner may adopt the group's state and still miss this attempt's window
+        assert r["retry_status"][r["joiner"]] in ("ok", "resynced", "failed", "alone"), r
         statuses = [r["retry_status"][n] for n in r["survivors"]]
         progressed += statuses.count("ok") >= 2
     # the retry usually makes progress too (a retry can still fail for all, consistently,

@@ -36,7 +36,11 @@ def test_alone_loop_keeps_params_and_respects_deadline(tmp_path) -> None:
         for k in ("step", "peers", "param_hash", "seconds", "bytes_sent"):
             assert k in rec
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-        assert loop.maybe_outer_step(5)["step"] == 1
+        # alone changes nothing: the version and the hash stay (no ping-pong with others)
+        assert rec["step"] == rec["version"] == 0 and rec["rejected_commits"] == {}
+        again = loop.maybe_outer_step(5)
+        assert again["step"] == 0 and again["param_hash"] == rec["param_hash"]
+        assert again["weight"] == 4.0 and again["discarded_rounds"] == 0
     finally:
         loop.close()
 

@@ -31,7 +31,8 @@ def test_four_peers_bit_parity_reference_mean_then_joiner(swarm: Swarm) -> None:
     names = [f"p{i}" for i in range(4)]
     for i, n in enumerate(names):
         swarm.spawn(n, seed=i + 1, steps=5, peers=4, compression="fp16")
-    swarm.spawn("joiner", seed=99, steps=2, start_step=3, peers=5, compression="fp16")
+    swarm.spawn("joiner", seed=99, steps=2, start_step=3, peers=5, compression="fp16",
+                trust="p0,p1,p2,p3")
     # steps 3 and 4 have five peers: the barriers of the first four wait for the joiner
     swarm.wait_done(names + ["joiner"], timeout=240)
     recs = {n: swarm.records(n) for n in names + ["joiner"]}
@@ -55,14 +56,17 @@ def test_four_peers_bit_parity_reference_mean_then_joiner(swarm: Swarm) -> None:
 def test_poisoned_peers_are_excluded(swarm: Swarm) -> None:
     honest = ["h1", "h2", "h3"]
     for i, n in enumerate(honest):
-        swarm.spawn(n, seed=i + 1, steps=2, peers=5, compression="none")
-    swarm.spawn("nan", seed=10, steps=2, peers=5, compression="none", poison="nan")
-    swarm.spawn("huge", seed=11, steps=2, peers=5, compression="none", poison="huge")
-    swarm.wait_done(honest + ["nan", "huge"], timeout=200)
+        swarm.spawn(n, seed=i + 1, steps=2, peers=6, compression="none")
+    swarm.spawn("nan", seed=10, steps=2, peers=6, compression="none", poison="nan")
+    swarm.spawn("huge", seed=11, steps=2, peers=6, compression="none", poison="huge")
+    # honest deltas, but it declares weight 1000 against the others' 2 (rounds since counted)
+    swarm.spawn("heavy", seed=12, steps=2, peers=6, compression="none", weight=1000)
+    swarm.wait_done(honest + ["nan", "huge", "heavy"], timeout=200)
     for i in range(2):
-        recs = [swarm.records(n)[i] for n in honest]
+        recs = [swarm.records(n)[i] for n in honest + ["heavy"]]
         assert len({r["param_hash"] for r in recs}) == 1, recs
         for r in recs:
-            assert r["status"] == "ok" and r["peers"] == 5, r
+            assert r["status"] == "ok" and r["peers"] == 6, r
             assert set(r["excluded"].values()) == {"non_finite", "norm"}, r
-    _check_reference(swarm, honest, range(2), rel_tol=1e-5)
+    # the heavy peer counts like the others (capped at the median weight): plain mean
+    _check_reference(swarm, honest + ["heavy"], range(2), rel_tol=1e-5)

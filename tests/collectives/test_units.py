@@ -10,7 +10,9 @@ import torch
 import collectives
 from collectives import OuterConfig, get_codec
 from collectives.codec import CODECS, CodecError
-from collectives.consistency import CommitBook, canonical
+from collectives.allreduce import RateLimit
+from collectives.consistency import (Candidate, CommitBook, Lineage, decide_votes, extension,
+                                     head_rejections, sibling, trusted_head)
 from collectives.reduce import Contribution, reduce_shard, shard_bounds
 from collectives.state import OuterState, flatten, unflatten_into
 from protocol import Identity, OuterStepCommit
@@ -69,7 +71,7 @@ def test_reduce_excludes_poison_and_is_order_independent() -> None:
     b = reduce_shard([heavy, huge, honest[2], nan, honest[0], honest[1]], **BOUNDS)
     assert a.excluded == {"n": "non_finite", "x": "norm", "w": "weight"}
     assert a.mean is not None and b.mean is not None and torch.equal(a.mean, b.mean)
-    w = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    w = torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64)  # 3.0 capped at the median
     ref = (torch.stack([c.values.double() for c in honest]) * w[:, None]).sum(0) / w.sum()
     assert torch.allclose(a.mean.double(), ref, atol=1e-6)
     assert reduce_shard([nan], **BOUNDS).mean is None
@@ -118,23 +120,135 @@ def test_config_rejects_bad_values(field: str, value: object) -> None:
     assert dataclasses.is_dataclass(OuterConfig())
 
 
-def test_commits_verify_signer_group_and_majority() -> None:
+def test_commits_verify_signer_group_kind_and_step() -> None:
     ids = [Identity.generate() for _ in range(4)]
     books = [CommitBook(identity=i, group="g", gid="x", swarm_id="s") for i in ids]
-    raw = {i.peer_id: b.seal(3, "aa" if n < 3 else "bb", 4) for n, (i, b) in
-           enumerate(zip(ids, books))}
+    raw = {i.peer_id: b.seal(3, "aa", 4, parent="p0", members=["m1", "m2"])
+           for i, b in zip(ids, books)}
     reader = CommitBook(identity=ids[0], group="g", gid="x", swarm_id="s")
-    got = reader.verify(raw, step=3)
-    assert len(got) == 4 and canonical(got) == ("aa", sorted(i.peer_id for i in ids[:3]))
+    got = reader.verify(raw, step=3, kind="version")
+    assert len(got) == 4 and got[ids[1].peer_id].members == ("m1", "m2")
+    assert got[ids[1].peer_id].parent == "p0"
     forged = {ids[1].peer_id: books[0].seal(3, "cc", 4)}  # signed by someone else
     other_group = {ids[2].peer_id: CommitBook(identity=ids[2], group="h", gid="x",
                                               swarm_id="s").seal(3, "aa", 4)}
     assert reader.verify({**forged, **other_group, ids[3].peer_id: b"junk"}, step=3) == {}
     assert reader.verify(raw, step=4) == {}
-    assert reader.invalid == 7
-    tie = {"a": OuterStepCommit(group="g", step=1, state_hash="01", peers=2),
-           "b": OuterStepCommit(group="g", step=1, state_hash="02", peers=2)}
-    assert canonical(tie) == ("02", ["b"]) and canonical({}) is None
+    assert reader.verify(raw, step=3, kind="vote") == {}
+    assert reader.invalid == 11
+    with pytest.raises(ValueError):
+        books[0].seal(1, "aa", 2, kind="other")
+
+
+def _c(step: int, h: str, *, parent: str = "", members: tuple[str, ...] = (),
+       kind: str = "version") -> OuterStepCommit:
+    return OuterStepCommit(group="g", step=step, state_hash=h, parent=parent, members=members,
+                           kind=kind)
+
+
+def test_lineage_extension_needs_a_quorum_of_our_witnesses() -> None:
+    lin = Lineage(hash="h1", version=1, witnesses=frozenset({"me", "a", "b", "c"}))
+    nxt = _c(2, "h2", parent="h1", members=("a", "b", "me"))
+    # fresh keys (not witnesses) never make a quorum, however many
+    assert extension({f"sybil{i}": nxt for i in range(20)}, lin, "me") is None
+    assert extension({"a": nxt}, lin, "me") is None  # 1 of 3 witnesses
+    got = extension({"a": nxt, "b": nxt, "x": nxt}, lin, "me")
+    assert got == Candidate(hash="h2", version=2, members=("a", "b", "me"),
+                            holders=("a", "b", "x"))
+    # wrong parent or version: not an extension even with every witness
+    wrong = _c(2, "h2", parent="other", members=("a",))
+    assert extension({"a": wrong, "b": wrong, "c": wrong}, lin, "me") is None
+    far = _c(10**6, "zero", parent="h1")
+    assert extension({"a": far, "b": far, "c": far}, lin, "me") is None
+    # a group of two: the other witness alone is the quorum; genesis has none
+    pair = Lineage(hash="h1", version=1, witnesses=frozenset({"me", "a"}))
+    assert extension({"a": nxt}, pair, "me") is not None
+    assert extension({"a": _c(1, "h2", parent="g0")}, Lineage("g0", 0), "me") is None
+
+
+def test_a_fork_is_settled_by_the_parents_witnesses() -> None:
+    # we (me, d) made "ours" from "p" while a, b, c made "theirs" from "p" in another window
+    mine = Lineage(hash="ours", version=5, witnesses=frozenset({"me", "d"}), parent="p",
+                   parent_witnesses=frozenset({"me", "a", "b", "c", "d"}))
+    theirs = _c(5, "theirs", parent="p", members=("a", "b", "c"))
+    got = sibling({"a": theirs, "b": theirs, "c": theirs, "d": _c(5, "ours", parent="p")},
+                  mine, "me")
+    assert got is not None and got.hash == "theirs" and got.members == ("a", "b", "c")
+    # the other side never switches to the minority fork
+    them = Lineage(hash="theirs", version=5, witnesses=frozenset({"a", "b", "c"}), parent="p",
+                   parent_witnesses=mine.parent_witnesses)
+    assert sibling({"me": _c(5, "ours", parent="p"), "d": _c(5, "ours", parent="p")}, them,
+                   "a") is None
+    assert sibling({f"s{i}": theirs for i in range(9)}, mine, "me") is None  # fresh keys
+
+
+def test_votes_count_only_peers_we_saw_contribute() -> None:
+    up, down = _c(5, "new", parent="old", kind="vote"), _c(5, "old", parent="old", kind="vote")
+    sybils = {f"s{i}": _c(5, "evil", parent="old", kind="vote") for i in range(10)}
+    assert decide_votes({**sybils, "a": up}, mine="new", parent="old", voters={"a", "b"},
+                        me="me") == "new"
+    assert decide_votes({"a": down, "b": down}, mine="new", parent="old", voters={"a", "b"},
+                        me="me") == "old"  # we applied, they did not: roll back
+    assert decide_votes({"a": up}, mine="old", parent="old", voters={"a"}, me="me") == "new"
+
+
+def test_joiner_adopts_only_anchored_or_trusted_heads() -> None:
+    heads = {"t": _c(4, "good", parent="p", members=("t", "u")),
+             "evil": _c(10**6, "zero", parent="x"), "u": _c(4, "good", parent="p")}
+    assert trusted_head(heads, anchor="", trust=lambda p: False, mine="g0") is None
+    got = trusted_head(heads, anchor="", trust=lambda p: p == "t", mine="g0")
+    assert got is not None and (got.hash, got.version, got.holders) == ("good", 4, ("t",))
+    got = trusted_head(heads, anchor="zero", trust=lambda p: False, mine="g0")
+    assert got is not None and got.hash == "zero" and got.holders == ("evil",)
+    boom = trusted_head(heads, anchor="", trust=lambda p: 1 / 0, mine="g0")  # type: ignore
+    assert boom is None
+    lin = Lineage(hash="h1", version=1, witnesses=frozenset({"me", "a"}))
+    reasons = head_rejections({"e": _c(10**6, "zero", parent="x"),
+                               "f": _c(2, "h9", parent="h1"), "a": _c(1, "h1")}, lin,
+                              joiner=False)
+    assert reasons == {"unknown_parent": 1, "no_quorum": 1}
+    assert head_rejections({"e": _c(9, "z")}, Lineage("g", 0), joiner=True) == {"untrusted": 1}
+
+
+def test_weights_are_capped_by_the_median_and_two_peers_are_norm_bounded() -> None:
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(32, generator=g) for _ in range(2)]
+    a = Contribution(peer="a", weight=1.0, values=xs[0])
+    heavy = Contribution(peer="b", weight=1000.0, values=xs[1])
+    res = reduce_shard([a, heavy], **BOUNDS)
+    assert res.weights == {"a": 1.0, "b": 1.0}
+    assert torch.allclose(res.mean, (xs[0] + xs[1]) / 2, atol=1e-6)
+    huge = Contribution(peer="b", weight=1.0, values=xs[1] * 1e6)
+    # two contributions: bounded relative to the reducer's own
+    assert reduce_shard([a, huge], own="a", **BOUNDS).excluded == {"b": "norm"}
+    assert reduce_shard([a, huge], own="a", **{**BOUNDS, "max_norm_ratio": 1e9}).excluded == {}
+
+
+def test_centred_clipping_bounds_an_outlier_and_keeps_honest_means_exact() -> None:
+    g = torch.Generator().manual_seed(4)
+    honest = [Contribution(peer=f"h{i}", weight=1.0, values=torch.randn(256, generator=g))
+              for i in range(4)]
+    plain = reduce_shard(honest, **BOUNDS)
+    assert plain.clipped == ()
+    ref = torch.stack([c.values for c in honest]).double().mean(0)
+    assert torch.allclose(plain.mean.double(), ref, atol=1e-6)
+    # an outlier below the exclusion bound (5x < ratio 10) is clipped, not averaged in full
+    out = Contribution(peer="z", weight=1.0, values=torch.randn(256, generator=g) * 5)
+    res = reduce_shard([*honest, out], **BOUNDS)
+    assert res.clipped == ("z",) and not res.excluded
+    naive = torch.stack([c.values for c in [*honest, out]]).mean(0)
+    assert (res.mean - ref.float()).norm() < 0.6 * (naive - ref.float()).norm()
+    shuffled = reduce_shard([honest[2], out, honest[0], honest[3], honest[1]], **BOUNDS)
+    assert torch.equal(res.mean, shuffled.mean)  # deterministic in peer-id order
+
+
+def test_state_wire_size_bounds_the_bytes_and_rate_limit() -> None:
+    for n in (0, 1, 100, 70000):
+        st = OuterState(theta=torch.randn(n), momentum=torch.randn(n), applied=2**40)
+        assert len(st.to_bytes()) <= OuterState.wire_size(n) <= len(st.to_bytes()) + 16
+    rl = RateLimit(2)
+    assert rl.allow("a", 0.0) and rl.allow("a", 1.0) and not rl.allow("a", 2.0)
+    assert rl.allow("b", 2.0) and rl.allow("a", 61.0)
 
 
 def test_state_hash_cache_follows_every_change() -> None:
@@ -142,12 +256,40 @@ def test_state_hash_cache_follows_every_change() -> None:
 
     def fresh() -> str:  # the same state in new tensors: nothing cached
         return OuterState(theta=st.theta.clone(), momentum=st.momentum.clone(),
-                          attempt=st.attempt, applied=st.applied).hash()
+                          applied=st.applied).hash()
 
     seen = {st.hash()}
-    for change in (lambda: setattr(st, "attempt", 1), lambda: st.apply(torch.ones(50), lr=0.5,
+    for change in (lambda: setattr(st, "applied", 7), lambda: st.apply(torch.ones(50), lr=0.5,
                    momentum=0.9), lambda: st.momentum.add_(1.0), lambda: st.theta.mul_(2.0),
                    lambda: setattr(st, "theta", torch.zeros(50))):
         change()
         assert st.hash() == fresh() and st.hash() not in seen
         seen.add(st.hash())
+
+
+def test_genesis_must_match_the_params(tmp_path) -> None:
+    from collectives import OuterLoop
+
+    with pytest.raises(ValueError, match="genesis"):
+        OuterLoop(OuterConfig(), identity=Identity.generate(), group="g",
+                  params=torch.nn.Linear(2, 2), data_dir=str(tmp_path), discover=lambda: [],
+                  genesis=torch.zeros(5))
+
+
+def test_a_group_without_most_of_the_last_contributors_does_not_advance() -> None:
+    import threading
+
+    from collectives import OuterLoop
+
+    loop = object.__new__(OuterLoop)  # only the rule: no transport needed
+    loop.config, loop.peer_id, loop._lock = OuterConfig(minority_patience=2), "me", \
+        threading.Lock()
+    loop._minority_streak = 0
+    loop._lineage = Lineage(hash="h", version=4, witnesses=frozenset({"me", "a", "b", "c"}))
+    assert loop._may_advance({"a", "b"})  # 3 of 4 witnesses (us included)
+    assert not loop._may_advance({"a", "x", "y"})  # 2 of 4: the other half may be stepping
+    assert not loop._may_advance({"a"})
+    assert loop._may_advance({"a"})  # patience (2) exhausted: the majority is gone
+    assert not loop._may_advance({"z"})  # the streak starts again
+    loop._lineage = Lineage(hash="g", version=0)  # genesis: no witnesses, no rule
+    assert loop._may_advance({"z"})

@@ -1,0 +1,102 @@
+"""Outer-step stream endpoints in-process: JOIN after the freeze (issue 17.6: an admitted
+member whose reply was lost asks again) and the state endpoint (rate limit, chunks, bound)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from collectives import OuterConfig, get_codec
+from collectives._hivemind import P2P
+from collectives.allreduce import STATE_CHUNK, AllReduce
+from collectives.errors import StepFailed
+
+
+async def _pair() -> tuple[P2P, P2P]:
+    a = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    b = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                         initial_peers=[str(m) for m in await a.get_visible_maddrs()])
+    return a, b
+
+
+def test_join_reply_lost_once_is_asked_again_and_answered_the_same() -> None:
+    async def main() -> None:
+        a, b = await _pair()
+        try:
+            cfg = OuterConfig(join_window_s=0.5, deadline_s=10.0)
+            ids = [p.peer_id.to_base58() for p in (a, b)]
+            ars = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
+                             state_provider=lambda h: None) for p, i in zip((a, b), ids)]
+            for ar in ars:
+                await ar.start()
+            loop = asyncio.get_running_loop()
+            for ar in ars:
+                await ar.open_session(step=3, state_hash="h", numel=8, weight=1.0,
+                                      deadline=loop.time() + 8)
+            leader, member = (ars[0], ars[1]) if ids[0] < ids[1] else (ars[1], ars[0])
+            lost = {"n": 0}
+            real = member._join_once
+
+            async def flaky(s, who):  # type: ignore[no-untyped-def]
+                reply = await real(s, who)  # the leader admitted us ...
+                if lost["n"] == 0:  # ... but the reply never arrived (p2pd reset)
+                    lost["n"] += 1
+                    raise asyncio.IncompleteReadError(b"", 8)
+                return reply
+
+            member._join_once = flaky  # type: ignore[method-assign]
+            t = loop.time()
+            got = await asyncio.gather(
+                leader.form_group(leader.peer_id, freeze_at=t + 0.5,
+                                  expected={member.peer_id}, latest=t + 3),
+                member.form_group(leader.peer_id, freeze_at=t + 0.5, expected=set(),
+                                  latest=t + 3))
+            assert lost["n"] == 1
+            assert got[0] == got[1] == sorted(ids)
+            assert member.session.nonce == leader.session.nonce != ""
+            # a third JOIN after the freeze gets the same answer again (idempotent)
+            again = await real(member.session, leader.peer_id)
+            assert again["ok"] and again["members"] == sorted(ids)
+            assert again["nonce"] == leader.session.nonce
+        finally:
+            await b.shutdown()
+            await a.shutdown()
+
+    asyncio.run(main())
+
+
+def test_state_endpoint_chunks_bounds_and_rate_limits_per_peer() -> None:
+    data = bytes(range(256)) * (STATE_CHUNK // 256 * 2 + 7)  # three chunks
+    calls = []
+
+    def provider(want: str) -> bytes | None:
+        calls.append(want)
+        return data if want == "h" else None
+
+    async def main() -> None:
+        a, b = await _pair()
+        try:
+            cfg = OuterConfig(state_requests_per_minute=2)
+            server = AllReduce(a, cfg, get_codec("none"), peer_id=a.peer_id.to_base58(),
+                               gid="g", state_provider=provider)
+            client = AllReduce(b, cfg, get_codec("none"), peer_id=b.peer_id.to_base58(),
+                               gid="g", state_provider=lambda h: None)
+            await server.start()
+            await client.start()
+            srv = server.peer_id
+            assert await client.fetch_state(srv, "h", 20, max_bytes=len(data)) == data
+            try:  # bounded by what it must be: one byte less than announced is refused
+                await client.fetch_state(srv, "h", 20, max_bytes=len(data) - 1)
+                raise AssertionError("an oversized state was accepted")
+            except StepFailed as e:
+                assert "bytes" in str(e)
+            try:  # third request within a minute from the same peer: refused, counted
+                await client.fetch_state(srv, "h", 20, max_bytes=len(data))
+                raise AssertionError("the rate limit did not hold")
+            except StepFailed as e:
+                assert "rate" in str(e)
+            assert server.state_refused == 1 and calls == ["h", "h"]
+        finally:
+            await b.shutdown()
+            await a.shutdown()
+
+    asyncio.run(main())
