@@ -131,17 +131,19 @@ async def _reach(stack: Stack, victims: list[str], topic: str) -> None:
 class Sender:
     """Publishes one attack's payloads at ``rate_per_s`` per identity and counts them."""
 
-    def __init__(self, attack: Attack, args: dict[str, Any], stacks: list[Stack],
-                 identities: list[Identity], topic: str) -> None:
-        self.attack, self.args, self.stacks, self.ids = attack, args, stacks, identities
-        self.topic = topic
+    def __init__(self, attack: Attack, args: dict[str, Any], identities: list[Identity],
+                 topic: str) -> None:
+        self.attack, self.args, self.ids, self.topic = attack, dict(args), identities, topic
         self.sent: collections.Counter[str] = collections.Counter()
         self.rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.round = 0
+        self._bad_sig_data: bytes | None = None
 
-    async def run(self) -> None:
+    async def run(self, stacks: list[Stack], *, model: str) -> None:
+        """Attack from every identity (one host each), claiming the victims' ``model``."""
+        self.args["model"] = model
         async with trio.open_nursery() as nursery:
-            for stack, me in zip(self.stacks, self.ids):
+            for stack, me in zip(stacks, self.ids):
                 nursery.start_soon(self._loop, stack, me)
 
     async def _loop(self, stack: Stack, me: Identity) -> None:
@@ -194,11 +196,11 @@ class Sender:
         """A message with a valid envelope whose pubsub signature is 64 random bytes, handed
         to the router directly (our own pubsub would refuse to forward it)."""
         pubsub = stack.pubsub
-        if not hasattr(self, "_data"):
-            self._data = seal(me, steering_batch(
+        if self._bad_sig_data is None:
+            self._bad_sig_data = seal(me, steering_batch(
                 model=self.args["model"], round_=0, seed=self._seed(), group_sizes=(8,),
                 task_config=TINY_ADD_CONFIG, answer="?"), swarm_id=self.args["swarm_id"])
-        msg = rpc_pb2.Message(data=self._data, topicIDs=[self.topic],
+        msg = rpc_pb2.Message(data=self._bad_sig_data, topicIDs=[self.topic],
                               from_id=pubsub.my_id.to_bytes(), seqno=pubsub._next_seqno())
         msg.key = stack.host.get_public_key().serialize()
         msg.signature = os.urandom(64)
@@ -225,7 +227,7 @@ async def run_gossip_attack(attack: Attack, args: dict[str, Any]) -> dict[str, A
     victims = list(args["victims"])
     topic = topic_for(args["swarm_id"], "rollouts")
     observer = Observer(own={me.peer_id for me in identities}, swarm_id=args["swarm_id"])
-    sender = Sender(attack, args, [], identities, topic)
+    sender = Sender(attack, args, identities, topic)
     await trio.to_thread.run_sync(sender.batch_for_warm_up)  # slow imports happen now
     _line("loaded")
     async with AsyncExitStack() as exit_stack:
@@ -240,12 +242,11 @@ async def run_gossip_attack(attack: Attack, args: dict[str, Any]) -> dict[str, A
             await trio.sleep(1.0)  # one gossipsub heartbeat: meshes include the victims
             with trio.move_on_after(CONNECT_TIMEOUT_S):  # claim the victims' model
                 await observer.model_known.wait()
-            args = {**args, "model": observer.model or "unknown"}
-            _line("ready", model=args["model"], peer_ids=[me.peer_id for me in identities])
-            sender.args, sender.stacks = args, stacks
+            model = observer.model or "unknown"
+            _line("ready", model=model, peer_ids=[me.peer_id for me in identities])
             with trio.move_on_after(float(args["duration_s"])) as scope:
                 nursery.start_soon(_until_signal, scope)
-                await sender.run()
+                await sender.run(stacks, model=model)
                 await trio.sleep_forever()  # a bounded attack (messages) waits for the end
             await trio.sleep(0.5)  # let the outbound queues drain
             nursery.cancel_scope.cancel()
