@@ -17,10 +17,11 @@ import pytest
 from tests.adversary.attacks import Attack
 from tests.adversary.harness import Plan, run_swarm
 
-ROUNDS = 20
-"""Enough rounds for the embedded model to learn visibly (mean reward 0.04 → ~0.25)."""
-EVERY_ROUNDS = 5
-"""Outer steps after rounds 4, 9, 14, 19: the takeover has four chances."""
+ROUNDS = 30
+"""Enough rounds for the embedded model to learn visibly (mean reward 0.04 → ~0.25) and
+for steering to show on main (7 % "9999" in the last 15 rounds; 0.6 % after 20 rounds)."""
+EVERY_ROUNDS = 10
+"""Outer steps after rounds 9, 19 and 29: the takeover has three chances."""
 TIMEOUT_S = 300.0
 
 RUN_A = ((Attack.CODE_EXEC, {}),

@@ -21,15 +21,16 @@ __all__ = ["FAMILY_REASONS", "GROUP_SIZE_REASONS", "PUBSUB_SIGNATURE_REASONS",
 FAMILY_REASONS = ("unconfigured_family", "unknown_family", "bad_config")
 """Learner reasons for a rollout of a family/config the receiver does not train on
 (the code-exec families, count_primes with max_n 2e7)."""
-GROUP_SIZE_REASONS = ("group_size",)
+GROUP_SIZE_REASONS = ("group_size", "wrong_group_size")
 """Learner reason for a group whose size is not the receiver's completions per question."""
 UNKNOWN_KEY_REASONS = ("unknown_keys", "schema", "oversized")
 """Swarm reasons for a message carrying an unbounded unknown key."""
-PUBSUB_SIGNATURE_REASONS = ("pubsub_signature",)
+PUBSUB_SIGNATURE_REASONS = ("pubsub_signature", "bad_pubsub_signature")
 """Swarm reason for a pubsub message whose signature does not verify (py-libp2p drops it
 before our validator; the defence must count it)."""
 MIN_REWARD_MARGIN = 0.03
-"""Floor of the reward margin (absolute reward units); see ``reward_margin``."""
+"""Floor of the reward margin (absolute reward units); see ``reward_margin``. Tuples of
+names above: the names a defence may reasonably use; trim them once the names are fixed."""
 
 
 def rounds(run: dict[str, Any], node: str) -> list[dict[str, Any]]:
@@ -50,8 +51,8 @@ def reward_margin(baseline: dict[str, Any]) -> float:
     (std / √2 removes the learning trend that a plain std would count as noise), the
     standard error of one run's mean is that over √(rounds × nodes), and the difference of
     two independent runs has √2 times it. Rounds are not independent (one policy learns),
-    so this is floored at MIN_REWARD_MARGIN, which is larger than the gap between two
-    baseline runs that bench/adversary.py measured (see its report)."""
+    so this is floored at MIN_REWARD_MARGIN: 2.5x the gap between two baseline runs of 30
+    rounds that bench/adversary.py measured (0.149 vs 0.161)."""
     diffs, n = [], 0
     for node in baseline["nodes"]:
         values = [r["mean_reward"] for r in rounds(baseline, node)]

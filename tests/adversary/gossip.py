@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable
 
 import multiaddr
 import trio
+from libp2p.peer.peerstore import env_to_send_in_RPC
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 
@@ -41,6 +42,9 @@ __all__ = ["run_gossip_attack"]
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 CONNECT_TIMEOUT_S = 120.0
+BAD_SIGNATURE_BATCH = 1
+"""Messages per RPC in the bad-signature flood (the receiver pays per RPC: it verifies
+the signed peer record each one carries, so one message per RPC costs it the most)."""
 TINY_ADD_CONFIG = {"max_operand": 9, "closeness": 0.5}
 """The honest nodes' tiny_add config as their specs carry it (defaults merged)."""
 
@@ -138,6 +142,7 @@ class Sender:
         self.rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.round = 0
         self._bad_sig_data: bytes | None = None
+        self._sender_record: bytes | None = None
 
     async def run(self, stacks: list[Stack], *, model: str) -> None:
         """Attack from every identity (one host each), claiming the victims' ``model``."""
@@ -147,7 +152,8 @@ class Sender:
                 nursery.start_soon(self._loop, stack, me)
 
     async def _loop(self, stack: Stack, me: Identity) -> None:
-        period = 1.0 / float(self.args["rate_per_s"])
+        per_call = BAD_SIGNATURE_BATCH if self.attack is Attack.BAD_SIGNATURES else 1
+        period = per_call / float(self.args["rate_per_s"])
         build = self._builder()
         limit = int(self.args.get("messages", 0)) or None
         while limit is None or self.sent["messages"] < limit:
@@ -193,19 +199,30 @@ class Sender:
         self.sent["rollouts"] += len(getattr(batch, "inner", batch).rollouts)
 
     async def _bad_signature(self, stack: Stack, me: Identity) -> None:
-        """A message with a valid envelope whose pubsub signature is 64 random bytes, handed
-        to the router directly (our own pubsub would refuse to forward it)."""
+        """BAD_SIGNATURE_BATCH messages with a valid envelope whose pubsub signature is 64
+        random bytes, in one RPC to every pubsub peer (our own pubsub would refuse to send
+        them, and the router's publish signs a fresh peer record per call: too slow)."""
         pubsub = stack.pubsub
         if self._bad_sig_data is None:
             self._bad_sig_data = seal(me, steering_batch(
                 model=self.args["model"], round_=0, seed=self._seed(), group_sizes=(8,),
                 task_config=TINY_ADD_CONFIG, answer="?"), swarm_id=self.args["swarm_id"])
-        msg = rpc_pb2.Message(data=self._bad_sig_data, topicIDs=[self.topic],
-                              from_id=pubsub.my_id.to_bytes(), seqno=pubsub._next_seqno())
-        msg.key = stack.host.get_public_key().serialize()
-        msg.signature = os.urandom(64)
-        await stack.router.publish(pubsub.my_id, msg)
-        self.sent["messages"] += 1
+        key = stack.host.get_public_key().serialize()
+        msgs = [rpc_pb2.Message(data=self._bad_sig_data, topicIDs=[self.topic],
+                                from_id=pubsub.my_id.to_bytes(), seqno=pubsub._next_seqno(),
+                                key=key, signature=os.urandom(64))
+                for _ in range(BAD_SIGNATURE_BATCH)]
+        rpc = rpc_pb2.RPC(publish=msgs, senderRecord=self._record(stack))
+        for peer in list(pubsub.peers):
+            stack.router.send_rpc(peer, rpc)
+        self.sent["messages"] += len(msgs)
+        await trio.sleep(0)
+
+
+    def _record(self, stack: Stack) -> bytes:
+        if self._sender_record is None:
+            self._sender_record, _ = env_to_send_in_RPC(stack.host)
+        return self._sender_record
 
 
 def _line(event: str, **data: Any) -> None:

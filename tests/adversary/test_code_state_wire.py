@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 TAKEOVER_STEP = 10**6
 SWARM_CPU_FACTOR = 3.0
 """Swarm process CPU per second of run may be at most this multiple of the baseline's
-(plus 5 % of a core): main spent 28-41x under these floods."""
+(plus 3 % of a core). On main each of these floods alone cost 3.7-5x (bench/adversary.py;
+the issue measured 28-41x against a quieter baseline)."""
 
 
 def _count(counter: Any, reasons: tuple[str, ...]) -> int:
@@ -68,7 +69,7 @@ def test_unknown_keys_and_bad_signatures_are_counted_and_cheap(
         assert _count(rejected, PUBSUB_SIGNATURE_REASONS) >= 5, (name, dict(rejected))
         base = baseline["nodes"][name]["swarm_cpu_s"] / baseline["seconds"]
         got = node["swarm_cpu_s"] / run_a["seconds"]
-        assert got <= SWARM_CPU_FACTOR * base + 0.05, (
+        assert got <= SWARM_CPU_FACTOR * base + 0.03, (
             name, f"swarm CPU {got:.3f} core under attack vs {base:.3f} without")
 
 
