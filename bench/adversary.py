@@ -11,7 +11,8 @@ Writes bench/results/adversary.json: per run the honest nodes' mean reward (and 
 difference to the mean of the baselines), mean reward of the last 5 rounds, whether a code
 marker appeared, learner peak RSS, slowest round, swarm/learner CPU seconds, outer steps,
 rejections by reason (learner per round, summed; swarm running totals), what the attacker
-sent and, for the steering attacks, the fraction of honest completions that said "9999".
+sent and, for the steering attacks, the fraction of honest completions that said "9999" in
+the second half of the run (as a silent observing peer saw them on gossip).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from tests.adversary.expect import (
 from tests.adversary.harness import Plan, run_swarm
 
 RESULTS = Path(__file__).resolve().parent / "results"
+STEERING = (Attack.STEERING, Attack.SYBIL)
+"""Attacks whose runs get a silent observer (the hijack measure)."""
 log = logging.getLogger("bench.adversary")
 
 
@@ -70,10 +73,9 @@ def summarize(run: dict[str, Any], label: str, baseline_reward: float | None) ->
                          for k, v in run["attackers"].items()}}
     if baseline_reward is not None:
         out["reward_vs_baseline"] = round(reward - baseline_reward, 4)
-    for attack in ("steering", "sybil"):
-        if attack in run["attackers"]:
-            out["steered_fraction_last_half"] = round(
-                steered_fraction(run, attack, last=run["plan"]["rounds"] // 2), 4)
+    if Attack.OBSERVE.value in run["attackers"]:
+        out["steered_fraction_last_half"] = round(
+            steered_fraction(run, Attack.OBSERVE.value, last=run["plan"]["rounds"] // 2), 4)
     return out
 
 
@@ -92,8 +94,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--every-rounds", type=int, default=10)
     ap.add_argument("--baselines", type=int, default=2)
-    ap.add_argument("--attacks", nargs="*", default=[a.value for a in Attack],
-                    choices=[a.value for a in Attack])
+    attacks = [a.value for a in Attack if a is not Attack.OBSERVE]
+    ap.add_argument("--attacks", nargs="*", default=attacks, choices=attacks)
     ap.add_argument("--set", nargs="*", default=[], metavar="ATTACK.FIELD=JSON",
                     help="override an attack's parameter, e.g. cpu_bomb.specs=16")
     ap.add_argument("--timeout-s", type=float, default=420.0)
@@ -117,7 +119,8 @@ def main() -> None:
     for name in args.attacks:
         attack = Attack(name)
         started = time.monotonic()
-        run = run_swarm(plan(((attack, overrides.get(attack, {})),)))
+        observe = ((Attack.OBSERVE, {}),) if attack in STEERING else ()
+        run = run_swarm(plan(((attack, overrides.get(attack, {})), *observe)))
         runs.append(summarize(run, name, base))
         log.info("%s: reward %.4f (baseline %s), markers %d, %.0f s", name, mean_reward(run),
                  f"{base:.4f}" if base is not None else "-", len(run["markers"]),

@@ -26,6 +26,9 @@ class Attack(str, enum.Enum):
     """~230 msg/s whose pubsub signature does not verify."""
     SYBIL = "sybil"
     """STEERING from 20 fresh identities at once."""
+    OBSERVE = "observe"
+    """Not an attack: a silent peer that only records what the honest nodes publish (the
+    hijack measure; it sends nothing, so no defence has a reason to shut it out)."""
 
 
 DEFAULTS: dict[Attack, dict[str, Any]] = {
@@ -36,5 +39,6 @@ DEFAULTS: dict[Attack, dict[str, Any]] = {
     Attack.UNKNOWN_KEYS: {"rate_per_s": 5.0, "objects": 63_000},
     Attack.BAD_SIGNATURES: {"rate_per_s": 230.0},
     Attack.SYBIL: {"rate_per_s": 0.5, "identities": 20, "group_sizes": [64, 64, 8, 8]},
+    Attack.OBSERVE: {},
 }
 """Per-attack defaults; the JSON argument overrides them."""

@@ -31,7 +31,7 @@ RUN_A = ((Attack.CODE_EXEC, {}),
          (Attack.UNKNOWN_KEYS, {}),
          (Attack.BAD_SIGNATURES, {}),
          (Attack.DILOCO_TAKEOVER, {}))
-RUN_B = ((Attack.STEERING, {}), (Attack.SYBIL, {}))
+RUN_B = ((Attack.STEERING, {}), (Attack.SYBIL, {}), (Attack.OBSERVE, {}))
 
 
 def _run(attacks: tuple[tuple[Attack, dict[str, Any]], ...]) -> dict[str, Any]:

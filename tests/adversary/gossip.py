@@ -147,6 +147,8 @@ class Sender:
     async def run(self, stacks: list[Stack], *, model: str) -> None:
         """Attack from every identity (one host each), claiming the victims' ``model``."""
         self.args["model"] = model
+        if self.attack is Attack.OBSERVE:
+            return
         async with trio.open_nursery() as nursery:
             for stack, me in zip(stacks, self.ids):
                 nursery.start_soon(self._loop, stack, me)
@@ -183,7 +185,7 @@ class Sender:
 
     def batch_for_warm_up(self) -> None:
         """Build (and drop) one payload: imports its task code before the clock starts."""
-        if self.attack is not Attack.BAD_SIGNATURES:
+        if self.attack not in (Attack.BAD_SIGNATURES, Attack.OBSERVE):
             self._batch()
         self.round = 0
 

@@ -42,9 +42,6 @@ def test_every_attacker_of_run_a_attacked(run_a: dict[str, Any]) -> None:
     assert sent["unknown_keys"].get("messages", 0) >= 50, sent
     assert sent["bad_signatures"].get("messages", 0) >= 1000, sent
     assert sent["diloco_takeover"].get("stores", 0) >= 2, sent
-    observed = run_a["attackers"]["code_exec"].get("observed", {})
-    assert {n["peer_id"] for n in run_a["nodes"].values()} <= set(observed), \
-        "the attacker never heard the honest nodes: it was not in their swarm"
 
 
 def test_no_remote_text_is_evaluated(run_a: dict[str, Any]) -> None:

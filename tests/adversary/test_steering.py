@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 MAX_STEERED = 0.02
 """Most of the honest nodes' own completions in the second half of the run that may be the
-steered answer "9999" (a cold-start policy never writes it; main: 96-99 % in the issue)."""
+steered answer "9999" (a cold-start policy never writes it; main after 30 rounds: 4.7-7.3 %,
+rising; the issue's 96-99 % came from a longer run)."""
 
 
 def test_every_attacker_of_run_b_attacked(run_b: dict[str, Any]) -> None:
@@ -23,14 +24,15 @@ def test_every_attacker_of_run_b_attacked(run_b: dict[str, Any]) -> None:
     assert steering.get("sent", {}).get("messages", 0) >= 30, steering
     assert len(set(sybil.get("peer_ids", []))) == 20, sybil
     assert sybil.get("sent", {}).get("messages", 0) >= 100, sybil
-    honest = {n["peer_id"] for n in run_b["nodes"].values()}
-    assert honest <= set(steering.get("observed", {})), "the attacker never heard the nodes"
+    observed = run_b["attackers"]["observe"].get("observed", {})
+    for node in run_b["nodes"].values():  # the silent observer heard the second half
+        rounds = {int(r) for r in observed.get(node["peer_id"], {})}
+        assert len(rounds & set(range(ROUNDS // 2, ROUNDS))) >= ROUNDS // 4, sorted(rounds)
 
 
 def test_honest_generations_are_not_hijacked(run_b: dict[str, Any]) -> None:
-    for attack in ("steering", "sybil"):  # two observers, same honest traffic
-        frac = steered_fraction(run_b, attack, last=ROUNDS // 2)
-        assert frac <= MAX_STEERED, f"{frac:.1%} of honest completions say 9999 ({attack})"
+    frac = steered_fraction(run_b, "observe", last=ROUNDS // 2)
+    assert frac <= MAX_STEERED, f"{frac:.1%} of honest completions say 9999"
 
 
 def test_groups_of_the_wrong_size_are_rejected_by_reason(run_b: dict[str, Any]) -> None:
