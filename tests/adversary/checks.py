@@ -14,7 +14,8 @@ RSS_FACTOR = 1.5
 
 def assert_completed_in_bounded_time(run: dict[str, Any], baseline: dict[str, Any]) -> None:
     """Every honest node ran all its rounds and exited 0; no round took more than
-    max(3 x, +5 s) the slowest baseline round of that node."""
+    max(3 x, +10 s) the slowest baseline round of that node (baseline rounds take 0.4-1.8 s
+    on a loaded 2-core box; main took 40-120 s under the CPU bomb)."""
     assert not run["timed_out"], "the honest nodes did not finish in time"
     rounds = run["plan"]["rounds"]
     for name, node in run["nodes"].items():
@@ -22,7 +23,7 @@ def assert_completed_in_bounded_time(run: dict[str, Any], baseline: dict[str, An
         assert len(node["report"]["rounds"]) == rounds, name
         base = max_round_seconds(baseline, name)
         got = max_round_seconds(run, name)
-        assert got <= max(3 * base, base + 5.0), (name, f"slowest round {got:.1f} s, "
+        assert got <= max(3 * base, base + 10.0), (name, f"slowest round {got:.1f} s, "
                                                         f"baseline {base:.1f} s")
 
 
