@@ -1,0 +1,263 @@
+"""One run of a small real swarm on 127.0.0.1, with or without hostile peers.
+
+A bootstrap peer and two honest ``swarm-node join`` nodes (``tests/e2e/procs.py``) with fixed
+identities, ports and seeds, so a baseline and an attacked run differ only by the attackers.
+Attackers (``python -m tests.adversary.hostile``) start first; once their imports are done
+the nodes start, the attackers attack as soon as they reach them, and are stopped (SIGTERM:
+they report) when the nodes are done. While it
+runs, a sampler records each node's learner and swarm process: peak RSS and CPU seconds.
+``run_swarm`` returns everything as one JSON-able dict (tests assert on it, the benchmark
+writes it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from cryptography.hazmat.primitives import serialization
+
+from protocol import Identity, atomic_write_bytes
+from tests.adversary.attacks import Attack
+from tests.e2e.procs import Bootstrap, join, log_tail
+from tests.swarm.procs import short_tmpdir
+
+__all__ = ["Plan", "run_swarm"]
+
+SWARM_ID = "adversary"
+HONEST = ("honest-0", "honest-1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What one run does."""
+
+    rounds: int = 6
+    """Rounds every honest node runs."""
+    attacks: tuple[tuple[Attack, dict[str, Any]], ...] = ()
+    """Attackers to start (each its own process) with their JSON overrides."""
+    seed: int = 0
+    """Learner seed of the honest nodes (their identities are fixed too)."""
+    every_rounds: int = 3
+    """DiLoCo outer step after every this many rounds."""
+    timeout_s: float = 300.0
+    """The nodes are stopped (SIGTERM: they still write their reports) after this long."""
+    keep: bool = False
+    """Keep the run's directory (logs, data dirs) instead of deleting it."""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.every_rounds < 1 or not self.timeout_s > 0:
+            raise ValueError("Plan: rounds, every_rounds and timeout_s must be positive")
+
+
+def honest_identity(name: str) -> Identity:
+    return Identity.from_seed(hashlib.sha256(f"swarm-node/adversary/{name}".encode()).digest())
+
+
+def _write_identity(data_dir: Path, identity: Identity) -> None:
+    pem = identity.private_key.private_bytes(serialization.Encoding.PEM,
+                                             serialization.PrivateFormat.PKCS8,
+                                             serialization.NoEncryption())
+    atomic_write_bytes(data_dir / "identity.key", pem, mode=0o600)
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p+1 free (swarm and collective ports of one node)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return int(port)
+    raise RuntimeError("no free pair of ports")
+
+
+def _config(base: Path, plan: Plan) -> Path:
+    path = base / "node.toml"
+    path.write_text(
+        f"[learner]\nseed = {plan.seed}\ncheckpoint_every = 0\n\n[learner.policy]\nthreads = 1\n\n"
+        f"[outer]\nevery_rounds = {plan.every_rounds}\njoin_window_s = 3.0\ndeadline_s = 20.0\n")
+    return path
+
+
+@dataclass
+class Sampler:
+    """Samples each node's learner and swarm process (found by command line) twice a second."""
+
+    procs: dict[str, subprocess.Popen[bytes]]
+    peak_rss: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _sample(self) -> None:
+        for name, proc in self.procs.items():
+            try:
+                children = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                continue
+            for child in children:
+                try:
+                    cmd = " ".join(child.cmdline())
+                    kind = "learner" if "node.learner_process" in cmd else \
+                        "swarm" if "-m swarm" in cmd else None
+                    if kind is None:
+                        continue
+                    rss = child.memory_info().rss / 2**20
+                    cpu = child.cpu_times()
+                except psutil.Error:
+                    continue
+                key = f"{name}/{kind}"
+                self.peak_rss[key] = max(self.peak_rss.get(key, 0.0), rss)
+                self.cpu_s[key] = cpu.user + cpu.system
+
+    def run(self) -> None:
+        while not self._stop.wait(0.5):
+            self._sample()
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class Attacker:
+    """One hostile process; ``ready`` holds its first line, ``stop()`` returns its last."""
+
+    def __init__(self, attack: Attack, args: dict[str, Any], log: Path) -> None:
+        self.attack = attack
+        with open(log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.adversary.hostile", attack.value, json.dumps(args)],
+                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=os.environ.copy())
+        self.log = log
+        self.ready: dict[str, Any] = {}
+
+    def wait_for(self, event: str, timeout_s: float) -> None:
+        """Wait for the line ``{"event": event}`` ("loaded": imports done; "ready": in the
+        victims' swarm, attacking)."""
+        assert self.proc.stdout is not None
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline().decode() if r else ""
+        if not line.startswith("{") or json.loads(line).get("event") != event:
+            raise RuntimeError(f"attacker {self.attack.value}: no {event!r} line in "
+                               f"{timeout_s:.0f} s (got {line[:200]!r}):\n"
+                               + self.log.read_text(errors="replace")[-3000:])
+        self.ready = json.loads(line)
+
+    def stop(self) -> dict[str, Any]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        lines = [json.loads(x) for x in out.decode().splitlines() if x.startswith("{")]
+        done = lines[-1] if lines and lines[-1].get("event") == "done" else {
+            "event": "no_result", "code": self.proc.returncode,
+            "log": self.log.read_text(errors="replace")[-2000:]}
+        return {**self.ready, **done}
+
+
+def run_swarm(plan: Plan) -> dict[str, Any]:
+    """Run ``plan``; returns ``{"nodes": {name: {...}}, "attackers": {...}, ...}``."""
+    base = short_tmpdir()
+    marker_dir = base / "markers"
+    marker_dir.mkdir()
+    config = _config(base, plan)
+    boot = Bootstrap(base / "bootstrap", SWARM_ID)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    victims: dict[str, dict[str, str]] = {}
+    attackers: list[Attacker] = []
+    timed_out = False
+    try:
+        for name in HONEST:
+            ident = honest_identity(name)
+            port = _free_port_pair()
+            victims[name] = {"swarm": f"/ip4/127.0.0.1/tcp/{port}/p2p/{ident.peer_id}",
+                             "collective": f"/ip4/127.0.0.1/tcp/{port + 1}/p2p/{ident.peer_id}"}
+        for i, (attack, extra) in enumerate(plan.attacks):
+            args = {"data_dir": str(base / f"attacker-{i}"), "swarm_id": SWARM_ID,
+                    "duration_s": plan.timeout_s, "marker_dir": str(marker_dir),
+                    "victims": [v["swarm"] for v in victims.values()],
+                    "collective": [v["collective"] for v in victims.values()], **extra}
+            attackers.append(Attacker(attack, args, base / f"attacker-{i}.log"))
+        for a in attackers:  # imports done before the nodes start: they attack from round 0
+            a.wait_for("loaded", 180)
+        started = time.monotonic()
+        for name in HONEST:
+            data_dir = base / name
+            data_dir.mkdir()
+            _write_identity(data_dir, honest_identity(name))
+            port = victims[name]["swarm"].split("/")[4]
+            procs[name] = join(data_dir, boot.addr, SWARM_ID, "--config", str(config),
+                               "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--rounds",
+                               str(plan.rounds), "--report", str(data_dir / "report.json"))
+        with Sampler(procs) as sampler:
+            for a in attackers:
+                a.wait_for("ready", 180)
+            deadline = started + plan.timeout_s
+            for p in procs.values():
+                try:
+                    p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    break
+            if timed_out:
+                for p in procs.values():
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                for p in procs.values():
+                    p.wait(timeout=120)
+        results = {a.attack.value: a.stop() for a in attackers}
+    finally:
+        for a in attackers:
+            if a.proc.poll() is None:
+                a.proc.kill()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        boot.stop()
+    nodes = {}
+    for name in HONEST:
+        try:
+            report = json.loads((base / name / "report.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            report = {"rounds": [], "outer_steps": [], "log": log_tail(base / name)}
+        nodes[name] = {"report": report, "exit_code": procs[name].returncode,
+                       "peer_id": honest_identity(name).peer_id,
+                       "learner_peak_rss_mb": sampler.peak_rss.get(f"{name}/learner", 0.0),
+                       "swarm_peak_rss_mb": sampler.peak_rss.get(f"{name}/swarm", 0.0),
+                       "learner_cpu_s": sampler.cpu_s.get(f"{name}/learner", 0.0),
+                       "swarm_cpu_s": sampler.cpu_s.get(f"{name}/swarm", 0.0)}
+    out = {"plan": {"rounds": plan.rounds, "seed": plan.seed, "every_rounds": plan.every_rounds,
+                    "attacks": [[a.value, extra] for a, extra in plan.attacks]},
+           "nodes": nodes, "attackers": results, "timed_out": timed_out,
+           "markers": sorted(p.name for p in marker_dir.iterdir()),
+           "seconds": round(time.monotonic() - started, 1), "base_dir": str(base)}
+    if not plan.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    return out
