@@ -18,10 +18,10 @@ __all__ = ["FAMILY_REASONS", "GROUP_SIZE_REASONS", "PUBSUB_SIGNATURE_REASONS",
            "UNKNOWN_KEY_REASONS", "gossip_rejections", "learner_rejections", "mean_reward",
            "reward_margin", "rejected_commits", "steered_fraction"]
 
-FAMILY_REASONS = ("unconfigured_family", "unknown_family", "bad_config")
+FAMILY_REASONS = ("unvetted_family", "foreign_family", "foreign_config")
 """Learner reasons for a rollout of a family/config the receiver does not train on
 (the code-exec families, count_primes with max_n 2e7)."""
-GROUP_SIZE_REASONS = ("group_size", "wrong_group_size")
+GROUP_SIZE_REASONS = ("group_size",)
 """Learner reason for a group whose size is not the receiver's completions per question."""
 UNKNOWN_KEY_REASONS = ("unknown_keys", "schema", "oversized")
 """Swarm reasons for a message carrying an unbounded unknown key."""
@@ -82,8 +82,8 @@ def gossip_rejections(run: dict[str, Any], node: str) -> Counter[str]:
 
 def rejected_commits(run: dict[str, Any], node: str) -> int:
     """Outer-step commits the node refused (e.g. not extending its lineage), as its outer
-    step records count them (running total: the largest value seen)."""
-    return max((int(o.get("rejected_commits", 0)) for o in
+    step records count them (``rejected_commits_total``: running totals by reason)."""
+    return max((sum((o.get("rejected_commits_total") or {}).values()) for o in
                 run["nodes"][node]["report"]["outer_steps"]), default=0)
 
 

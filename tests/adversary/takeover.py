@@ -43,9 +43,9 @@ def public_model(data_dir: str) -> tuple[str, int]:
 
 
 def zero_state(numel: int, step: int) -> OuterState:
-    """θ = 0, momentum = 0, counters as if ``step`` outer steps had been applied."""
+    """θ = 0, momentum = 0, version as if ``step`` outer steps had been applied."""
     zeros = torch.zeros(numel, dtype=torch.float32)
-    return OuterState(theta=zeros, momentum=zeros.clone(), attempt=step + 1, applied=step)
+    return OuterState(theta=zeros, momentum=zeros.clone(), applied=step)
 
 
 def _commit(book: CommitBook, step: int, state_hash: str) -> bytes:
@@ -70,9 +70,9 @@ def run_takeover(args: dict[str, Any]) -> dict[str, Any]:
                           initial_peers=list(args["collective"]))
     served: list[str] = []
 
-    def provide() -> tuple[str, bytes]:
+    def provide(wanted: str) -> bytes | None:
         served.append(time.strftime("%H:%M:%S"))
-        return state_hash, state_bytes
+        return state_bytes if wanted == state_hash else None
 
     stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
