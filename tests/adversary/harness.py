@@ -94,7 +94,9 @@ def _free_port_pair() -> int:
 def _config(base: Path, plan: Plan) -> Path:
     path = base / "node.toml"
     path.write_text(
+        # tiny_add pinned: the steering payloads (and the measurements) are tiny_add groups
         f"[learner]\nseed = {plan.seed}\ncheckpoint_every = 0\n\n[learner.policy]\nthreads = 1\n\n"
+        f"[learner.tasks]\nfamilies = [\"tiny_add\"]\n\n"
         f"[outer]\nevery_rounds = {plan.every_rounds}\njoin_window_s = 3.0\ndeadline_s = 20.0\n")
     return path
 
