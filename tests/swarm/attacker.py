@@ -9,6 +9,7 @@ one JSON line ``{"event": "done", "peer_id": ..., "sent": {...}}`` and exits.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -18,11 +19,28 @@ import trio
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol import Identity, load_or_create_identity, seal
+from protocol.envelope import _signed_bytes
 from protocol.limits import packb, unpackb
+from protocol.version import PROTOCOL_VERSION
 from swarm.config import GossipConfig
 from swarm.host import build_stack, parse_peer_addr
 from swarm.topics import topic_for
 from tests.swarm.conftest import batch
+
+
+def sealed_body(me: Identity, swarm_id: str, wire: dict[str, Any]) -> bytes:
+    """Sign an arbitrary rollouts body with our own key: only its content is hostile."""
+    body = packb(wire)
+    ts, n = int(time.time() * 1000), os.urandom(16)
+    sig = me.sign(_signed_bytes(PROTOCOL_VERSION, "rollouts", me.public_key, swarm_id, ts, n, body))
+    return packb({"v": PROTOCOL_VERSION, "t": "rollouts", "pk": me.public_key, "sw": swarm_id,
+                  "ts": ts, "n": n, "b": body, "s": sig})
+
+
+def unknown_key_bomb(me: Identity, swarm_id: str, label: str, objects: int) -> bytes:
+    """A valid, self-signed batch carrying ``objects`` msgpack integers under an unknown key."""
+    return sealed_body(me, swarm_id, batch(label, 0).to_wire()
+                       | {"x": [[0] * 1000] * (objects // 1000)})
 
 
 def crafted(me: Identity, swarm_id: str, burst: int) -> list[tuple[str, bytes]]:
@@ -34,13 +52,12 @@ def crafted(me: Identity, swarm_id: str, burst: int) -> list[tuple[str, bytes]]:
 
     forged = unpackb(good("forged"))
     forged["s"] = bytes(64 - 1) + b"\x01"
-    oversized = unpackb(good("oversized"))
-    oversized["b"] = b"\0" * (100 * 1024)  # a byte string over the 64 KiB limit
     replay = good("replay", now_ms=now - 200_000)  # old but inside the 300 s window
     out = [
         ("forged", packb(forged)),
         ("wrong_swarm", good("wrong_swarm", swarm="another-swarm")),
-        ("oversized", packb(oversized)),
+        ("oversized", unknown_key_bomb(me, swarm_id, "oversized", 63_000)),  # issue 11's bomb
+        ("unknown_fields", unknown_key_bomb(me, swarm_id, "unknown_fields", 5_000)),
         ("malformed", b"\xc1 not msgpack"),
         ("wrong_sender", seal(Identity.generate(), batch("wrong_sender", 0), swarm_id=swarm_id)),
         ("replay", replay),

@@ -42,8 +42,8 @@ def test_crafted_messages_are_rejected_by_reason_and_the_node_keeps_serving(proc
     wait_until(good_arrived, timeout_s=20, what="the good message after the attack")
 
     st = bridge.stats()
-    for reason in ("bad_signature", "wrong_swarm", "oversized", "malformed", "wrong_sender",
-                   "duplicate", "stale"):
+    for reason in ("bad_signature", "wrong_swarm", "oversized", "unknown_fields", "malformed",
+                   "wrong_sender", "duplicate", "stale"):
         assert st.get(f"rejected_{reason}") == 1, (reason, st)
     labels = [r.message.model for r in got]
     # every payload takes a token (10 of burst, 1/s): most of the back-to-back burst is over

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from protocol import Identity, PeerAnnouncement, ReplayGuard, seal
+from protocol import Identity, PeerAnnouncement, ReplayGuard, seal, split_rollouts
+from protocol.envelope import _signed_bytes
 from protocol.ipc import (
     IpcError,
     Request,
@@ -19,12 +20,14 @@ from protocol.ipc import (
     message_to_ipc,
 )
 from protocol.limits import packb, unpackb
+from protocol.version import PROTOCOL_VERSION
 from swarm.config import GossipConfig
 from swarm.inbox import Delivery, Inbox
 from swarm.peers import PeerTable
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topic_for, topics
 from swarm.validation import Rejected, Validator
+from tests.protocol.conftest import real_model_batch
 from tests.swarm.conftest import batch
 
 SWARM = "unit-swarm"
@@ -80,6 +83,7 @@ NOW = 1_800_000_000_000
     ("forged", "bad_signature"), ("wrong_swarm", "wrong_swarm"), ("oversized", "oversized"),
     ("malformed", "malformed"), ("wrong_sender", "wrong_sender"), ("stale", "stale"),
     ("future", "future"), ("wrong_topic", "wrong_topic"), ("announce_for_other", "wrong_sender"),
+    ("unknown_key_bomb", "oversized"), ("unknown_fields", "unknown_fields"),
 ])
 def test_validator_rejects_and_counts_by_reason(case: str, reason: str) -> None:
     me = Identity.from_seed(bytes(range(32)))
@@ -89,7 +93,11 @@ def test_validator_rejects_and_counts_by_reason(case: str, reason: str) -> None:
     data = {
         "forged": lambda: packb({**unpackb(good), "s": bytes(64)}),
         "wrong_swarm": lambda: seal(me, batch("m", 0), swarm_id="other", now_ms=NOW),
-        "oversized": lambda: packb({**unpackb(good), "b": bytes(70_000)}),
+        "oversized": lambda: packb({**unpackb(good), "b": bytes(1_000_000)}),
+        "unknown_key_bomb": lambda: sealed_body(me, "rollouts", batch("m", 0).to_wire()
+                                                | {"x": [[0] * 1000] * 63}, now_ms=NOW),
+        "unknown_fields": lambda: sealed_body(me, "rollouts", batch("m", 0).to_wire()
+                                              | {"x": list(range(1000))}, now_ms=NOW),
         "malformed": lambda: b"\xc1",
         "wrong_sender": lambda: seal(Identity.generate(), batch("m", 0), swarm_id=SWARM, now_ms=NOW),
         "stale": lambda: seal(me, batch("m", 0), swarm_id=SWARM, now_ms=NOW - 301_000),
@@ -105,6 +113,26 @@ def test_validator_rejects_and_counts_by_reason(case: str, reason: str) -> None:
         v.check(data, from_peer=me.peer_id, expected_type=expected, now_ms=NOW)
     assert e.value.reason == reason
     assert counters == {f"rejected_{reason}": 1}
+
+
+def sealed_body(me: Identity, type_: str, wire: dict, *, now_ms: int) -> bytes:
+    """Sign an arbitrary body map, as a hostile peer holding its own key can."""
+    body = packb(wire)
+    n = bytes(16)
+    sig = me.sign(_signed_bytes(PROTOCOL_VERSION, type_, me.public_key, SWARM, now_ms, n, body))
+    return packb({"v": PROTOCOL_VERSION, "t": type_, "pk": me.public_key, "sw": SWARM,
+                  "ts": now_ms, "n": n, "b": body, "s": sig})
+
+
+def test_validator_accepts_a_real_model_batch() -> None:
+    """8 rollouts x 8 completions x ~2 KB: the swarm accepts what an honest learner publishes."""
+    me = Identity.from_seed(bytes(range(32)))
+    v, counters = make_validator()
+    (b,), too_large = split_rollouts("m", 0, real_model_batch().rollouts)
+    assert not too_large
+    env = v.check(seal(me, b, swarm_id=SWARM, now_ms=NOW), from_peer=me.peer_id,
+                  expected_type="rollouts", now_ms=NOW)
+    assert env.message == b and not counters
 
 
 def test_validator_accepts_once_then_catches_the_replay_and_the_rate() -> None:
