@@ -8,7 +8,7 @@ SwarmError into one line on stderr and a non-zero exit status.
 Task tree (one nursery, closed on shutdown)::
 
     serve ─ host.run ─ pubsub ─ router
-          ├── drain <topic>      × topics   (keeps gossipsub's 32-slot channels empty)
+          ├── drain <topic>      × topics   (subscribes; deliveries come from the validator)
           ├── serve_ipc                      (if ipc_path)
           ├── publish loop                   (spaces this peer's publishes)
           ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
@@ -83,7 +83,7 @@ class GossipService:
         self.identity = identity
         self.stack = stack
         self.self_id = stack.host.get_id()
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = stack.counters  # pubsub's drops count here too
         self.inbox = Inbox(size=config.inbox_size, counters=self.counters)
         self.table = PeerTable(ttl_s=config.peer_ttl_s)
         self.validator = Validator(
@@ -133,7 +133,7 @@ class GossipService:
         subscription = await self.stack.pubsub.subscribe(topic)
         task_status.started()
         async for _ in subscription:
-            pass  # validated messages were taken by the validator; keep the channel empty
+            pass  # swarm.pubsub feeds no subscription channel: the validator delivered it
 
     # -- outbound ------------------------------------------------------------------------
     async def enqueue(self, message: Message) -> None:
@@ -201,6 +201,7 @@ class GossipService:
         out["known_peers"] = len(self.table)
         out["inbox"] = len(self.inbox)
         out["pubsub_peers"] = len(self.stack.pubsub.peers)
+        out["graylisted_peers"] = self.stack.pubsub.graylisted_peers()
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
         for type_, topic in self.topics.items():

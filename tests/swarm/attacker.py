@@ -2,8 +2,16 @@
 
 ``python -m tests.swarm.attacker '<json>'`` with keys: data_dir, victim (full multiaddr),
 swarm_id, topic_type, rate_burst (how many valid messages to send back to back), plan
-("all", or "invalid_only": rate_burst malformed payloads), pause_s. It prints
-one JSON line ``{"event": "done", "peer_id": ..., "sent": {...}}`` and exits.
+("all", "invalid_only": rate_burst malformed payloads, or "flood": see below), pause_s. It
+prints one JSON line ``{"event": "done", "peer_id": ..., "sent": {...}}`` and exits.
+
+The "flood" plan writes ``count`` RPCs straight onto the victim's pubsub stream (no outbound
+queue to drop them) at ``rate`` per second, each with one message of ``kind``:
+
+- ``bad_pubsub_sig``: a valid sealed batch whose pubsub signature is wrong;
+- ``unknown_key_bomb``: a validly signed batch with ~63k msgpack integers under an unknown key.
+
+Every RPC carries our signed peer record, as py-libp2p's own RPCs do.
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ from typing import Any
 
 import multiaddr
 import trio
+from libp2p.peer.peerstore import env_to_send_in_RPC
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol import Identity, load_or_create_identity, seal
@@ -68,6 +79,35 @@ def crafted(me: Identity, swarm_id: str, burst: int) -> list[tuple[str, bytes]]:
     return out
 
 
+async def flood(stack: Any, me: Identity, victim: Any, topic: str, args: dict[str, Any]) -> int:
+    """Write ``count`` single-message RPCs to the victim at ``rate``/s; return how many went."""
+    kind, count, rate = args["kind"], int(args["count"]), float(args["rate"])
+    record, _ = env_to_send_in_RPC(stack.host)
+    stream = stack.pubsub.peers[victim.peer_id]
+    bomb = unknown_key_bomb(me, args["swarm_id"], "bomb", 63_000)
+    start = trio.current_time()
+    for i in range(count):
+        if kind == "bad_pubsub_sig":
+            msg = rpc_pb2.Message(data=seal(me, batch(f"badsig{i}", 0), swarm_id=args["swarm_id"]),
+                                  topicIDs=[topic], from_id=stack.host.get_id().to_bytes(),
+                                  seqno=stack.pubsub._next_seqno())
+            msg.key = stack.host.get_public_key().serialize()
+            msg.signature = bytes(64)
+        elif kind == "unknown_key_bomb":
+            msg = rpc_pb2.Message(data=bomb, topicIDs=[topic],
+                                  from_id=stack.host.get_id().to_bytes(),
+                                  seqno=stack.pubsub._next_seqno())
+            msg.signature = stack.pubsub.sign_key.sign(  # signs data, topics, from, seqno
+                PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+            msg.key = stack.host.get_public_key().serialize()
+        else:
+            raise ValueError(f"unknown flood kind {kind!r}")
+        if not await stack.pubsub.write_msg(stream, rpc_pb2.RPC(publish=[msg], senderRecord=record)):
+            return i
+        await trio.sleep_until(start + (i + 1) / rate)
+    return count
+
+
 async def attack(args: dict[str, Any]) -> dict[str, Any]:
     me = load_or_create_identity(args["data_dir"])
     config = GossipConfig(data_dir=args["data_dir"], listen=("/ip4/127.0.0.1/tcp/0",),
@@ -86,6 +126,11 @@ async def attack(args: dict[str, Any]) -> dict[str, Any]:
                         victim.peer_id not in stack.router.peer_protocol:
                     await trio.sleep(0.05)
             await trio.sleep(0.5)
+            if args.get("plan") == "flood":
+                print(json.dumps({"event": "flood_start"}), flush=True)  # bench/flood_cost.py
+                sent[args["kind"]] = await flood(stack, me, victim, topic, args)
+                await trio.sleep(1.0)
+                return {"event": "done", "peer_id": me.peer_id, "sent": sent}
             plan = crafted(me, args["swarm_id"], int(args["rate_burst"]))
             if args.get("plan") == "invalid_only":
                 plan = [("malformed", b"\xc1 not msgpack")] * int(args["rate_burst"])
