@@ -5,8 +5,9 @@
 Starts a victim swarm process (its code from ``--victim-tree``, default this checkout, so
 ``--victim-tree /work/main`` measures main) and the attacker of tests/swarm/attacker.py (this
 checkout) connected to it. Measures the victim's CPU time (utime + stime from /proc) over
-``--seconds`` idle, then over the flood (``rate`` RPCs/s for ``seconds``, each one message of
-``kind``: ``bad_pubsub_sig`` or ``unknown_key_bomb``). Prints one JSON line.
+``--seconds`` idle, then over ``--seconds`` + 1 from the start of the flood (``rate`` RPCs/s
+for ``seconds``, each one message of ``kind``: ``bad_pubsub_sig`` or ``unknown_key_bomb``;
+``sent`` is how many the attacker got out before the victim cut it off). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=230.0)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--victim-tree", default=str(Path(__file__).resolve().parents[1]))
+    ap.add_argument("--profile", default="", help="write the victim's cProfile stats here")
     args = ap.parse_args()
     root = short_tmpdir()
     env = os.environ.copy()
@@ -47,7 +49,8 @@ def main() -> None:
     os.environ.clear()
     os.environ.update(env)  # SwarmProc passes its environment on
     try:
-        victim = SwarmProc(config, "victim").start(timeout_s=90)
+        prof = ("-m", "cProfile", "-o", args.profile) if args.profile else ()
+        victim = SwarmProc(config, "victim", python_args=prof).start(timeout_s=90)
     finally:
         os.environ.clear()
         os.environ.update(old_env)
@@ -69,19 +72,18 @@ def main() -> None:
         line = attacker.stdout.readline()
         assert json.loads(line)["event"] == "flood_start", line
         c0, t0 = cpu_s(pid), time.monotonic()
+        time.sleep(args.seconds + 1.0)  # the flood's planned length, plus 1 s to finish reading
+        window = time.monotonic() - t0
+        flood = (cpu_s(pid) - c0) / window
         done = json.loads(attacker.stdout.readline())
-        t1 = time.monotonic() - 1.0  # the attacker lingers 1 s after its last RPC
-        time.sleep(1.0)  # let the victim finish what it read
-        flood = (cpu_s(pid) - c0) / (t1 - t0 + 1.0)
         attacker.wait(30)
         print(json.dumps({"victim_tree": args.victim_tree, "kind": args.kind,
-                          "rate": args.rate, "sent": done["sent"],
-                          "flood_s": round(t1 - t0, 2),
+                          "rate": args.rate, "planned": count, "sent": done["sent"][args.kind],
+                          "window_s": round(window, 2),
                           "idle_cpu_pct": round(100 * idle, 1),
                           "flood_cpu_pct": round(100 * flood, 1),
-                          "cpu_ms_per_flood_msg": round(1000 * (flood - idle) * (t1 - t0 + 1.0)
-                                                        / max(1, count), 3),
-                          "ratio": round(flood / max(idle, 1e-3), 1)}), flush=True)
+                          "cpu_ms_per_planned_msg": round(1000 * (flood - idle) * window
+                                                          / max(1, count), 3)}), flush=True)
     finally:
         if attacker is not None and attacker.poll() is None:
             attacker.kill()

@@ -90,7 +90,8 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         # from its own health estimate; we want the configured, predictable values
         adaptive_gossip_enabled=False,
     )
-    pubsub = GuardedPubsub(host, router, counters=collections.Counter())
+    pubsub = GuardedPubsub(host, router, counters=collections.Counter(),
+                           ban_s=config.graylist_ban_s)
     # py-libp2p seeds seqno with int(time.time()) and adds 1 per message: a peer restarted
     # seconds after publishing many messages would reuse seqnos still in its peers' seen
     # cache, and its new messages would be dropped as duplicates. Microseconds avoid that.

@@ -5,15 +5,21 @@ log line: a message whose pubsub signature fails is dropped before any topic val
 so it moves no counter and costs its sender no score; a graylisted peer's RPCs are still
 decoded and each of its messages spawns a task before the publish gate drops it. Here:
 
-- an RPC from a peer whose score is below the graylist threshold is dropped before it is
-  parsed (``rejected_graylisted``): after ~``graylist / P4 weight`` invalid messages a
-  flooding peer costs one frame read per RPC;
+- a peer whose score falls below the graylist threshold is disconnected and banned for
+  ``ban_s`` (``rejected_graylisted`` counts the RPC that found it there; ``banned_peers`` in
+  stats): py-libp2p resets a peer's score when it disconnects, so the ban is what remembers,
+  and reading a flood's frames, even unparsed, costs a yamux window update per few frames
+  (measured: most of a graylisted flood's CPU). A banned peer's new streams are reset at
+  once and we do not open ours to it. After ~``graylist / P4 weight`` invalid messages a
+  flooding identity costs nothing more until its ban expires;
 - a message with a bad pubsub signature is counted (``rejected_bad_pubsub_signature``) and
   charged to the forwarder's P4 like any invalid message (an honest peer never forwards one:
   it checks signatures before relaying);
 - our own publishes skip re-verifying the signature we just made;
 - a peer's signed peer record (sent with every RPC) is verified once per distinct record,
   not once per RPC;
+- an RPC that is not protobuf is counted (``rejected_malformed_rpc``) and charged like an
+  invalid message (upstream let the exception end the stream);
 - the remaining silent drops are counted: ``rejected_bad_peer_record``,
   ``rejected_rpc_too_large``, ``rejected_blacklisted``, ``rejected_spoofed_self``,
   ``dropped_unsubscribed_topic``; redundant copies of a message are ``gossip_duplicates``.
@@ -26,7 +32,11 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections import OrderedDict
 from typing import Any
+
+import trio
+from google.protobuf.message import DecodeError as ProtobufDecodeError
 
 from libp2p.abc import IHost, INetStream, IPubsubRouter
 from libp2p.exceptions import ValidationError
@@ -48,16 +58,58 @@ MAX_RPC_BYTES = 8 * 1024 * 1024
 """Largest inbound pubsub RPC. One message is at most protocol's 960 KiB, but an IWANT reply
 bundles several cached messages in one RPC; upstream's 1 MiB cap then resets the stream and
 drops the peer. Bounds the memory of one frame read per connection."""
+MAX_BANNED = 10_000
+"""Bans remembered at once (the oldest is forgotten first): fresh identities are free, so
+this bounds memory, not what an attacker can do."""
 
 
 class GuardedPubsub(Pubsub):
     """``Pubsub`` that counts every drop in ``counters`` and scores bad signatures (P4)."""
 
     def __init__(self, host: IHost, router: IPubsubRouter, *,
-                 counters: collections.Counter[str], **kw: Any) -> None:
+                 counters: collections.Counter[str], ban_s: float, **kw: Any) -> None:
         super().__init__(host, router, max_inbound_rpc_size=MAX_RPC_BYTES, **kw)
         self.counters = counters
+        self.ban_s = ban_s
         self._records: dict[ID, bytes] = {}  # the last peer record verified, per peer
+        self._banned: OrderedDict[ID, float] = OrderedDict()  # peer -> ban end (trio time)
+
+    # -- bans ------------------------------------------------------------------------------
+    def is_banned(self, peer: ID) -> bool:
+        until = self._banned.get(peer)
+        if until is None:
+            return False
+        if trio.current_time() < until:
+            return True
+        del self._banned[peer]
+        return False
+
+    def banned_peers(self) -> int:
+        return sum(self.is_banned(p) for p in list(self._banned))
+
+    def _ban(self, peer: ID) -> None:
+        """Ban a graylisted peer and close its connection (once; later calls are no-ops)."""
+        if self.is_banned(peer):
+            return
+        self._banned[peer] = trio.current_time() + self.ban_s
+        while len(self._banned) > MAX_BANNED:
+            self._banned.popitem(last=False)
+        logger.warning("peer %s fell below the graylist threshold: disconnected, banned for "
+                       "%.0f s", peer, self.ban_s)
+        self.manager.run_task(self._disconnect, peer)
+
+    async def _disconnect(self, peer: ID) -> None:
+        try:
+            await self.host.disconnect(peer)
+        except Exception as e:  # already gone, or torn down concurrently
+            logger.debug("disconnecting %s: %s", peer, e)
+
+    async def _handle_new_peer(self, peer_id: ID) -> None:
+        if self.is_banned(peer_id):
+            self.counters["rejected_banned_peer"] += 1
+            self.manager.run_task(self._disconnect, peer_id)
+            return
+        await super()._handle_new_peer(peer_id)
 
     # -- scoring ---------------------------------------------------------------------------
     def _graylisted(self, peer: ID) -> bool:
@@ -66,29 +118,39 @@ class GuardedPubsub(Pubsub):
             return False
         return scorer.score(peer, list(self.topic_ids)) < scorer.params.graylist_threshold
 
-    def graylisted_peers(self) -> int:
-        """Connected pubsub peers whose score is below the graylist threshold now."""
-        return sum(self._graylisted(p) for p in list(self.peers))
-
     def _penalise(self, peer: ID, msg: rpc_pb2.Message) -> None:
+        for topic in msg.topicIDs:
+            if topic in self.topic_ids:  # never grow the scorer's maps on a peer's word
+                self._penalise_topic(peer, topic)
+
+    def _penalise_topic(self, peer: ID, topic: str) -> None:
         scorer = getattr(self.router, "scorer", None)
         if scorer is not None:
-            for topic in msg.topicIDs:
-                if topic in self.topic_ids:  # never grow the scorer's maps on a peer's word
-                    scorer.on_invalid_message(peer, topic)
+            scorer.on_invalid_message(peer, topic)
 
     # -- inbound RPCs ----------------------------------------------------------------------
     async def continuously_read_stream(self, stream: INetStream) -> None:
         peer_id = stream.muxed_conn.peer_id
+        if self.is_banned(peer_id):
+            self.counters["rejected_banned_peer"] += 1
+            await self._disconnect(peer_id)
+            return
         try:
             while self.manager.is_running:
                 incoming = await read_varint_prefixed_bytes_limited(
                     stream, self.max_inbound_rpc_size)
                 if self._graylisted(peer_id):
                     self.counters["rejected_graylisted"] += 1
-                    continue
+                    self._ban(peer_id)
+                    return
                 rpc = rpc_pb2.RPC()
-                rpc.ParseFromString(incoming)
+                try:
+                    rpc.ParseFromString(incoming)
+                except ProtobufDecodeError:
+                    self.counters["rejected_malformed_rpc"] += 1
+                    for topic in self.topic_ids:
+                        self._penalise_topic(peer_id, topic)
+                    continue
                 if not self._consume_record(rpc, peer_id):
                     self.counters["rejected_bad_peer_record"] += 1
                     continue
@@ -150,6 +212,7 @@ class GuardedPubsub(Pubsub):
         own = msg_forwarder == self.my_id
         if not own and self._graylisted(msg_forwarder):
             self.counters["rejected_graylisted"] += 1  # graylisted after the RPC was read
+            self._ban(msg_forwarder)
             return
         if self.is_peer_blacklisted(msg_forwarder) or self.is_peer_blacklisted(ID(msg.from_id)):
             self.counters["rejected_blacklisted"] += 1

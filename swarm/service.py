@@ -92,7 +92,7 @@ class GossipService:
             guard=ReplayGuard(max_age_ms=int(config.replay_window_s * 1000),
                               max_future_ms=int(config.max_future_s * 1000)))
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
-                             bootstrap_peers=bootstrap_peers)
+                             bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned)
         self.topics = topics(config.swarm_id)
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
@@ -201,7 +201,7 @@ class GossipService:
         out["known_peers"] = len(self.table)
         out["inbox"] = len(self.inbox)
         out["pubsub_peers"] = len(self.stack.pubsub.peers)
-        out["graylisted_peers"] = self.stack.pubsub.graylisted_peers()
+        out["banned_peers"] = self.stack.pubsub.banned_peers()
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
         for type_, topic in self.topics.items():

@@ -102,10 +102,27 @@ async def flood(stack: Any, me: Identity, victim: Any, topic: str, args: dict[st
             msg.key = stack.host.get_public_key().serialize()
         else:
             raise ValueError(f"unknown flood kind {kind!r}")
-        if not await stack.pubsub.write_msg(stream, rpc_pb2.RPC(publish=[msg], senderRecord=record)):
+        try:
+            if not await stack.pubsub.write_msg(stream, rpc_pb2.RPC(publish=[msg],
+                                                                    senderRecord=record)):
+                return i
+        except Exception:  # the victim closed the connection: py-libp2p raises several types
             return i
         await trio.sleep_until(start + (i + 1) / rate)
     return count
+
+
+async def reconnect(stack: Any, victim: Any, topic: str) -> bool:
+    """Whether the victim lets us back in: a connection whose pubsub stream stays open."""
+    try:
+        with trio.fail_after(5):
+            await stack.host.connect(victim)
+            while victim.peer_id not in stack.pubsub.peers:
+                await trio.sleep(0.05)
+        await trio.sleep(1.0)
+    except Exception:
+        return False
+    return victim.peer_id in stack.host.get_connected_peers() and victim.peer_id in stack.pubsub.peers
 
 
 async def attack(args: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +147,8 @@ async def attack(args: dict[str, Any]) -> dict[str, Any]:
                 print(json.dumps({"event": "flood_start"}), flush=True)  # bench/flood_cost.py
                 sent[args["kind"]] = await flood(stack, me, victim, topic, args)
                 await trio.sleep(1.0)
-                return {"event": "done", "peer_id": me.peer_id, "sent": sent}
+                back = await reconnect(stack, victim, topic) if args.get("reconnect") else None
+                return {"event": "done", "peer_id": me.peer_id, "sent": sent, "let_back_in": back}
             plan = crafted(me, args["swarm_id"], int(args["rate_burst"]))
             if args.get("plan") == "invalid_only":
                 plan = [("malformed", b"\xc1 not msgpack")] * int(args["rate_burst"])
