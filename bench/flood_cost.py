@@ -21,10 +21,25 @@ import sys
 import time
 from pathlib import Path
 
+from node.ipc_client import SocketBridge
 from swarm.config import GossipConfig
 from tests.swarm.procs import SwarmProc, short_tmpdir
 
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+class NonDefaultConfig:
+    """A GossipConfig that serialises only the keys it sets, so another checkout's swarm
+    (which may not know this one's newer keys) reads it."""
+
+    def __init__(self, config: GossipConfig) -> None:
+        self.config = config
+        self.data_dir = config.data_dir
+
+    def to_json(self) -> str:
+        default = GossipConfig(data_dir=self.data_dir).to_dict()
+        return json.dumps({k: v for k, v in self.config.to_dict().items()
+                           if k == "data_dir" or v != default[k]})
 
 
 def cpu_s(pid: int) -> float:
@@ -50,7 +65,8 @@ def main() -> None:
     os.environ.update(env)  # SwarmProc passes its environment on
     try:
         prof = ("-m", "cProfile", "-o", args.profile) if args.profile else ()
-        victim = SwarmProc(config, "victim", python_args=prof).start(timeout_s=90)
+        victim = SwarmProc(NonDefaultConfig(config), "victim", python_args=prof,  # type: ignore[arg-type]
+                           cwd=args.victim_tree).start(timeout_s=90)
     finally:
         os.environ.clear()
         os.environ.update(old_env)
@@ -77,13 +93,17 @@ def main() -> None:
         flood = (cpu_s(pid) - c0) / window
         done = json.loads(attacker.stdout.readline())
         attacker.wait(30)
+        bridge = SocketBridge.connect(config.ipc_path or "")
+        counted = {k: v for k, v in bridge.stats().items() if k.startswith(("rejected_", "dropped_"))}
+        bridge.close()
         print(json.dumps({"victim_tree": args.victim_tree, "kind": args.kind,
                           "rate": args.rate, "planned": count, "sent": done["sent"][args.kind],
                           "window_s": round(window, 2),
                           "idle_cpu_pct": round(100 * idle, 1),
                           "flood_cpu_pct": round(100 * flood, 1),
                           "cpu_ms_per_planned_msg": round(1000 * (flood - idle) * window
-                                                          / max(1, count), 3)}), flush=True)
+                                                          / max(1, count), 3),
+                          "victim_counters": counted}), flush=True)
     finally:
         if attacker is not None and attacker.poll() is None:
             attacker.kill()

@@ -21,7 +21,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -31,7 +31,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from protocol import Identity
 from swarm.config import GossipConfig
 from swarm.errors import ConfigError, ListenError
-from swarm.pubsub import GuardedPubsub
+from swarm.pubsub import CountingGossipSub, GuardedPubsub
 
 __all__ = ["Stack", "build_stack", "check_listen", "parse_listen", "parse_peer_addr",
            "dialable_addrs"]
@@ -45,7 +45,7 @@ INVALID_DECAY = 0.99
 @dataclass(frozen=True)
 class Stack:
     host: IHost
-    router: GossipSub
+    router: CountingGossipSub
     pubsub: GuardedPubsub
 
     @property
@@ -73,7 +73,9 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         connection_config=connection_config(config),
     )
     d = config.gossip_degree
-    router = GossipSub(
+    counters: collections.Counter[str] = collections.Counter()
+    router = CountingGossipSub(
+        counters=counters,
         # meshsub/1.1 only: with 1.2 (IDONTWANT) offered, 8 processes on loopback lost 2-57%
         # of batches per node in py-libp2p 0.8.1; with 1.1 none (see the report of issue #3)
         protocols=[PROTOCOL_ID_V11],
@@ -90,8 +92,7 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         # from its own health estimate; we want the configured, predictable values
         adaptive_gossip_enabled=False,
     )
-    pubsub = GuardedPubsub(host, router, counters=collections.Counter(),
-                           ban_s=config.graylist_ban_s)
+    pubsub = GuardedPubsub(host, router, counters=counters, ban_s=config.graylist_ban_s)
     # py-libp2p seeds seqno with int(time.time()) and adds 1 per message: a peer restarted
     # seconds after publishing many messages would reuse seqnos still in its peers' seen
     # cache, and its new messages would be dropped as duplicates. Microseconds avoid that.

@@ -18,6 +18,8 @@ decoded and each of its messages spawns a task before the publish gate drops it.
 - our own publishes skip re-verifying the signature we just made;
 - a peer's signed peer record (sent with every RPC) is verified once per distinct record,
   not once per RPC;
+- outbound RPCs the router drops (a peer's 32-slot queue full) are ``dropped_outbound_rpc``
+  (``CountingGossipSub``);
 - an RPC that is not protobuf is counted (``rejected_malformed_rpc``) and charged like an
   invalid message (upstream let the exception end the stream);
 - the remaining silent drops are counted: ``rejected_bad_peer_record``,
@@ -44,23 +46,33 @@ from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
 from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import GossipsubEvent, Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
 from libp2p.pubsub.validators import signature_validator
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
-__all__ = ["GuardedPubsub", "MAX_RPC_BYTES"]
+__all__ = ["CountingGossipSub", "GuardedPubsub"]
 
 logger = logging.getLogger(__name__)
 
-MAX_RPC_BYTES = 8 * 1024 * 1024
-"""Largest inbound pubsub RPC. One message is at most protocol's 960 KiB, but an IWANT reply
-bundles several cached messages in one RPC; upstream's 1 MiB cap then resets the stream and
-drops the peer. Bounds the memory of one frame read per connection."""
 MAX_BANNED = 10_000
 """Bans remembered at once (the oldest is forgotten first): fresh identities are free, so
 this bounds memory, not what an attacker can do."""
+
+
+class CountingGossipSub(GossipSub):
+    """GossipSub that counts the outbound RPCs it drops (upstream logs them at debug)."""
+
+    def __init__(self, *args: Any, counters: collections.Counter[str], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.counters = counters
+
+    def _handle_dropped_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, reason: str) -> None:
+        self.counters["dropped_outbound_rpc"] += 1
+        self.counters[f"dropped_outbound_{reason}"] += 1
+        super()._handle_dropped_rpc(peer_id, rpc, reason)
 
 
 class GuardedPubsub(Pubsub):
@@ -68,7 +80,7 @@ class GuardedPubsub(Pubsub):
 
     def __init__(self, host: IHost, router: IPubsubRouter, *,
                  counters: collections.Counter[str], ban_s: float, **kw: Any) -> None:
-        super().__init__(host, router, max_inbound_rpc_size=MAX_RPC_BYTES, **kw)
+        super().__init__(host, router, **kw)
         self.counters = counters
         self.ban_s = ban_s
         self._records: dict[ID, bytes] = {}  # the last peer record verified, per peer

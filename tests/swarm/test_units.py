@@ -186,3 +186,19 @@ def test_ipc_frames_round_trip_and_reject_bad_input() -> None:
         Request.from_wire({"op": "stats", "id": True, "args": {}})
     with pytest.raises(IpcError, match="unknown message type"):
         message_from_ipc({"type": "nope", "body": {}})
+
+
+def test_the_largest_message_fits_one_pubsub_rpc() -> None:
+    """protocol's max_message_bytes plus pubsub's framing (from, seqno, topic, key, signature)
+    and a signed peer record stay under py-libp2p's inbound RPC cap, so the receiver reads
+    every message a sender may seal."""
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
+
+    from protocol import Limits
+
+    msg = rpc_pb2.Message(data=bytes(Limits().max_message_bytes), topicIDs=[topic_for(
+        "x" * 64, "rollouts")], from_id=bytes(38), seqno=bytes(8), key=bytes(36),
+        signature=bytes(64))
+    rpc = rpc_pb2.RPC(publish=[msg], senderRecord=bytes(2048))
+    assert rpc.ByteSize() <= DefaultMaxMessageSize
