@@ -184,6 +184,9 @@ def _check(value: Any, s: Spec, name: str, budget: UnknownBudget) -> Any:
         _length(value, s, name)
         if s.item is None:
             raise TypeError(f"list spec of {name} has no item spec")  # a bug in a definition
+        fast = _scalar_list(value, s.item)
+        if fast is not None:
+            return fast
         return tuple(_check(v, s.item, f"{name}[{i}]", budget) for i, v in enumerate(value))
     if kind == "scalar_map":
         if not isinstance(value, dict):
@@ -198,6 +201,33 @@ def _check(value: Any, s: Spec, name: str, budget: UnknownBudget) -> Any:
                 raise SchemaError(f"{name}.{k}", "not finite")
         return dict(value)
     raise TypeError(f"unknown spec kind {kind!r}")  # a bug in a message definition
+
+
+_EXACT = {str: {str}, bytes: {bytes}, int: {int}, float: {float, int}}
+
+
+def _scalar_list(value: list[Any], s: Spec) -> tuple[Any, ...] | None:
+    """A list of valid scalars checked in bulk (C-level type, length and range checks, no
+    per-item path strings); None when any item may be bad or the kind is not a scalar: then
+    the item-by-item path runs and names the bad item."""
+    allowed = _EXACT.get(s.kind)
+    if allowed is None or not set(map(type, value)) <= allowed:
+        return None
+    if not value:
+        return ()
+    if s.kind is float:
+        out = tuple(map(float, value))
+        if not all(map(math.isfinite, out)):
+            return None
+    else:
+        out = tuple(value)
+    if s.kind in (str, bytes):
+        lengths = tuple(map(len, out))
+        if min(lengths) < s.min_len or (s.max_len is not None and max(lengths) > s.max_len):
+            return None
+    elif (s.lo is not None and min(out) < s.lo) or (s.hi is not None and max(out) > s.hi):
+        return None
+    return out
 
 
 def _range(value: float, s: Spec, name: str) -> None:

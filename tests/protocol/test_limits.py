@@ -10,6 +10,7 @@ from protocol import (
     Limits,
     Rollout,
     RolloutBatch,
+    SchemaError,
     TaskSpec,
     TooLarge,
     UnknownFields,
@@ -128,3 +129,28 @@ def test_every_split_batch_seals_and_opens(identity, chars, completions, n):
         assert not too_large
     else:  # one rollout of 64 x 16k characters of 2-byte text exceeds any message
         assert len(too_large) == n and not batches
+
+
+@pytest.mark.parametrize("field,value,problem", [
+    ("completions", ["a", 1], "completions[1]"),
+    ("completions", ["a", "x" * (16 * 1024 + 1)], "completions[1]"),
+    ("rewards", [0.0, float("nan")], "rewards[1]"),
+    ("rewards", [0.0, 2e6], "rewards[1]"),
+    ("rewards", [0.0, True], "rewards[1]"),
+    ("token_counts", [1, -1], "token_counts[1]"),
+    ("token_counts", [1, 1.0], "token_counts[1]"),
+])
+def test_bulk_list_checks_still_name_the_bad_item(field, value, problem):
+    wire = {"model": "m", "round": 1, "rollouts": [
+        {"task": {"family": "f", "seed": 1, "index": 0}, "prompt": "p", "completions": ["a", "b"],
+         field: value}]}
+    with pytest.raises(SchemaError) as e:
+        RolloutBatch.from_wire(wire)
+    assert e.value.field == f"rollouts[0].{problem}"
+
+
+def test_bulk_list_checks_accept_ints_as_floats():
+    wire = {"model": "m", "round": 1, "rollouts": [
+        {"task": {"family": "f", "seed": 1, "index": 0}, "prompt": "p", "completions": ["a", "b"],
+         "rewards": [1, 0.5]}]}
+    assert RolloutBatch.from_wire(wire).rollouts[0].rewards == (1.0, 0.5)
