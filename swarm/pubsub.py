@@ -18,8 +18,8 @@ decoded and each of its messages spawns a task before the publish gate drops it.
 - our own publishes skip re-verifying the signature we just made;
 - a peer's signed peer record (sent with every RPC) is verified once per distinct record,
   not once per RPC;
-- outbound RPCs the router drops (a peer's 32-slot queue full) are ``dropped_outbound_rpc``
-  (``CountingGossipSub``);
+- outbound RPCs the router drops are ``dropped_outbound_queue_full`` (a peer's queue of 32
+  is full) or ``dropped_outbound_oversized`` (``CountingGossipSub``);
 - an RPC that is not protobuf is counted (``rejected_malformed_rpc``) and charged like an
   invalid message (upstream let the exception end the stream);
 - the remaining silent drops are counted: ``rejected_bad_peer_record``,
@@ -70,8 +70,7 @@ class CountingGossipSub(GossipSub):
         self.counters = counters
 
     def _handle_dropped_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, reason: str) -> None:
-        self.counters["dropped_outbound_rpc"] += 1
-        self.counters[f"dropped_outbound_{reason}"] += 1
+        self.counters[f"dropped_outbound_{reason}"] += 1  # queue_full or oversized
         super()._handle_dropped_rpc(peer_id, rpc, reason)
 
 
