@@ -44,7 +44,13 @@ from protocol import (
     load_or_create_identity,
     seal,
 )
-from protocol.ipc import MAX_RECEIVE_ITEMS, Request, delivery_to_ipc, message_from_ipc
+from protocol.ipc import (
+    MAX_RECEIVE_ITEMS,
+    RECEIVE_BYTES,
+    Request,
+    delivery_to_ipc,
+    message_from_ipc,
+)
 from swarm.config import GossipConfig
 from swarm.discovery import Dialer
 from swarm.errors import ListenError, SwarmError
@@ -111,11 +117,11 @@ class GossipService:
                 env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
             except Rejected:
                 return False
-            self._accept(env.type, from_peer, env.message)
+            self._accept(env.type, from_peer, env.message, len(msg.data))
             return True
         return validate
 
-    def _accept(self, type_: str, sender: str, message: Message) -> None:
+    def _accept(self, type_: str, sender: str, message: Message, size: int) -> None:
         # Delivered here, at validation time, rather than from the subscription channel:
         # pubsub drops silently when that 32-slot channel is full (notes/py-libp2p.md).
         self.counters[f"received_{type_}"] += 1
@@ -125,7 +131,7 @@ class GossipService:
                             "bootstrap" if message.bootstrap_only else message.model or "no model")
         if type_ in PUBLISHABLE and not self.config.bootstrap_only:
             self.inbox.put(type_, Delivery(sender=sender, message=message,
-                                           received_ms=int(time.time() * 1000)))
+                                           received_ms=int(time.time() * 1000), size=size))
 
     async def drain(self, type_: str, *, task_status: trio.TaskStatus[None]) -> None:
         topic = self.topics[type_]
@@ -178,7 +184,7 @@ class GossipService:
             if not isinstance(type_, str) or type(n) is not int or not 1 <= n <= MAX_RECEIVE_ITEMS:
                 raise RequestError(f"receive needs type: str and max_items in 1..{MAX_RECEIVE_ITEMS}")
             return [delivery_to_ipc(d.sender, d.message, d.received_ms)
-                    for d in self.inbox.take(type_, n)]
+                    for d in self.inbox.take(type_, n, max_bytes=RECEIVE_BYTES)]
         if request.op == "announce":
             self._set_profile(args)
             self._announce_now.set()

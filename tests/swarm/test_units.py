@@ -202,3 +202,20 @@ def test_the_largest_message_fits_one_pubsub_rpc() -> None:
         signature=bytes(64))
     rpc = rpc_pb2.RPC(publish=[msg], senderRecord=bytes(2048))
     assert rpc.ByteSize() <= DefaultMaxMessageSize
+
+
+def test_receive_answers_within_a_byte_budget_and_keeps_the_rest() -> None:
+    counters: collections.Counter[str] = collections.Counter()
+    box = Inbox(size=10, counters=counters)
+    for r in range(5):
+        box.put("rollouts", Delivery(sender="p", message=batch("m", r), received_ms=r, size=400))
+    assert [d.received_ms for d in box.take("rollouts", 10, max_bytes=1000)] == [0, 1]
+    assert [d.received_ms for d in box.take("rollouts", 10, max_bytes=100)] == [2]  # one always
+    assert len(box) == 2 and not counters
+
+
+def test_an_ipc_frame_of_many_deliveries_decodes() -> None:
+    """The IPC codec is bounded by its frame size, not by gossip's per-message object budget."""
+    items = [{"sender": "p", "received_ms": 1, **message_to_ipc(batch("m", 0, n=64))}] * 200
+    frame = encode_frame({"id": 1, "ok": True, "result": items})
+    assert len(decode_frame(frame[4:])["result"]) == 200
