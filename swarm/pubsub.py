@@ -15,7 +15,8 @@ decoded and each of its messages spawns a task before the publish gate drops it.
 - a message with a bad pubsub signature is counted (``rejected_bad_pubsub_signature``) and
   charged to the forwarder's P4 like any invalid message (an honest peer never forwards one:
   it checks signatures before relaying);
-- our own publishes skip re-verifying the signature we just made;
+- our own publishes skip re-verifying the signature we just made, and a copy of a message
+  already seen is dropped as it is read, before a task is spawned for it;
 - a peer's signed peer record (sent with every RPC) is verified once per distinct record,
   not once per RPC;
 - outbound RPCs the router drops are ``dropped_outbound_queue_full`` (a peer's queue of 32
@@ -173,6 +174,9 @@ class GuardedPubsub(Pubsub):
                     for msg in rpc.publish:
                         if not self._is_subscribed_to_msg(msg):
                             self.counters["dropped_unsubscribed_topic"] += 1
+                            continue
+                        if self._is_msg_seen(msg):  # most copies in a mesh: skip the task
+                            self.counters["gossip_duplicates"] += 1
                             continue
                         if self.manager.is_running:
                             self.manager.run_task(self.push_msg, peer_id, msg)
