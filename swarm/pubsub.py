@@ -54,13 +54,18 @@ from libp2p.pubsub.utils import maybe_consume_signed_record
 from libp2p.pubsub.validators import signature_validator
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
-__all__ = ["CountingGossipSub", "GuardedPubsub"]
+__all__ = ["CountingGossipSub", "GuardedPubsub", "Ignored"]
 
 logger = logging.getLogger(__name__)
 
 MAX_BANNED = 10_000
 """Bans remembered at once (the oldest is forgotten first): fresh identities are free, so
 this bounds memory, not what an attacker can do."""
+
+
+class Ignored(Exception):
+    """Raised by a topic validator for a message to drop without penalising its forwarder
+    (gossipsub's "ignore"; py-libp2p's validators can only say valid or invalid)."""
 
 
 class CountingGossipSub(GossipSub):
@@ -106,7 +111,7 @@ class GuardedPubsub(Pubsub):
         self._banned[peer] = trio.current_time() + self.ban_s
         while len(self._banned) > MAX_BANNED:
             self._banned.popitem(last=False)
-        logger.warning("peer %s fell below the graylist threshold: disconnected, banned for "
+        logger.info("peer %s fell below the graylist threshold: disconnected, banned for "
                        "%.0f s", peer, self.ban_s)
         self.manager.run_task(self._disconnect, peer)
 
@@ -241,6 +246,8 @@ class GuardedPubsub(Pubsub):
             return
         try:
             await self.validate_msg(msg_forwarder, msg)
+        except Ignored:
+            return  # counted by our validator; not cached, so a later copy is checked again
         except ValidationError:
             self._penalise(msg_forwarder, msg)  # our validator counted the reason
             return

@@ -58,6 +58,7 @@ from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_l
 from swarm.inbox import Delivery, Inbox
 from swarm.ipc_server import RequestError, serve_ipc
 from swarm.peers import PeerTable
+from swarm.pubsub import Ignored
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topics
 from swarm.validation import Rejected, Validator
@@ -115,7 +116,9 @@ class GossipService:
             try:
                 from_peer = ID(msg.from_id).to_base58()
                 env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
-            except Rejected:
+            except Rejected as e:
+                if not e.penalise:
+                    raise Ignored(e.reason) from None
                 return False
             self._accept(env.type, from_peer, env.message, len(msg.data))
             return True

@@ -57,6 +57,26 @@ def test_crafted_messages_are_rejected_by_reason_and_the_node_keeps_serving(proc
     bridge.close()
 
 
+def test_rate_limited_replayed_and_stale_messages_cost_no_score(procs: Procs) -> None:
+    """Over-rate, replayed and stale messages are dropped without a P4 penalty (a relay cannot
+    know our token bucket or clock): with default scoring (P4 10, graylist -100), about 20
+    rate-limited copies plus 6 invalid messages would otherwise get the sender banned; here
+    only the 6 invalid ones count (-60) and its good message still arrives."""
+    victim = procs.node("victim", rate_per_s=1.0, rate_burst=10)
+    bridge = SocketBridge.connect(victim.ready["ipc"])
+    run_attacker(procs, victim.addr)
+    got: list = []
+
+    def good_arrived() -> bool:
+        got.extend(bridge.receive("rollouts", max_items=1024))
+        return any(r.message.model == "good" for r in got)
+    wait_until(good_arrived, timeout_s=20, what="the good message after the attack")
+    st = bridge.stats()
+    assert st["rejected_rate_limited"] >= BURST - 10 and st.get("banned_peers") == 0, st
+    assert "rejected_graylisted" not in st, st
+    bridge.close()
+
+
 def test_a_peer_sending_invalid_messages_is_graylisted(procs: Procs) -> None:
     # P4 weight 10, graylist at -50: after about 5 invalid messages the attacker's messages
     # are ignored before validation, so neither its later junk nor its good message counts
