@@ -3,7 +3,9 @@
 Starts a bootstrap peer and N swarm processes (``python -m swarm``), each with a learner-side
 SocketBridge; every node publishes ``--batches`` RolloutBatches, one every ``--interval-s``.
 A batch's ``round`` carries its publish time (ms), so latency = receipt time at the swarm
-process − publish time (one clock: same machine). Prints a summary and writes
+process − publish time (one clock: same machine). ``cpu_ms_per_delivery`` is the CPU time
+(user + system, from /proc) the N node processes and the bootstrap spent from the first
+publish to the last receipt, divided by the deliveries. Prints a summary and writes
 ``bench/results/gossip.json``. Never fails for slowness.
 
     PYTHONPATH=$PWD python bench/gossip_bench.py --nodes 8 16
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -26,6 +29,12 @@ from tests.swarm.procs import short_tmpdir, wait_until  # noqa: E402
 from tests.swarm.test_swarm import wait_stable  # noqa: E402
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(n: int, batches: int, interval_s: float, rollouts: int) -> dict:
     procs = Procs(short_tmpdir())
     try:
@@ -36,6 +45,8 @@ def run(n: int, batches: int, interval_s: float, rollouts: int) -> dict:
         wait_until(lambda: all(len(b.peers()) >= n for b in bridges), timeout_s=60, what="discovery")
         wait_stable(bridges)
         startup_s = time.monotonic() - t0
+        pids = [p.proc.pid for p in procs.procs if p.proc is not None]
+        cpu0 = sum(cpu_s(pid) for pid in pids)
         start_ms = time.time() * 1000
         for k in range(batches):
             for i, b in enumerate(bridges):
@@ -52,6 +63,7 @@ def run(n: int, batches: int, interval_s: float, rollouts: int) -> dict:
                     lat.append(r.received_ms - r.message.round)
             time.sleep(0.05)
         end_ms = time.time() * 1000
+        cpu = sum(cpu_s(pid) for pid in pids) - cpu0
         stats = [b.stats() for b in bridges]
         for b in bridges:
             b.close()
@@ -68,6 +80,8 @@ def run(n: int, batches: int, interval_s: float, rollouts: int) -> dict:
         "latency_ms_p99": round(lat[int(0.99 * (len(lat) - 1))], 1) if lat else None,
         "latency_ms_max": round(lat[-1], 1) if lat else None,
         "delivered_per_s": round(delivered / ((end_ms - start_ms) / 1000), 1),
+        "cpu_ms_per_delivery": round(1000 * cpu / max(1, delivered), 2),
+        "duplicates": sum(s.get("gossip_duplicates", 0) for s in stats),
         "rejected": sum(v for s in stats for k, v in s.items() if k.startswith("rejected_")),
         "dropped": sum(v for s in stats for k, v in s.items() if k.startswith("dropped_")),
         "connections_per_node": [s["peers"] for s in stats],

@@ -10,13 +10,15 @@ Layers, bottom up::
     schema    – typed message fields, checked on decode
     messages  – PeerAnnouncement, RolloutBatch, OuterStepCommit, ...
     identity  – Ed25519 node identity and libp2p peer ids
-    envelope  – signed envelope: seal() / open_envelope()
+    envelope  – signed envelope: seal() / open_envelope(); max_body_bytes()
+    batching  – split_rollouts(): RolloutBatches sized to fit one sealed message
     replay    – ReplayGuard: time window + nonce dedupe with bounded memory
 """
 
 from __future__ import annotations
 
-from protocol.envelope import Envelope, open_envelope, seal
+from protocol.batching import split_rollouts
+from protocol.envelope import Envelope, max_body_bytes, open_envelope, seal
 from protocol.errors import (
     DecodeError,
     DuplicateNonce,
@@ -27,6 +29,7 @@ from protocol.errors import (
     SignatureError,
     StaleMessage,
     TooLarge,
+    UnknownFields,
     UnknownMessageType,
     VersionError,
     WrongSwarm,
@@ -71,12 +74,15 @@ __all__ = [
     "StaleMessage",
     "TaskSpec",
     "TooLarge",
+    "UnknownFields",
     "UnknownMessageType",
     "VersionError",
     "WrongSwarm",
     "atomic_write_bytes",
     "load_or_create_identity",
+    "max_body_bytes",
     "open_envelope",
     "peer_id_from_public_key",
     "seal",
+    "split_rollouts",
 ]

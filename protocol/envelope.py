@@ -8,10 +8,16 @@ Wire form (a msgpack map, short keys)::
 
 The signature covers the domain tag and every field but "s"; the body is signed as the exact
 bytes that travel, so no canonical re-encoding is needed to verify it.
+
+Sizes have one source of truth, ``Limits.max_message_bytes``: the whole sealed message, body
+included, must fit it (``seal`` refuses more, ``open_envelope`` accepts up to it). A sender
+that packs several rollouts into one batch sizes its batches with ``max_body_bytes`` (see
+``protocol.batching``). Unknown envelope keys share the body's ``UnknownBudget``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -28,10 +34,22 @@ from protocol.errors import (
 from protocol.identity import Identity, peer_id_from_public_key, verify
 from protocol.limits import DEFAULT_LIMITS, Limits, packb, unpackb
 from protocol.messages import MESSAGE_TYPES, Message
+from protocol.schema import UnknownBudget
 from protocol.version import PROTOCOL_VERSION
 
 DOMAIN = b"swarm-node/envelope/v1"
 NONCE_BYTES = 16
+MAX_SWARM_ID = 64
+ENVELOPE_KEYS = frozenset({"v", "t", "pk", "sw", "ts", "n", "b", "s"})
+ENVELOPE_OVERHEAD = 512
+"""Bytes a sealed envelope adds to its body, at most (keys, key, nonce, signature, a swarm id
+of 64 characters of up to 4 bytes each, type, headers); tests/protocol checks the bound."""
+
+
+def max_body_bytes(limits: Limits = DEFAULT_LIMITS) -> int:
+    """The largest encoded message body (``packb(message.to_wire())``) that seals and opens
+    within ``limits``: what a sender may put in one message."""
+    return limits.max_message_bytes - ENVELOPE_OVERHEAD
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +83,7 @@ def seal(
     limits: Limits = DEFAULT_LIMITS,
 ) -> bytes:
     """Sign and encode ``message``. Raises TooLarge if the result exceeds the limits."""
-    if not swarm_id or len(swarm_id) > 64:
+    if not swarm_id or len(swarm_id) > MAX_SWARM_ID:
         raise ValueError("swarm_id must be 1..64 characters")
     ts = int(time.time() * 1000) if now_ms is None else now_ms
     n = os.urandom(NONCE_BYTES) if nonce is None else nonce
@@ -86,9 +104,12 @@ def open_envelope(
 
     With ``swarm_id`` set, a message for another swarm raises SchemaError on field 'sw'.
     """
-    raw = unpackb(data, limits)
+    # the body travels as one byte string of up to the whole message; every other limit holds
+    outer = dataclasses.replace(limits, max_str=max(limits.max_str, limits.max_message_bytes))
+    raw = unpackb(data, outer, check_depth=False)  # flat map; unknown keys walked by budget
     if not isinstance(raw, dict):
         raise DecodeError("envelope is not a map")
+    budget = UnknownBudget()
     v = _field(raw, "v", int)
     if v != PROTOCOL_VERSION:
         raise VersionError(f"protocol version {v}, this peer speaks {PROTOCOL_VERSION}")
@@ -109,11 +130,13 @@ def open_envelope(
         raise SchemaError("ts", "out of range")
     if swarm_id is not None and sw != swarm_id:
         raise WrongSwarm("sw", f"swarm id {sw!r} is not this swarm's {swarm_id!r}")
+    if len(raw) != len(ENVELOPE_KEYS):
+        budget.charge(raw, ENVELOPE_KEYS, "envelope")
     cls = MESSAGE_TYPES.get(t)
     if cls is None:
         raise UnknownMessageType(f"unknown message type {t!r}")
     verify(pk, s, _signed_bytes(v, t, pk, sw, ts, n, b))
-    message = cls.from_wire(unpackb(b, limits))
+    message = cls.from_wire(unpackb(b, limits, check_depth=False), "", budget)
     return Envelope(version=v, type=t, sender=pk, swarm_id=sw, created_ms=ts, nonce=n,
                     message=message)
 

@@ -4,7 +4,8 @@
      ├── DecodeError              – not msgpack, or not the shape of an envelope
      │    ├── TooLarge            – a size limit was exceeded (message, string, list, nesting)
      │    ├── SchemaError         – a field is missing, of the wrong type or out of range
-     │    │    └── WrongSwarm     – a message for another swarm (field 'sw')
+     │    │    ├── WrongSwarm     – a message for another swarm (field 'sw')
+     │    │    └── UnknownFields  – keys this version does not know, beyond their budget
      │    ├── UnknownMessageType  – a type this version does not know
      │    └── VersionError        – another protocol major version
      ├── SignatureError           – the signature does not verify
@@ -43,6 +44,10 @@ class SchemaError(DecodeError):
 
 class WrongSwarm(SchemaError):
     reason = "wrong_swarm"
+
+
+class UnknownFields(SchemaError):
+    reason = "unknown_fields"
 
 
 class UnknownMessageType(DecodeError):

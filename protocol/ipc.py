@@ -34,6 +34,7 @@ __all__ = [
     "IPC_LIMITS",
     "MAX_FRAME",
     "MAX_RECEIVE_ITEMS",
+    "RECEIVE_BYTES",
     "OPS",
     "IpcError",
     "Request",
@@ -52,7 +53,10 @@ MAX_FRAME = 64 * 1024 * 1024
 """Largest frame either side accepts (a receive of many large batches)."""
 MAX_RECEIVE_ITEMS = 1024
 IPC_LIMITS = Limits(max_message_bytes=MAX_FRAME, max_str=1024 * 1024, max_list=MAX_RECEIVE_ITEMS,
-                    max_depth=12)
+                    max_depth=12, max_objects=MAX_FRAME)  # many deliveries; bounded by bytes
+RECEIVE_BYTES = MAX_FRAME // 2
+"""Gossip bytes one ``receive`` returns at most (the re-encoded deliveries stay well under
+MAX_FRAME: re-encoding a checked message does not grow it by half)."""
 OPS = frozenset({"announce", "publish", "receive", "peers", "stats"})
 
 

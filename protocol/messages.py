@@ -13,6 +13,7 @@ from protocol.schema import Message, Spec, spec
 
 U63 = 2**63 - 1
 MAX_TEXT = 16 * 1024  # characters in one prompt or completion
+MAX_BATCH_ROLLOUTS = 64  # rollouts in one RolloutBatch
 ADDR = Spec(kind=str, max_len=256, min_len=1)  # one multiaddr
 
 
@@ -59,7 +60,8 @@ class RolloutBatch(Message):
     model: str = spec(str, max_len=128, min_len=1)
     """Model fingerprint of the policy that sampled the completions."""
     round: int = spec(int, lo=0, hi=U63)
-    rollouts: tuple[Rollout, ...] = spec(list, max_len=64, min_len=1, item=Spec(kind=Rollout))
+    rollouts: tuple[Rollout, ...] = spec(list, max_len=MAX_BATCH_ROLLOUTS, min_len=1,
+                                         item=Spec(kind=Rollout))
 
 
 @dataclass(frozen=True, kw_only=True)

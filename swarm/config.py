@@ -71,7 +71,9 @@ class GossipConfig:
     invalid_message_weight: float = 10.0
     """Gossipsub score penalty per invalid message (P4; positive: py-libp2p subtracts it)."""
     graylist_threshold: float = -100.0
-    """Score below which a peer's messages are ignored (graylisted)."""
+    """Score below which a peer is graylisted: disconnected and banned (graylist_ban_s)."""
+    graylist_ban_s: float = 120.0
+    """How long a graylisted peer is refused (its score is forgotten when it disconnects)."""
     log_every_s: float = 10.0
     """At most one log line per rejection reason and period (rate-limited logging)."""
 
@@ -94,7 +96,7 @@ class GossipConfig:
         positive = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s",
                     "announce_interval_s", "peer_ttl_s", "maintain_interval_s",
                     "heartbeat_interval_s", "gossip_degree", "outbox_size", "inbox_size",
-                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s")
+                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"GossipConfig.{name} must be positive, got {getattr(self, name)}")

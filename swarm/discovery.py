@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -42,6 +43,8 @@ class Dialer:
     config: GossipConfig
     bootstrap_peers: list[PeerInfo]
     table: PeerTable
+    is_banned: Callable[[ID], bool] = lambda _peer: False
+    """Peers not to dial (swarm.pubsub bans graylisted peers)."""
     _retry_at: dict[ID, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def connected(self) -> set[ID]:
@@ -104,7 +107,8 @@ class Dialer:
         # tests/swarm/test_swarm.py and the module docstring.
         candidates = [] if self.config.bootstrap_only else [
             i for i in self._announced()
-            if i.peer_id not in connected and str(self_id) < str(i.peer_id)]
+            if i.peer_id not in connected and str(self_id) < str(i.peer_id)
+            and not self.is_banned(i.peer_id)]
         random.shuffle(candidates)
         wanted += candidates[:max(0, room)]
         if not wanted:

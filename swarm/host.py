@@ -6,6 +6,7 @@ that offers only plaintext is refused (tests/swarm/test_host.py shows it).
 
 from __future__ import annotations
 
+import collections
 import logging
 import socket
 import time
@@ -20,8 +21,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
-from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -31,6 +31,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from protocol import Identity
 from swarm.config import GossipConfig
 from swarm.errors import ConfigError, ListenError
+from swarm.pubsub import CountingGossipSub, GuardedPubsub
 
 __all__ = ["Stack", "build_stack", "check_listen", "parse_listen", "parse_peer_addr",
            "dialable_addrs"]
@@ -44,8 +45,13 @@ INVALID_DECAY = 0.99
 @dataclass(frozen=True)
 class Stack:
     host: IHost
-    router: GossipSub
-    pubsub: Pubsub
+    router: CountingGossipSub
+    pubsub: GuardedPubsub
+
+    @property
+    def counters(self) -> collections.Counter[str]:
+        """Every drop and rejection of this stack, by name (``rejected_<reason>``, ...)."""
+        return self.pubsub.counters
 
 
 def key_pair(identity: Identity) -> KeyPair:
@@ -54,7 +60,8 @@ def key_pair(identity: Identity) -> KeyPair:
 
 
 def build_stack(identity: Identity, config: GossipConfig) -> Stack:
-    """A host (Noise + yamux over TCP), a gossipsub router with scoring, and pubsub."""
+    """A host (Noise + yamux over TCP), a gossipsub router with scoring, and pubsub that
+    counts its drops (swarm.pubsub)."""
     kp = key_pair(identity)
     noise = NoiseTransport(kp, noise_privkey=new_x25519_key_pair().private_key)
     announce = [_maddr(a, "announce") for a in config.announce] or None
@@ -66,7 +73,9 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         connection_config=connection_config(config),
     )
     d = config.gossip_degree
-    router = GossipSub(
+    counters: collections.Counter[str] = collections.Counter()
+    router = CountingGossipSub(
+        counters=counters,
         # meshsub/1.1 only: with 1.2 (IDONTWANT) offered, 8 processes on loopback lost 2-57%
         # of batches per node in py-libp2p 0.8.1; with 1.1 none (see the report of issue #3)
         protocols=[PROTOCOL_ID_V11],
@@ -83,7 +92,7 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         # from its own health estimate; we want the configured, predictable values
         adaptive_gossip_enabled=False,
     )
-    pubsub = Pubsub(host, router)
+    pubsub = GuardedPubsub(host, router, counters=counters, ban_s=config.graylist_ban_s)
     # py-libp2p seeds seqno with int(time.time()) and adds 1 per message: a peer restarted
     # seconds after publishing many messages would reuse seqnos still in its peers' seen
     # cache, and its new messages would be dropped as duplicates. Microseconds avoid that.

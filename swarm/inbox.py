@@ -17,6 +17,8 @@ class Delivery:
     sender: str
     message: Message
     received_ms: int
+    size: int = 0
+    """Bytes of the envelope it came in (``receive`` answers within a byte budget)."""
 
 
 @dataclass(kw_only=True)
@@ -35,10 +37,15 @@ class Inbox:
             self.counters[f"dropped_{type_}"] += 1
         q.append(item)
 
-    def take(self, type_: str, max_items: int) -> list[Delivery]:
+    def take(self, type_: str, max_items: int, max_bytes: int | None = None) -> list[Delivery]:
+        """Oldest first, at most ``max_items`` and (but for the first) ``max_bytes``."""
         q = self._queues.get(type_)
         out: list[Delivery] = []
+        size = 0
         while q and len(out) < max_items:
+            if out and max_bytes is not None and size + q[0].size > max_bytes:
+                break
+            size += q[0].size
             out.append(q.popleft())
         return out
 

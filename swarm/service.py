@@ -8,7 +8,7 @@ SwarmError into one line on stderr and a non-zero exit status.
 Task tree (one nursery, closed on shutdown)::
 
     serve ─ host.run ─ pubsub ─ router
-          ├── drain <topic>      × topics   (keeps gossipsub's 32-slot channels empty)
+          ├── drain <topic>      × topics   (subscribes; deliveries come from the validator)
           ├── serve_ipc                      (if ipc_path)
           ├── publish loop                   (spaces this peer's publishes)
           ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
@@ -44,7 +44,13 @@ from protocol import (
     load_or_create_identity,
     seal,
 )
-from protocol.ipc import MAX_RECEIVE_ITEMS, Request, delivery_to_ipc, message_from_ipc
+from protocol.ipc import (
+    MAX_RECEIVE_ITEMS,
+    RECEIVE_BYTES,
+    Request,
+    delivery_to_ipc,
+    message_from_ipc,
+)
 from swarm.config import GossipConfig
 from swarm.discovery import Dialer
 from swarm.errors import ListenError, SwarmError
@@ -52,6 +58,7 @@ from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_l
 from swarm.inbox import Delivery, Inbox
 from swarm.ipc_server import RequestError, serve_ipc
 from swarm.peers import PeerTable
+from swarm.pubsub import Ignored
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topics
 from swarm.validation import Rejected, Validator
@@ -83,7 +90,7 @@ class GossipService:
         self.identity = identity
         self.stack = stack
         self.self_id = stack.host.get_id()
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = stack.counters  # pubsub's drops count here too
         self.inbox = Inbox(size=config.inbox_size, counters=self.counters)
         self.table = PeerTable(ttl_s=config.peer_ttl_s)
         self.validator = Validator(
@@ -92,7 +99,7 @@ class GossipService:
             guard=ReplayGuard(max_age_ms=int(config.replay_window_s * 1000),
                               max_future_ms=int(config.max_future_s * 1000)))
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
-                             bootstrap_peers=bootstrap_peers)
+                             bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned)
         self.topics = topics(config.swarm_id)
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
@@ -109,13 +116,15 @@ class GossipService:
             try:
                 from_peer = ID(msg.from_id).to_base58()
                 env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
-            except Rejected:
+            except Rejected as e:
+                if not e.penalise:
+                    raise Ignored(e.reason) from None
                 return False
-            self._accept(env.type, from_peer, env.message)
+            self._accept(env.type, from_peer, env.message, len(msg.data))
             return True
         return validate
 
-    def _accept(self, type_: str, sender: str, message: Message) -> None:
+    def _accept(self, type_: str, sender: str, message: Message, size: int) -> None:
         # Delivered here, at validation time, rather than from the subscription channel:
         # pubsub drops silently when that 32-slot channel is full (notes/py-libp2p.md).
         self.counters[f"received_{type_}"] += 1
@@ -125,7 +134,7 @@ class GossipService:
                             "bootstrap" if message.bootstrap_only else message.model or "no model")
         if type_ in PUBLISHABLE and not self.config.bootstrap_only:
             self.inbox.put(type_, Delivery(sender=sender, message=message,
-                                           received_ms=int(time.time() * 1000)))
+                                           received_ms=int(time.time() * 1000), size=size))
 
     async def drain(self, type_: str, *, task_status: trio.TaskStatus[None]) -> None:
         topic = self.topics[type_]
@@ -133,7 +142,7 @@ class GossipService:
         subscription = await self.stack.pubsub.subscribe(topic)
         task_status.started()
         async for _ in subscription:
-            pass  # validated messages were taken by the validator; keep the channel empty
+            pass  # swarm.pubsub feeds no subscription channel: the validator delivered it
 
     # -- outbound ------------------------------------------------------------------------
     async def enqueue(self, message: Message) -> None:
@@ -178,7 +187,7 @@ class GossipService:
             if not isinstance(type_, str) or type(n) is not int or not 1 <= n <= MAX_RECEIVE_ITEMS:
                 raise RequestError(f"receive needs type: str and max_items in 1..{MAX_RECEIVE_ITEMS}")
             return [delivery_to_ipc(d.sender, d.message, d.received_ms)
-                    for d in self.inbox.take(type_, n)]
+                    for d in self.inbox.take(type_, n, max_bytes=RECEIVE_BYTES)]
         if request.op == "announce":
             self._set_profile(args)
             self._announce_now.set()
@@ -201,6 +210,7 @@ class GossipService:
         out["known_peers"] = len(self.table)
         out["inbox"] = len(self.inbox)
         out["pubsub_peers"] = len(self.stack.pubsub.peers)
+        out["banned_peers"] = self.stack.pubsub.banned_peers()
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
         for type_, topic in self.topics.items():

@@ -29,9 +29,17 @@ from protocol import (
 )
 from swarm.ratelimit import TokenBuckets
 
-__all__ = ["Rejected", "Validator"]
+__all__ = ["IGNORED", "Rejected", "Validator"]
 
 logger = logging.getLogger(__name__)
+
+
+IGNORED = frozenset({"rate_limited", "stale", "future", "duplicate"})
+"""Reasons that do not show the forwarder misbehaved (a relay's token bucket or clock may
+differ from ours, a copy may race): dropped without a score penalty. Every other reason is
+something an honest relay checks before forwarding, so the forwarder pays P4 for it; without
+this split an attacker could have honest relays graylisted by making them forward messages
+that only we rate-limit."""
 
 
 class Rejected(Exception):
@@ -41,6 +49,11 @@ class Rejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+    @property
+    def penalise(self) -> bool:
+        """Whether the forwarder should pay for it (gossipsub "reject" rather than "ignore")."""
+        return self.reason not in IGNORED
 
 
 @dataclass(kw_only=True)

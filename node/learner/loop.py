@@ -8,7 +8,7 @@ One round (each phase timed in the record's ``seconds``; ``stop`` is checked bet
               adaptive with SapoConfig.adaptive_external)
     generate  I local questions x G completions with the inference engine
     score     local verifier; fold the local rewards into our own per-family baseline
-    publish   one RolloutBatch of this round's local groups
+    publish   this round's local groups, in RolloutBatches sized to fit one message each
     train     GRPO on I local + J external groups, external ones anchored to our baseline
 
 The learner never imports libp2p; the bridge is its only way to the swarm.
@@ -41,13 +41,11 @@ from node.learner.sapo import ExternalPool, SignalTracker, Taken, plan_round
 from node.learner.saver import CheckpointSaver
 from node.learner.tasks import build_task, get_family
 from node.report import node_report
-from protocol import Rollout, RolloutBatch, TaskSpec
+from protocol import Rollout, TaskSpec, split_rollouts
 
 __all__ = ["Learner", "run_learner"]
 
 log = logging.getLogger(__name__)
-_PUBLISH_CHARS = 256 * 1024
-"""Split a round's rollouts into several RolloutBatches above this many characters of text."""
 
 
 def _positive_mass(groups: list[TrainingGroup]) -> float:
@@ -235,18 +233,14 @@ class Learner:
         rollouts = [Rollout(task=task.spec, prompt=task.prompt, completions=g.completions,
                             rewards=g.rewards, token_counts=tuple(c.token_count for c in comp))
                     for task, g, comp in zip(tasks, groups, completions)]
-        chunk: list[Rollout] = []
-        size = 0
-        for r in rollouts:
-            r_size = len(r.prompt) + sum(len(c) for c in r.completions)
-            if chunk and (size + r_size > _PUBLISH_CHARS or len(chunk) == 64):
-                bridge.publish(RolloutBatch(model=self.fingerprint, round=self.round, rollouts=tuple(chunk)))
-                chunk, size = [], 0
-            chunk.append(r)
-            size += r_size
-        if chunk:
-            bridge.publish(RolloutBatch(model=self.fingerprint, round=self.round, rollouts=tuple(chunk)))
-        return len(rollouts)
+        # batches sized by encoded bytes against the wire's one limit (protocol.max_body_bytes)
+        batches, too_large = split_rollouts(self.fingerprint, self.round, rollouts)
+        if too_large:
+            log.warning("round %d: %d rollouts exceed one gossip message on their own; "
+                        "not published", self.round, len(too_large))
+        for batch in batches:
+            bridge.publish(batch)
+        return len(rollouts) - len(too_large)
 
 
 def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = None,

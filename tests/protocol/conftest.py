@@ -33,3 +33,17 @@ def identity() -> Identity:
 @pytest.fixture(params=range(3), ids=["rollouts", "announce", "commit"])
 def message(request):
     return sample_messages()[request.param]
+
+
+def real_model_batch(rollouts: int = 8, completions: int = 8, chars: int = 2048) -> RolloutBatch:
+    """A round of a real model: ``rollouts`` groups of ``completions`` texts of ~``chars``."""
+    out = []
+    for i in range(rollouts):
+        task = TaskSpec(family="countdown", config={"min_numbers": 3, "max_numbers": 4}, seed=i,
+                        index=i)
+        texts = tuple((f"<think>{i}.{j} " + "step by step, reasoning ü " * chars)[:chars]
+                      for j in range(completions))
+        out.append(Rollout(task=task, prompt="Using the numbers 3 5 7, make 22. " * 4,
+                           completions=texts, rewards=tuple(0.1 * j for j in range(completions)),
+                           token_counts=tuple(len(t) // 4 for t in texts)))
+    return RolloutBatch(model="Qwen/Qwen2.5-0.5B-Instruct@abc", round=3, rollouts=tuple(out))

@@ -44,15 +44,19 @@ class SwarmProc:
     proc: subprocess.Popen[bytes] | None = None
     ready: dict[str, Any] = field(default_factory=dict)
     log_path: Path | None = None
+    python_args: tuple[str, ...] = ()
+    """Interpreter arguments before ``-m swarm`` (e.g. ``("-m", "cProfile", "-o", path)``)."""
+    cwd: str | None = None
+    """Working directory; ``-m swarm`` imports the ``swarm`` package found there first."""
 
     def start(self, *, timeout_s: float = 60.0, expect_ready: bool = True) -> SwarmProc:
         self.log_path = Path(self.config.data_dir + f".{self.name}.log")
         Path(self.config.data_dir).parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swarm", "--config-json", self.config.to_json(),
+            [sys.executable, *self.python_args, "-m", "swarm", "--config-json", self.config.to_json(),
              *[f"--log={x}" for x in os.environ.get("SN_SWARM_LOG", "").split(",") if x]],
-            stdout=subprocess.PIPE, stderr=log, env=os.environ.copy())
+            stdout=subprocess.PIPE, stderr=log, env=os.environ.copy(), cwd=self.cwd)
         log.close()
         if expect_ready:
             self.wait_ready(timeout_s=timeout_s)

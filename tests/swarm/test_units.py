@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from protocol import Identity, PeerAnnouncement, ReplayGuard, seal
+from protocol import Identity, PeerAnnouncement, ReplayGuard, seal, split_rollouts
+from protocol.envelope import _signed_bytes
 from protocol.ipc import (
     IpcError,
     Request,
@@ -19,12 +20,14 @@ from protocol.ipc import (
     message_to_ipc,
 )
 from protocol.limits import packb, unpackb
+from protocol.version import PROTOCOL_VERSION
 from swarm.config import GossipConfig
 from swarm.inbox import Delivery, Inbox
 from swarm.peers import PeerTable
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topic_for, topics
 from swarm.validation import Rejected, Validator
+from tests.protocol.conftest import real_model_batch
 from tests.swarm.conftest import batch
 
 SWARM = "unit-swarm"
@@ -80,6 +83,7 @@ NOW = 1_800_000_000_000
     ("forged", "bad_signature"), ("wrong_swarm", "wrong_swarm"), ("oversized", "oversized"),
     ("malformed", "malformed"), ("wrong_sender", "wrong_sender"), ("stale", "stale"),
     ("future", "future"), ("wrong_topic", "wrong_topic"), ("announce_for_other", "wrong_sender"),
+    ("unknown_key_bomb", "oversized"), ("unknown_fields", "unknown_fields"),
 ])
 def test_validator_rejects_and_counts_by_reason(case: str, reason: str) -> None:
     me = Identity.from_seed(bytes(range(32)))
@@ -89,7 +93,11 @@ def test_validator_rejects_and_counts_by_reason(case: str, reason: str) -> None:
     data = {
         "forged": lambda: packb({**unpackb(good), "s": bytes(64)}),
         "wrong_swarm": lambda: seal(me, batch("m", 0), swarm_id="other", now_ms=NOW),
-        "oversized": lambda: packb({**unpackb(good), "b": bytes(70_000)}),
+        "oversized": lambda: packb({**unpackb(good), "b": bytes(1_000_000)}),
+        "unknown_key_bomb": lambda: sealed_body(me, "rollouts", batch("m", 0).to_wire()
+                                                | {"x": [[0] * 1000] * 63}, now_ms=NOW),
+        "unknown_fields": lambda: sealed_body(me, "rollouts", batch("m", 0).to_wire()
+                                              | {"x": list(range(1000))}, now_ms=NOW),
         "malformed": lambda: b"\xc1",
         "wrong_sender": lambda: seal(Identity.generate(), batch("m", 0), swarm_id=SWARM, now_ms=NOW),
         "stale": lambda: seal(me, batch("m", 0), swarm_id=SWARM, now_ms=NOW - 301_000),
@@ -105,6 +113,26 @@ def test_validator_rejects_and_counts_by_reason(case: str, reason: str) -> None:
         v.check(data, from_peer=me.peer_id, expected_type=expected, now_ms=NOW)
     assert e.value.reason == reason
     assert counters == {f"rejected_{reason}": 1}
+
+
+def sealed_body(me: Identity, type_: str, wire: dict, *, now_ms: int) -> bytes:
+    """Sign an arbitrary body map, as a hostile peer holding its own key can."""
+    body = packb(wire)
+    n = bytes(16)
+    sig = me.sign(_signed_bytes(PROTOCOL_VERSION, type_, me.public_key, SWARM, now_ms, n, body))
+    return packb({"v": PROTOCOL_VERSION, "t": type_, "pk": me.public_key, "sw": SWARM,
+                  "ts": now_ms, "n": n, "b": body, "s": sig})
+
+
+def test_validator_accepts_a_real_model_batch() -> None:
+    """8 rollouts x 8 completions x ~2 KB: the swarm accepts what an honest learner publishes."""
+    me = Identity.from_seed(bytes(range(32)))
+    v, counters = make_validator()
+    (b,), too_large = split_rollouts("m", 0, real_model_batch().rollouts)
+    assert not too_large
+    env = v.check(seal(me, b, swarm_id=SWARM, now_ms=NOW), from_peer=me.peer_id,
+                  expected_type="rollouts", now_ms=NOW)
+    assert env.message == b and not counters
 
 
 def test_validator_accepts_once_then_catches_the_replay_and_the_rate() -> None:
@@ -158,3 +186,36 @@ def test_ipc_frames_round_trip_and_reject_bad_input() -> None:
         Request.from_wire({"op": "stats", "id": True, "args": {}})
     with pytest.raises(IpcError, match="unknown message type"):
         message_from_ipc({"type": "nope", "body": {}})
+
+
+def test_the_largest_message_fits_one_pubsub_rpc() -> None:
+    """protocol's max_message_bytes plus pubsub's framing (from, seqno, topic, key, signature)
+    and a signed peer record stay under py-libp2p's inbound RPC cap, so the receiver reads
+    every message a sender may seal."""
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
+
+    from protocol import Limits
+
+    msg = rpc_pb2.Message(data=bytes(Limits().max_message_bytes), topicIDs=[topic_for(
+        "x" * 64, "rollouts")], from_id=bytes(38), seqno=bytes(8), key=bytes(36),
+        signature=bytes(64))
+    rpc = rpc_pb2.RPC(publish=[msg], senderRecord=bytes(2048))
+    assert rpc.ByteSize() <= DefaultMaxMessageSize
+
+
+def test_receive_answers_within_a_byte_budget_and_keeps_the_rest() -> None:
+    counters: collections.Counter[str] = collections.Counter()
+    box = Inbox(size=10, counters=counters)
+    for r in range(5):
+        box.put("rollouts", Delivery(sender="p", message=batch("m", r), received_ms=r, size=400))
+    assert [d.received_ms for d in box.take("rollouts", 10, max_bytes=1000)] == [0, 1]
+    assert [d.received_ms for d in box.take("rollouts", 10, max_bytes=100)] == [2]  # one always
+    assert len(box) == 2 and not counters
+
+
+def test_an_ipc_frame_of_many_deliveries_decodes() -> None:
+    """The IPC codec is bounded by its frame size, not by gossip's per-message object budget."""
+    items = [{"sender": "p", "received_ms": 1, **message_to_ipc(batch("m", 0, n=64))}] * 200
+    frame = encode_frame({"id": 1, "ok": True, "result": items})
+    assert len(decode_frame(frame[4:])["result"]) == 200
