@@ -23,9 +23,9 @@ FAMILY_REASONS = ("unvetted_family", "foreign_family", "foreign_config")
 (the code-exec families, count_primes with max_n 2e7)."""
 GROUP_SIZE_REASONS = ("group_size",)
 """Learner reason for a group whose size is not the receiver's completions per question."""
-UNKNOWN_KEY_REASONS = ("unknown_keys", "schema", "oversized")
+UNKNOWN_KEY_REASONS = ("unknown_fields", "oversized")
 """Swarm reasons for a message carrying an unbounded unknown key."""
-PUBSUB_SIGNATURE_REASONS = ("pubsub_signature", "bad_pubsub_signature")
+PUBSUB_SIGNATURE_REASONS = ("bad_pubsub_signature",)
 """Swarm reason for a pubsub message whose signature does not verify (py-libp2p drops it
 before our validator; the defence must count it)."""
 MIN_REWARD_MARGIN = 0.03
