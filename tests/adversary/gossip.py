@@ -61,24 +61,29 @@ class Observer:
     by_sender: dict[str, dict[int, list[int]]] = field(
         default_factory=lambda: collections.defaultdict(dict))
 
-    async def drain(self, subscription: Any) -> None:
-        async for msg in subscription:
-            try:
-                env = open_envelope(msg.data, swarm_id=self.swarm_id)
-            except ProtocolError:
-                continue
-            sender, message = env.sender_peer_id, env.message
-            if sender in self.own:
-                continue
-            if isinstance(message, PeerAnnouncement) and message.model:
-                self.model = message.model
-                self.model_known.set()
-            if not isinstance(message, RolloutBatch):
-                continue
+    def see(self, _peer: Any, msg: Any) -> bool:
+        """Topic validator (swarm.pubsub delivers through validators, not subscriptions):
+        record the message, let it through."""
+        try:
+            env = open_envelope(msg.data, swarm_id=self.swarm_id)
+        except ProtocolError:
+            return True
+        sender, message = env.sender_peer_id, env.message
+        if sender in self.own:
+            return True
+        if isinstance(message, PeerAnnouncement) and message.model:
+            self.model = message.model
+            self.model_known.set()
+        if isinstance(message, RolloutBatch):
             counts = self.by_sender[sender].setdefault(message.round, [0, 0])
             for rollout in message.rollouts:
                 counts[0] += len(rollout.completions)
                 counts[1] += sum(c.strip() == STEER_ANSWER for c in rollout.completions)
+        return True
+
+    async def drain(self, subscription: Any) -> None:
+        async for _ in subscription:
+            pass  # swarm.pubsub feeds no subscription channel; ``see`` recorded it
 
     def summary(self) -> dict[str, dict[str, list[int]]]:
         """sender -> round -> [completions, completions equal to the steered answer]."""
@@ -253,7 +258,9 @@ async def run_gossip_attack(attack: Attack, args: dict[str, Any]) -> dict[str, A
         stacks = [await _open(exit_stack, me, args, i) for i, me in enumerate(identities)]
         async with trio.open_nursery() as nursery:
             for type_ in ("rollouts", "announce"):
-                subscription = await stacks[0].pubsub.subscribe(topic_for(args["swarm_id"], type_))
+                topic_name = topic_for(args["swarm_id"], type_)
+                stacks[0].pubsub.set_topic_validator(topic_name, observer.see, False)
+                subscription = await stacks[0].pubsub.subscribe(topic_name)
                 nursery.start_soon(observer.drain, subscription)
             async with trio.open_nursery() as connecting:
                 for stack in stacks:
