@@ -88,8 +88,9 @@ def test_copied_sources_exist_and_cover_the_packages(stages):
         assert (ROOT / src).exists(), src
     import tomllib
 
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    assert set(packages) <= copied
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = {pattern.removesuffix("*") for pattern in find["find"]["include"]}
+    assert packages <= copied
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert all(f"!{src}" in ignore or f"!{src}/" in ignore for src in copied)
 
