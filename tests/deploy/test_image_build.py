@@ -137,6 +137,9 @@ class Node:
             f"exit code {code} after {seconds:.0f} s (grace {GRACE_S} s); log:\n{self.logs()}"
         report = pm.read_json(self.data / "node-report.json")
         assert report, f"no node report on the volume; log:\n{self.logs()}"
+        # The node's own stop budget may kill a slow child; still a clean exit, but counted.
+        killed = self.logs().count("did not stop within")
+        MEASURED["children_killed_on_stop"] = MEASURED.get("children_killed_on_stop", 0) + killed
         return seconds, report
 
     def remove(self) -> None:
