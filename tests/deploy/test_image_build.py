@@ -139,7 +139,9 @@ class Node:
         assert report, f"no node report on the volume; log:\n{self.logs()}"
         # The node's own stop budget may kill a slow child: still a clean exit, but counted
         # (the log holds every run of this container).
-        MEASURED["children_killed_on_stop"] = self.logs(-1).count("did not stop within")
+        MEASURED["children_killed_on_stop"] = sum(
+            "node.supervisor" in line and "did not stop within" in line
+            for line in self.logs(-1).splitlines())
         return seconds, report
 
     def remove(self) -> None:
