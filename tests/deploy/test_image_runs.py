@@ -16,33 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.conftest import DEPLOY
-from tests.deploy.container import Container, free_port, read_line_with, wait_until
+from tests.deploy.conftest import DEPLOY, START_TIMEOUT_S
+from tests.deploy.container import Container, free_port, wait_until
 from tests.deploy.dockerfile import interpolate
 
 pytestmark = pytest.mark.slow
 
-START_TIMEOUT_S = 300.0  # 2 cores shared with other suites; model load + swarm start
 STOP_TIMEOUT_S = 150.0   # the node's own stop budget (learner 60 s + swarm 15 s) and slack
-
-
-@pytest.fixture
-def bootstrap_addr(tmp_path):
-    log_path = tmp_path / "bootstrap.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "node", "bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0",
-             "--data-dir", str(tmp_path / "bootstrap")],
-            stdout=subprocess.PIPE, stderr=log, text=True)
-    try:
-        try:
-            addr = read_line_with(proc, "/p2p/", timeout=START_TIMEOUT_S)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\nbootstrap log:\n{log_path.read_text()[-3000:]}") from None
-        yield addr
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def community_node(stages, tmp_path: Path, bootstrap: str) -> Container:
