@@ -87,9 +87,10 @@ class EngineConfig:
 class TaskConfig:
     """Where questions come from."""
 
-    families: tuple[str, ...] = ("tiny_add",)
-    """Task families drawn uniformly per question: built-in (``tiny_add``)
-    or any ReasoningGYM dataset name (``basic_arithmetic``, ``base_conversion``, ...)."""
+    families: tuple[str, ...] = ("letter_sort",)
+    """Task families drawn uniformly per question: built-in (``letter_sort``: 0/1 correctness,
+    the SAPO paper's regime; ``tiny_add``: graded reward) or any ReasoningGYM dataset name
+    (``basic_arithmetic``, ``base_conversion``, ...)."""
     family_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-family generator config (difficulty), e.g. ``{"basic_arithmetic": {"max_terms": 2}}``.
     Values must be scalars: they travel inside TaskSpec."""

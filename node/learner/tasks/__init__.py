@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from node.learner.errors import TaskError
 from node.learner.tasks.base import Task, TaskFamily
+from node.learner.tasks.letter_sort import LetterSort
 from node.learner.tasks.rgym import ReasoningGymFamily, is_reasoning_gym_family
 from node.learner.tasks.tiny import TinyAdd
 from protocol import TaskSpec
 
 __all__ = ["FAMILIES", "Task", "TaskFamily", "build_task", "get_family"]
 
-FAMILIES: dict[str, TaskFamily] = {f.name: f for f in (TinyAdd(),)}
+FAMILIES: dict[str, TaskFamily] = {f.name: f for f in (LetterSort(), TinyAdd())}
 """Built-in families by name; ReasoningGYM families are created on first use."""
 
 
