@@ -25,7 +25,7 @@ __all__ = ["EMBEDDED_SEED", "WARM_START", "build_embedded", "ensure_embedded", "
 
 EMBEDDED_SEED = 1234
 """Seed of the deterministic init; changing it changes the embedded fingerprint."""
-WARM_START: dict[str, object] = {"steps": 50, "batch": 64, "lr": 3e-3, "lengths": (3, 4, 5),
+WARM_START: dict[str, object] = {"steps": 40, "batch": 64, "lr": 3e-3, "lengths": (3, 4, 5),
                                  "seed": "embedded-warm-start"}
 """The supervised warm start (changing it changes the embedded fingerprint): ``steps`` AdamW
 steps of ``batch`` sorted-letter examples, the length of each drawn from ``lengths``."""
