@@ -202,16 +202,21 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sapo-bench-"))
     base = ensure_embedded(tmp / "base")  # built once; every node copies it
     jobs = [(split, seed) for seed in seeds for split in splits]
+    def one(job: tuple[str, int]) -> dict:
+        split, seed = job
+        return _job(args, split, seed, base, tmp / f"{split.replace('/', '-')}-{seed}.json")
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        runs = list(pool.map(lambda js: _job(args, js[0], js[1], base, tmp / f"{js[0].replace('/', '-')}-{js[1]}.json"), jobs))
+        runs = list(pool.map(one, jobs))
     shutil.rmtree(tmp, ignore_errors=True)
     per_split = summarize(runs, splits, seeds, baseline)
     head = per_split.get(f"{args.budget // 2}/{args.budget - args.budget // 2}", {})
+    ci_low, ci_high = head.get("ci_accuracy", (None, None))
     summary = {
         "ratio_accuracy": head.get("ratio_accuracy"), "ratio_reward": head.get("ratio_reward"),
-        "ci_low": head.get("ci_accuracy", (None, None))[0], "ci_high": head.get("ci_accuracy", (None, None))[1],
-        "ci_reward": head.get("ci_reward"), "seeds": seeds, "splits": splits, "nodes": args.nodes,
-        "rounds": args.rounds, "budget": args.budget, "completions_per_question": SapoConfig().completions_per_question,
+        "ci_low": ci_low, "ci_high": ci_high, "ci_reward": head.get("ci_reward"),
+        "seeds": seeds, "splits": splits, "nodes": args.nodes, "rounds": args.rounds,
+        "budget": args.budget, "completions_per_question": SapoConfig().completions_per_question,
         "lr": args.lr, "per_split": per_split, "paper_cumulative_reward": PAPER,
         "paper_ratio_4_4": PAPER["4/4"] / PAPER["8/0"], "wall_seconds": time.monotonic() - t0,
         "loadavg_start": load0, "loadavg_end": os.getloadavg(), "jobs": args.jobs,

@@ -65,7 +65,8 @@ def build_embedded(out_dir: str | os.PathLike[str]) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def warm_start(model, tokenizer, recipe: dict[str, object] | None = None) -> float:  # type: ignore[no-untyped-def]
+def warm_start(model, tokenizer,  # type: ignore[no-untyped-def]
+               recipe: dict[str, object] | None = None) -> float:
     """Supervised warm start of ``model`` in place (loss on answer tokens only); returns the
     last step's loss. Bit-reproducible on one torch build: fixed seeds, one intra-op thread."""
     from node.learner.tasks.letter_sort import sort_question
