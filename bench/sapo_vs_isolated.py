@@ -184,7 +184,7 @@ def main() -> None:
 
     quick = args.quick
     args.nodes = args.nodes or (4 if quick else 8)
-    args.rounds = args.rounds or (100 if quick else 200)
+    args.rounds = args.rounds or 100
     seeds = list(range(args.seeds or (2 if quick else 3)))
     splits = (args.splits or ("8/0,4/4" if quick else "8/0,6/2,4/4,2/6,adaptive")).split(",")
     name = args.name or ("sapo_vs_isolated_quick" if quick else "sapo_vs_isolated")
