@@ -44,8 +44,10 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="override TrainerConfig.lr")
     ap.add_argument("--entropy", type=float, default=None, help="override TrainerConfig.entropy_coef")
     ap.add_argument("--temperature", type=float, default=None)
-    ap.add_argument("--max-operand", type=int, default=None)
+    ap.add_argument("--family", default=TaskConfig().families[0], help="task family (default: the node's)")
+    ap.add_argument("--max-operand", type=int, default=None, help="tiny_add max_operand")
     ap.add_argument("--closeness", type=float, default=None, help="tiny_add closeness weight")
+    ap.add_argument("--length", type=int, default=None, help="letter_sort length")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="learner_curve")
     args = ap.parse_args()
@@ -54,9 +56,9 @@ def main() -> None:
     trainer = TrainerConfig(**{k: v for k, v in (("lr", args.lr), ("entropy_coef", args.entropy))
                                if v is not None})
     engine = EngineConfig(temperature=args.temperature) if args.temperature else EngineConfig()
-    tiny = {k: v for k, v in (("max_operand", args.max_operand), ("closeness", args.closeness))
-            if v is not None}
-    tasks = TaskConfig(family_config={"tiny_add": tiny}) if tiny else TaskConfig()
+    family_config = {k: v for k, v in (("max_operand", args.max_operand), ("closeness", args.closeness),
+                                       ("length", args.length)) if v is not None}
+    tasks = TaskConfig(families=(args.family,), family_config={args.family: family_config})
     data_dir = tempfile.mkdtemp(prefix="learner-curve-")
     config = LearnerConfig(data_dir=data_dir, seed=args.seed, checkpoint_every=0,
                            policy=PolicyConfig(device="cpu", threads=args.threads),
@@ -89,7 +91,7 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
-    plot(rewards, acc, RESULTS / f"{args.name}.png", title=f"embedded tiny_add, {len(rewards)} rounds, {seconds:.0f}s")
+    plot(rewards, acc, RESULTS / f"{args.name}.png", title=f"embedded {args.family}, {len(rewards)} rounds, {seconds:.0f}s")
     print(json.dumps({k: v for k, v in result.items() if k not in ("reward", "accuracy", "config")}, indent=1))
 
 

@@ -1,122 +1,233 @@
-"""SAPO (nodes share rollouts, I local + J external) vs the same nodes alone (J = 0).
+"""SAPO (nodes share rollouts, I local + J external) vs the same nodes alone (8 local / 0).
 
-Follows the paper's controlled protocol (notes/sapo.md): equal question-group budget per node
-and round (I + J = questions_per_round), zero-advantage filter on external groups, cumulative
-reward (sum over nodes and rounds of the mean reward of each node's own local rollouts) as the
-figure of merit. Nodes run round-robin in one process on a LoopbackHub (every message really
-signed and verified); both configurations use the same identities, seeds and base model.
+The SAPO paper's controlled protocol (notes/sapo.md) on the node's defaults (the embedded
+warm-started model on ``letter_sort``, 0/1 correctness): N nodes, an equal budget of
+``questions_per_round`` groups x 8 completions per node and round in every split, the
+zero-advantage filter on external groups, splits ``I/J`` (and ``adaptive``, when SapoConfig has
+``adaptive_external``), several seeds. Figures of merit: cumulative accuracy and cumulative
+reward (sum over nodes and rounds of the per-round mean over each node's own local rollouts),
+each split over 8/0 with a 95% bootstrap interval over seeds (seeds resampled, paired).
 
-    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py [--nodes 4] [--rounds 150] [--local 4 --external 4]
+Every (split, seed) runs in its own subprocess (``--jobs`` at a time, one torch thread each);
+inside it the nodes run round-robin on a LoopbackHub (every message signed and verified), all
+from the same base model, identities and seeds in every split.
 
-Writes bench/results/sapo_vs_isolated.json and .png (cumulative reward and per-round reward).
+    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py --quick      # 4 nodes, 8/0 vs 4/4, 2 seeds
+    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py              # 8 nodes, 5 splits, 3 seeds
+
+Writes bench/results/<name>.json and <name>.png (cumulative reward per split over rounds).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from node.bridge import LoopbackHub
-from node.learner import LearnerConfig, PolicyConfig, SapoConfig
-from node.learner.loop import Learner
-from protocol import Identity
-
 RESULTS = Path(__file__).resolve().parent / "results"
+PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 
 
-def run_swarm(*, nodes: int, rounds: int, local: int, external: int, seed: int, threads: int,
-              label: str) -> dict:
-    """Run ``nodes`` learners round-robin for ``rounds``; shared hub iff external > 0."""
+def run_swarm(*, nodes: int, rounds: int, split: str, budget: int, seed: int, lr: float | None,
+              base: Path) -> dict:
+    """One split, one seed: ``nodes`` learners round-robin; one shared hub unless J = 0."""
+    from node.bridge import LoopbackHub
+    from node.learner import LearnerConfig, PolicyConfig, SapoConfig, TrainerConfig
+    from node.learner.loop import Learner
+    from protocol import Identity
+
+    adaptive = split == "adaptive"
+    local, external = (budget // 2, budget - budget // 2) if adaptive else map(int, split.split("/"))
+    extra = {"adaptive_external": True} if adaptive else {}
+    sapo = SapoConfig(questions_per_round=budget, local=local, external=external, **extra)
+    trainer = TrainerConfig(lr=lr) if lr else TrainerConfig()
     ids = [Identity.from_seed(bytes([seed % 256, i + 1]) * 16) for i in range(nodes)]
     shared = LoopbackHub(swarm_id="bench")
     bridges = [(shared if external else LoopbackHub(swarm_id="bench")).bridge(i) for i in ids]
-    root = Path(tempfile.mkdtemp(prefix=f"sapo-{label}-"))
+    root = Path(tempfile.mkdtemp(prefix="sapo-bench-"))
     learners = []
     for k, ident in enumerate(ids):
+        shutil.copytree(base, root / f"n{k}" / "base")
         cfg = LearnerConfig(data_dir=str(root / f"n{k}"), seed=seed * 1000 + k, checkpoint_every=0,
-                            policy=PolicyConfig(device="cpu", threads=threads),
-                            sapo=SapoConfig(questions_per_round=local + external, local=local,
-                                            external=external))
+                            policy=PolicyConfig(device="cpu", threads=1), sapo=sapo, trainer=trainer)
         learners.append(Learner(cfg, peer_id=ident.peer_id))
-    per_node: list[list[dict]] = [[] for _ in range(nodes)]
+    recs: list[list[dict]] = [[] for _ in range(nodes)]
     t0 = time.monotonic()
     for r in range(rounds):
         for k, (learner, bridge) in enumerate(zip(learners, bridges)):
             rec = learner.run_round(bridge)
             assert rec is not None
             learner.round += 1
-            per_node[k].append(rec)
-        if r % 25 == 0:
-            mean = sum(n[-1]["mean_reward"] for n in per_node) / nodes
-            print(f"[{label}] round {r:4d} mean reward {mean:.3f} t={time.monotonic() - t0:.0f}s", flush=True)
-    reward = [[rec["mean_reward"] for rec in n] for n in per_node]
-    return {
-        "label": label, "nodes": nodes, "rounds": rounds, "local": local, "external": external,
-        "seconds": time.monotonic() - t0,
-        "cumulative_reward": sum(sum(n) for n in reward),
-        "cumulative_accuracy": sum(rec["accuracy"] for n in per_node for rec in n),
-        "external_used": sum(rec["external_used"] for n in per_node for rec in n),
-        "rejected": sum(rec["rejected"] for n in per_node for rec in n),
-        "reward": reward,
-        "accuracy": [[rec["accuracy"] for rec in n] for n in per_node],
-    }
+            recs[k].append(rec)
+        if r % 25 == 0 or r == rounds - 1:
+            acc = sum(n[-1]["accuracy"] for n in recs) / nodes
+            print(f"[{split} seed {seed}] round {r:4d} accuracy {acc:.3f} t={time.monotonic() - t0:.0f}s",
+                  file=sys.stderr, flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+    def per_round(key: str) -> list[float]:
+        return [sum(n[r][key] or 0 for n in recs) for r in range(rounds)]  # summed over nodes
+
+    return {"split": split, "seed": seed, "seconds": time.monotonic() - t0,
+            "accuracy": per_round("accuracy"), "reward": per_round("mean_reward"),
+            "external_used": per_round("external_used"), "local_used": per_round("local_used"),
+            "zero_variance_trained": per_round("skipped_zero_variance"),
+            "external_zero_advantage": per_round("external_zero_advantage")}
 
 
-def plot(runs: list[dict], path: Path) -> None:
+def bootstrap_ratio(num: list[float], den: list[float], *, n: int = 10000, seed: int = 0
+                    ) -> tuple[float, float]:
+    """95% percentile interval of sum(num)/sum(den) with seeds resampled in pairs."""
+    rng = random.Random(seed)
+    k = len(num)
+    ratios = []
+    for _ in range(n):
+        pick = [rng.randrange(k) for _ in range(k)]
+        ratios.append(sum(num[i] for i in pick) / max(sum(den[i] for i in pick), 1e-9))
+    ratios.sort()
+    return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
+
+
+def summarize(runs: list[dict], splits: list[str], seeds: list[int], baseline: str) -> dict:
+    by = {(r["split"], r["seed"]): r for r in runs}
+    out: dict = {}
+    for split in splits:
+        acc = [sum(by[split, s]["accuracy"]) for s in seeds]
+        rew = [sum(by[split, s]["reward"]) for s in seeds]
+        out[split] = {"cumulative_accuracy": acc, "cumulative_reward": rew,
+                      "mean_cumulative_accuracy": sum(acc) / len(acc),
+                      "mean_cumulative_reward": sum(rew) / len(rew),
+                      "external_used": sum(sum(by[split, s]["external_used"]) for s in seeds) / len(seeds),
+                      "zero_variance_trained": sum(sum(by[split, s]["zero_variance_trained"])
+                                                   for s in seeds) / len(seeds)}
+        if split != baseline:
+            base_acc, base_rew = out[baseline]["cumulative_accuracy"], out[baseline]["cumulative_reward"]
+            out[split]["ratio_accuracy"] = sum(acc) / max(sum(base_acc), 1e-9)
+            out[split]["ratio_reward"] = sum(rew) / max(sum(base_rew), 1e-9)
+            out[split]["ci_accuracy"] = bootstrap_ratio(acc, base_acc)
+            out[split]["ci_reward"] = bootstrap_ratio(rew, base_rew)
+    return out
+
+
+def plot(runs: list[dict], splits: list[str], seeds: list[int], path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, run in enumerate(runs):
-        per_round = [sum(x) for x in zip(*run["reward"])]
-        cum = list(itertools.accumulate(per_round))
-        name = f"{run['label']} I={run['local']} J={run['external']}"
-        a.plot(cum, color=f"C{i}", label=name)
-        w = max(1, len(per_round) // 30)
-        ma = [sum(per_round[max(0, j - w + 1):j + 1]) / min(j + 1, w) / run["nodes"] for j in range(len(per_round))]
-        b.plot(ma, color=f"C{i}", label=name)
-    a.set_title("cumulative reward (sum over nodes)")
-    b.set_title("mean reward per node (moving average)")
+    for i, split in enumerate(splits):
+        mine = [r for r in runs if r["split"] == split]
+        for key, ax in (("reward", a), ("accuracy", b)):
+            curves = [r[key] for r in mine]
+            mean = [sum(x) / len(x) for x in zip(*curves)]
+            if ax is a:
+                ax.plot(list(itertools.accumulate(mean)), color=f"C{i}", label=split)
+            else:
+                w = max(1, len(mean) // 20)
+                nodes = mine[0]["nodes"]
+                ma = [sum(mean[max(0, j - w + 1):j + 1]) / min(j + 1, w) / nodes for j in range(len(mean))]
+                ax.plot(ma, color=f"C{i}", label=split)
+    a.set_title("cumulative reward, summed over nodes (mean of seeds)")
+    b.set_title("accuracy per node (moving average, mean of seeds)")
     for ax in (a, b):
         ax.set_xlabel("round")
-        ax.legend()
+        ax.legend(title="I/J")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def _job(args: argparse.Namespace, split: str, seed: int, base: Path, out: Path) -> dict:
+    cmd = [sys.executable, __file__, "--job", split, str(seed), "--base", str(base), "--out", str(out),
+           "--nodes", str(args.nodes), "--rounds", str(args.rounds), "--budget", str(args.budget)]
+    if args.lr:
+        cmd += ["--lr", str(args.lr)]
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = json.loads(out.read_text())
+    result["nodes"] = args.nodes
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=150)
-    ap.add_argument("--local", type=int, default=4)
-    ap.add_argument("--external", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--name", default="sapo_vs_isolated")
+    ap.add_argument("--quick", action="store_true", help="4 nodes, 8/0 vs 4/4, 2 seeds")
+    ap.add_argument("--nodes", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--seeds", type=int, default=None, help="how many seeds (0, 1, ...)")
+    ap.add_argument("--splits", default=None, help="comma-separated I/J splits, and/or 'adaptive'")
+    ap.add_argument("--budget", type=int, default=8, help="question groups per node and round")
+    ap.add_argument("--lr", type=float, default=None, help="override TrainerConfig.lr")
+    ap.add_argument("--jobs", type=int, default=2, help="(split, seed) runs at a time")
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--job", nargs=2, metavar=("SPLIT", "SEED"), help=argparse.SUPPRESS)
+    ap.add_argument("--base", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    budget = args.local + args.external
+    if args.job:
+        result = run_swarm(nodes=args.nodes, rounds=args.rounds, split=args.job[0], budget=args.budget,
+                           seed=int(args.job[1]), lr=args.lr, base=args.base)
+        args.out.write_text(json.dumps(result))
+        return
+
+    quick = args.quick
+    args.nodes = args.nodes or (4 if quick else 8)
+    args.rounds = args.rounds or 100
+    seeds = list(range(args.seeds or (2 if quick else 3)))
+    splits = (args.splits or ("8/0,4/4" if quick else "8/0,6/2,4/4,2/6,adaptive")).split(",")
+    name = args.name or ("sapo_vs_isolated_quick" if quick else "sapo_vs_isolated")
+    baseline = f"{args.budget}/0"
+    if baseline not in splits:
+        splits.insert(0, baseline)
+    from node.learner import SapoConfig
+    from node.learner.tiny_model import ensure_embedded
+
+    if "adaptive" in splits and "adaptive_external" not in {f.name for f in dataclasses.fields(SapoConfig)}:
+        print("note: SapoConfig has no adaptive_external here; skipping the 'adaptive' split", flush=True)
+        splits.remove("adaptive")
+    t0 = time.monotonic()
+    load0 = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="sapo-bench-"))
+    base = ensure_embedded(tmp / "base")  # built once; every node copies it
+    jobs = [(split, seed) for seed in seeds for split in splits]
+    def one(job: tuple[str, int]) -> dict:
+        split, seed = job
+        return _job(args, split, seed, base, tmp / f"{split.replace('/', '-')}-{seed}.json")
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        runs = list(pool.map(one, jobs))
+    shutil.rmtree(tmp, ignore_errors=True)
+    per_split = summarize(runs, splits, seeds, baseline)
+    head = per_split.get(f"{args.budget // 2}/{args.budget - args.budget // 2}", {})
+    ci_low, ci_high = head.get("ci_accuracy", (None, None))
+    summary = {
+        "ratio_accuracy": head.get("ratio_accuracy"), "ratio_reward": head.get("ratio_reward"),
+        "ci_low": ci_low, "ci_high": ci_high, "ci_reward": head.get("ci_reward"),
+        "seeds": seeds, "splits": splits, "nodes": args.nodes, "rounds": args.rounds,
+        "budget": args.budget, "completions_per_question": SapoConfig().completions_per_question,
+        "lr": args.lr, "per_split": per_split, "paper_cumulative_reward": PAPER,
+        "paper_ratio_4_4": PAPER["4/4"] / PAPER["8/0"], "wall_seconds": time.monotonic() - t0,
+        "loadavg_start": load0, "loadavg_end": os.getloadavg(), "jobs": args.jobs,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    sapo = run_swarm(nodes=args.nodes, rounds=args.rounds, local=args.local, external=args.external,
-                     seed=args.seed, threads=args.threads, label="sapo")
-    (RESULTS / f"{args.name}.partial.json").write_text(json.dumps({"runs": [sapo]}))
-    alone = run_swarm(nodes=args.nodes, rounds=args.rounds, local=budget, external=0,
-                      seed=args.seed, threads=args.threads, label="isolated")
-    ratio = sapo["cumulative_reward"] / max(alone["cumulative_reward"], 1e-9)
-    summary = {"ratio": ratio, "paper_ratio_4_4": 1093.31 / 561.79, "nodes": args.nodes,
-               "rounds": args.rounds, "config": LearnerConfig(data_dir="-").to_dict(),
-               **{f"{r['label']}_{k}": r[k] for r in (sapo, alone)
-                  for k in ("cumulative_reward", "cumulative_accuracy", "external_used", "seconds")}}
-    (RESULTS / f"{args.name}.json").write_text(json.dumps({"summary": summary, "runs": [sapo, alone]}))
-    plot([sapo, alone], RESULTS / f"{args.name}.png")
-    print(json.dumps(summary, indent=1))
+    (RESULTS / f"{name}.json").write_text(json.dumps({**summary, "runs": runs}))
+    plot(runs, splits, seeds, RESULTS / f"{name}.png",
+         title=f"{args.nodes} nodes, {args.rounds} rounds, {len(seeds)} seeds, letter_sort (0/1)")
+    print(json.dumps({k: v for k, v in summary.items() if k != "per_split"}, indent=1))
+    for split, s in per_split.items():
+        print(split, {k: v for k, v in s.items() if k not in ("cumulative_accuracy", "cumulative_reward")})
 
 
 if __name__ == "__main__":

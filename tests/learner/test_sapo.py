@@ -34,7 +34,7 @@ def _received(*rollouts: Rollout, sender="12D3KooWpeer", round_=0) -> Received:
 
 
 def _ingest(pool: ExternalPool, received: list[Received], now: int = 0):
-    rescorer = Rescorer(TaskConfig(), pool.config)
+    rescorer = Rescorer(TaskConfig(families=("tiny_add",)), pool.config)
     try:
         result = rescorer.rescore(received)
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 from node.learner.errors import TaskError
 from node.learner.tasks.base import Task, TaskFamily
+from node.learner.tasks.letter_sort import LetterSort
 from node.learner.tasks.rgym import VETTED, ReasoningGymFamily, is_reasoning_gym_family
 from node.learner.tasks.tiny import TinyAdd
 from protocol import TaskSpec
@@ -24,7 +25,7 @@ from protocol import TaskSpec
 __all__ = ["FAMILIES", "Task", "TaskFamily", "build_task", "check_family", "get_family",
            "normalize_config", "vetted_families"]
 
-FAMILIES: dict[str, TaskFamily] = {f.name: f for f in (TinyAdd(),)}
+FAMILIES: dict[str, TaskFamily] = {f.name: f for f in (LetterSort(), TinyAdd())}
 """Built-in families by name (vetted by construction)."""
 _RGYM: dict[str, TaskFamily] = {}
 
