@@ -212,9 +212,26 @@ def main(argv: list[str] | None = None) -> int:
         emit("phase", phase="leaving", done=0, total=0)
         outer.close()
         bridge.close()
+        _reap_children()
     emit("done", rounds=len(report.get("rounds", [])))
     lock.release()
     return 0
+
+
+def _reap_children(timeout_s: float = 5.0) -> None:
+    """End what hivemind left running. Its DHT is a multiprocessing child that does not always
+    stop on ``shutdown()``; at interpreter exit multiprocessing joins it with no timeout, and a
+    stopped learner then hung forever (seen as learners killed after the 60 s stop deadline,
+    and as orphans after their supervisor died)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(timeout_s)
+        if child.is_alive():
+            log.warning("child %s (pid %s) ignored SIGTERM; killing it", child.name, child.pid)
+            child.kill()
+            child.join(timeout_s)
 
 
 def _on_round(record: dict[str, Any], bridge: Any) -> None:
