@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -191,17 +193,21 @@ def test_ipc_frames_round_trip_and_reject_bad_input() -> None:
 def test_the_largest_message_fits_one_pubsub_rpc() -> None:
     """protocol's max_message_bytes plus pubsub's framing (from, seqno, topic, key, signature)
     and a signed peer record stay under py-libp2p's inbound RPC cap, so the receiver reads
-    every message a sender may seal."""
-    from libp2p.pubsub.pb import rpc_pb2
-    from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
-
-    from protocol import Limits
-
-    msg = rpc_pb2.Message(data=bytes(Limits().max_message_bytes), topicIDs=[topic_for(
-        "x" * 64, "rollouts")], from_id=bytes(38), seqno=bytes(8), key=bytes(36),
-        signature=bytes(64))
-    rpc = rpc_pb2.RPC(publish=[msg], senderRecord=bytes(2048))
-    assert rpc.ByteSize() <= DefaultMaxMessageSize
+    every message a sender may seal. In a child interpreter: libp2p's protobufs cannot be
+    imported into a process that imported hivemind (other tests of this session do)."""
+    script = f"""
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize
+from protocol import Limits
+msg = rpc_pb2.Message(data=bytes(Limits().max_message_bytes), topicIDs=[{topic_for("x" * 64, "rollouts")!r}],
+                      from_id=bytes(38), seqno=bytes(8), key=bytes(36), signature=bytes(64))
+rpc = rpc_pb2.RPC(publish=[msg], senderRecord=bytes(2048))
+print(rpc.ByteSize(), DefaultMaxMessageSize)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    size, cap = int(out[0]), int(out[1])
+    assert size <= cap
 
 
 def test_receive_answers_within_a_byte_budget_and_keeps_the_rest() -> None:
