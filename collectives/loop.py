@@ -80,7 +80,8 @@ class OuterLoop:
                  params: list[torch.nn.Parameter] | torch.nn.Module, data_dir: str,
                  discover: Callable[[], list[str]],
                  trust: Callable[[str], bool] = _trust_nobody,
-                 genesis: torch.Tensor | None = None) -> None:
+                 genesis: torch.Tensor | None = None,
+                 on_stage: Callable[[str], None] | None = None) -> None:
         if not group:
             raise ValueError("group must be a non-empty string")
         self.config = config
@@ -100,6 +101,8 @@ class OuterLoop:
         self._lock = threading.Lock()
         self._discover = discover
         self._trust = trust
+        self._on_stage = on_stage
+        """Told "rendezvous", "exchange" and "commit" as an attempt reaches them (status view)."""
         self._rounds_pending = 0
         """Rounds since our delta was last counted in an applied average."""
         self._discarded_rounds = 0
@@ -178,9 +181,17 @@ class OuterLoop:
         self._transport.close()
 
     # --- one attempt ----------------------------------------------------------------------
+    def _stage(self, name: str) -> None:
+        if self._on_stage is not None:
+            try:
+                self._on_stage(name)
+            except Exception as e:  # noqa: BLE001 - the status view must never break a step
+                logger.debug("on_stage(%s) failed: %s", name, e)
+
     def _attempt(self, rec: dict[str, Any], t0: float, weight: float,
                  rejected: dict[tuple[str, str, int], str]) -> None:
         cfg = self.config
+        self._stage("rendezvous")
         found = self._safe_discover()
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
@@ -229,6 +240,7 @@ class OuterLoop:
             return
         t_ar = time.monotonic()
         pre: OuterState | None = None
+        self._stage("exchange")
         try:
             avg = self._transport.run(
                 self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s),
@@ -257,6 +269,7 @@ class OuterLoop:
                     rec["clipped"] = list(s.clipped)
         s = self._ar.session
         assert s is not None
+        self._stage("commit")
         voters = set(s.witnessed) - set(s.bad_shards) - {self.peer_id}
         expect = (set(members) - s.suspects) & voters
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,

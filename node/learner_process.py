@@ -143,7 +143,9 @@ class OuterHook:
             self.loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
                                   group=self.bridge.model or "unknown", params=model,
                                   data_dir=self.data_dir, discover=self._discover,
-                                  trust=self.bridge.trusted, genesis=self._genesis(model))
+                                  trust=self.bridge.trusted, genesis=self._genesis(model),
+                                  on_stage=lambda stage: emit("phase", phase="outer", stage=stage,
+                                                              done=0, total=0))
             self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
             self.bridge.announce(model=self.bridge.model or "unknown")
         if (round_ + 1) % self.config.every_rounds == 0:  # OuterLoop.maybe_outer_step's rule

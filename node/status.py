@@ -64,7 +64,8 @@ class StatusBoard:
         prev = self.state.get("round_phase") or {}
         since = prev["since"] if prev.get("name") == name else time.time()
         self.state["round_phase"] = {"name": name, "done": _int(data.get("done")),
-                                     "total": _int(data.get("total")), "since": since}
+                                     "total": _int(data.get("total")), "since": since,
+                                     "stage": str(data.get("stage") or "")[:16]}
 
     def on_round(self, record: dict[str, Any]) -> None:
         s = self.state

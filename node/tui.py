@@ -188,7 +188,8 @@ def _phase_text(s: dict[str, Any], now: float, bar_width: int) -> str:
     name, done, total = p.get("name", ""), int(p.get("done") or 0), int(p.get("total") or 0)
     elapsed = f"{max(0.0, now - float(p.get('since') or now)):.0f} s"
     if name == "outer":
-        return f"outer step (DiLoCo) · {elapsed}"
+        stage = _CONTROL.sub("", str(p.get("stage") or ""))[:16]
+        return f"outer step (DiLoCo){' · ' + stage if stage else ''} · {elapsed}"
     if total > 0:
         unit = " tokens" if name == "generate" else " passes" if name == "train" else ""
         return f"{name} {_bar(done, total, bar_width)} {done}/{total}{unit} · {elapsed}"

@@ -91,7 +91,7 @@ function render(data) {
   const p = s.round_phase;
   let phase = s.phase, detail = "", frac = 0;
   if (s.phase === "training" && p) {
-    phase = p.name === "outer" ? "outer step" : p.name;
+    phase = p.name === "outer" ? "outer step" + (p.stage ? " · " + p.stage : "") : p.name;
     detail = (p.total ? p.done + " / " + p.total + (p.name === "generate" ? " tokens" : p.name === "train" ? " passes" : "") + " · " : "")
       + Math.max(0, Math.round(now - p.since)) + " s in this phase";
     frac = p.total ? Math.min(1, p.done / p.total) : 0;

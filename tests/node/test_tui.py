@@ -96,3 +96,14 @@ def test_the_view_routes_logs_to_the_file_and_restores_handlers(tmp_path):
     assert "child broke" in after and "supervisor says hi" in after
     assert str(tmp_path / "node.log") in after.replace("\n", "")
     assert "round 3" in out
+
+
+def test_the_outer_step_shows_its_stage(tmp_path):
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    board.set(phase="training", peer_id="12D3KooW" + "x" * 44, model="f" * 64, children={})
+    board.on_phase({"phase": "outer", "stage": "rendezvous", "done": 0, "total": 0})
+    since = board.state["round_phase"]["since"]
+    board.on_phase({"phase": "outer", "stage": "exchange\x1b[2J", "done": 0, "total": 0})
+    assert board.state["round_phase"]["since"] == since  # one phase: elapsed counts on
+    text = "\n".join(_draw(board.state, 120, 30))
+    assert "outer step (DiLoCo) · exchange[2J" in text and "\x1b" not in text
