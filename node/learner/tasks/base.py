@@ -8,7 +8,7 @@ from typing import Any, Callable, Protocol
 
 from protocol import TaskSpec
 
-__all__ = ["Task", "TaskFamily"]
+__all__ = ["ConfiguredFamily", "Task", "TaskFamily"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,3 +33,22 @@ class TaskFamily(Protocol):
 
     def build(self, spec: TaskSpec) -> Task:
         """Regenerate the task; raise ``TaskError`` if the spec is not valid."""
+
+
+class ConfiguredFamily:
+    """A built-in family whose config is a small validated dict: ``_config`` fills defaults and
+    raises ``TaskError('bad_config')``; specs carry the filled config, so a receiver compares
+    a remote spec's config with ``normalize_config`` of its own."""
+
+    name: str = ""
+
+    def _config(self, config: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def normalize_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with defaults filled in; ``TaskError('bad_config')`` if invalid."""
+        return self._config(config)
+
+    def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
+        return TaskSpec(family=self.name, config=self._config(config),
+                        seed=rng.randrange(2**31), index=0)

@@ -18,7 +18,7 @@ import string
 from typing import Any
 
 from node.learner.errors import TaskError
-from node.learner.tasks.base import Task
+from node.learner.tasks.base import ConfiguredFamily, Task
 from protocol import TaskSpec
 
 __all__ = ["LetterSort", "letter_sort_reward", "sort_question"]
@@ -55,7 +55,7 @@ def _int_in(cfg: dict[str, Any], key: str, lo: int, hi: int) -> None:
         raise TaskError("bad_config", f"letter_sort: {key} must be an int in [{lo}, {hi}], got {v!r}")
 
 
-class LetterSort:
+class LetterSort(ConfiguredFamily):
     """Family ``letter_sort``; config ``{"length": int in [2, 12], "letters": int in [2, 26],
     "format_credit": float in [0, 0.2]}``."""
 
@@ -76,14 +76,6 @@ class LetterSort:
         merged["format_credit"] = float(c)  # one wire form: receivers compare configs exactly
         return merged
 
-    def normalize_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """``config`` with defaults filled in (what a receiver compares a remote spec's config
-        with); ``TaskError('bad_config')`` if invalid."""
-        return self._config(config)
-
-    def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
-        cfg = self._config(config)
-        return TaskSpec(family=self.name, config=cfg, seed=rng.randrange(2**31), index=0)
 
     def build(self, spec: TaskSpec) -> Task:
         cfg = self._config(dict(spec.config))

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from node.learner.errors import TaskError
-from node.learner.tasks.base import Task
+from node.learner.tasks.base import ConfiguredFamily, Task
 from protocol import TaskSpec
 
 __all__ = ["TinyAdd", "tiny_add_reward"]
@@ -38,7 +38,7 @@ def tiny_add_reward(completion: str, answer: int, max_answer: int, closeness: fl
     return 0.2 + closeness * near + (0.1 if clean else 0.0)
 
 
-class TinyAdd:
+class TinyAdd(ConfiguredFamily):
     """Family ``tiny_add``; config ``{"max_operand": int in [1, 999], "closeness": float in [0, 0.6]}``."""
 
     name = "tiny_add"
@@ -56,13 +56,6 @@ class TinyAdd:
             raise TaskError("bad_config", f"tiny_add: closeness must be in [0, 0.6], got {c!r}")
         return merged
 
-    def normalize_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """``config`` with defaults filled in; ``TaskError('bad_config')`` if invalid."""
-        return self._config(config)
-
-    def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
-        cfg = self._config(config)
-        return TaskSpec(family=self.name, config=cfg, seed=rng.randrange(2**31), index=0)
 
     def build(self, spec: TaskSpec) -> Task:
         cfg = self._config(dict(spec.config))
