@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from node.bridge import LoopbackHub
-from node.learner import LearnerConfig, PolicyConfig, run_learner
+from node.learner import LearnerConfig, PolicyConfig, TaskConfig, run_learner
 from node.learner.loop import Learner
 from node.learner.progress import PhaseReporter
 from protocol import Identity
@@ -44,8 +44,11 @@ def test_a_failing_callback_never_stops_training():
 
 def test_a_round_reports_its_phases_with_generation_and_training_progress(data_dir):
     seen: list[tuple[str, int, int]] = []
-    cfg = LearnerConfig(data_dir=str(data_dir), policy=PolicyConfig(device="cpu"), checkpoint_every=0)
-    bridge = LoopbackHub().bridge(Identity.generate())
+    # the sparse default task can leave every group of a round without variance (nothing to
+    # train): format credit and a fixed identity make this round train
+    cfg = LearnerConfig(data_dir=str(data_dir), policy=PolicyConfig(device="cpu"), checkpoint_every=0,
+                        tasks=TaskConfig(family_config={"letter_sort": {"format_credit": 0.2}}))
+    bridge = LoopbackHub().bridge(Identity.from_seed(bytes([7]) * 32))
     learner = Learner(cfg, peer_id=bridge.peer_id)
     learner.progress = PhaseReporter(lambda *a: seen.append(a), min_interval_s=0)
     assert learner.run_round(bridge) is not None
