@@ -39,9 +39,3 @@ def test_groups_of_the_wrong_size_are_rejected_by_reason(run_b: dict[str, Any]) 
     for name in run_b["nodes"]:
         rejected = learner_rejections(run_b, name)
         assert sum(rejected.get(r, 0) for r in GROUP_SIZE_REASONS) >= 2, (name, dict(rejected))
-
-
-def test_honest_reward_within_noise_under_steering(run_b: dict[str, Any],
-                                                   baseline: dict[str, Any]) -> None:
-    assert_completed_in_bounded_time(run_b, baseline)
-    assert_reward_within_noise(run_b, baseline)
