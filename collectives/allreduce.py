@@ -16,10 +16,16 @@ construction:
    earlier attempt at the same version is refused. Peers only group with peers that claim
    their own state hash (consistency.py).
 2. **Reduce-scatter.** The flat pseudo-gradient is cut into one contiguous shard per member.
-   Member i sends shard j, encoded with the codec, to member j. Reducer j decodes, applies the
-   bounds, the weight cap and the robust mean (``reduce.py``) in peer-id order.
-3. **All-gather.** Reducer j encodes the mean *once* and sends the same bytes to every member;
-   it uses ``decode(those bytes)`` itself. Every member concatenates identical decoded shards.
+   Member i sends shard j to member j on one stream, as chunks of ``CHUNK_VALUES`` values,
+   each encoded with the codec in a thread pool while the previous chunk is on the wire.
+   Reducer j decodes each chunk (in the pool, while the next arrives) into place; once every
+   member's shard is in, it applies the bounds, the weight cap and the robust mean
+   (``reduce.py``) in peer-id order. The reducer waits for whole shards, not chunk by chunk:
+   the norm bounds and the centred clipping are properties of a whole shard, and on a
+   symmetric link the reduce-scatter ends for everyone at about the same time anyway.
+3. **All-gather.** Reducer j encodes the mean *once*, chunk by chunk, and streams the same
+   bytes back on every member's stream as each chunk is ready; it uses ``decode(those
+   bytes)`` itself. Members decode the chunks straight into one output tensor.
 4. **Check.** A member never applies a shard it did not check: finite, L2 norm <= ``max_norm``
    and <= ``max_norm_ratio`` x the norm of its own input for that shard (an honest mean of
    bounded contributions cannot be far larger). A bad shard fails the step for the member;
@@ -27,8 +33,8 @@ construction:
 
 A member that misses or rejects any shard fails the step (keeps training locally; the votes
 in ``loop.py`` reconcile peers that finished with peers that did not). Every frame is bounded
-by the size it must have: a shard by the codec's size for its length, the state by its wire
-size for our model, sent in chunks of ``STATE_CHUNK`` bytes.
+by the size it must have: a chunk by the codec's size for its length, the state by its wire
+size for our model, sent in frames of ``STATE_CHUNK`` bytes.
 """
 
 from __future__ import annotations
@@ -46,11 +52,12 @@ from typing import Callable
 import torch
 
 from collectives._hivemind import P2P, PeerID
-from collectives.codec import Codec, CodecError
+from collectives.codec import Codec, CodecError, chunk_bounds
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
-from collectives.reduce import Contribution, reduce_shard, shard_bounds
-from collectives.streams import FrameError, recv_frame, recv_header, send_frame, send_header
+from collectives.reduce import Contribution, ShardResult, reduce_shard, shard_bounds
+from collectives.streams import (FrameError, recv_frame, recv_header, recv_pipelined,
+                                 send_frame, send_header, send_pipelined, work_pool)
 
 __all__ = ["Session", "AllReduce", "members_digest", "STATE_CHUNK"]
 
@@ -109,9 +116,13 @@ class Session:
     nonce: str = ""
     """Chosen by the leader at the freeze; part of the members' digest."""
     contribs: dict[str, Contribution] = field(default_factory=dict)
+    receiving: set[str] = field(default_factory=set)
+    """Members whose shard stream our reducer is reading (one stream per member)."""
     excluded: dict[str, str] = field(default_factory=dict)
     shard_done: asyncio.Event = field(default_factory=asyncio.Event)
-    result: bytes | None = None
+    """Set once our reducer decided: ``result`` holds the mean's encoded chunks, or None."""
+    result: list[asyncio.Future[bytes]] | None = None
+    finishing: asyncio.Task[None] | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
     suspects: set[str] = field(default_factory=set)
@@ -133,7 +144,7 @@ class AllReduce:
     def __init__(self, p2p: P2P, config: OuterConfig, codec: Codec, *, peer_id: str, gid: str,
                  state_provider: Callable[[str], bytes | None]) -> None:
         self.p2p, self.config, self.codec, self.peer_id = p2p, config, codec, peer_id
-        self.names = {k: f"/swarm-node/outer/{gid}/{k}/2" for k in ("join", "reduce", "state")}
+        self.names = {k: f"/swarm-node/outer/{gid}/{k}/3" for k in ("join", "reduce", "state")}
         self.state_provider = state_provider
         """hash -> the serialized state if we hold it (cached per hash by the provider)."""
         self.session: Session | None = None
@@ -205,16 +216,20 @@ class AllReduce:
             return
         members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
         if head.get("digest") != members_digest(members, s.nonce) or peer not in members \
-                or peer == self.peer_id or peer in s.contribs or peer in s.excluded:
+                or peer == self.peer_id or peer in s.contribs or peer in s.excluded \
+                or peer in s.receiving:
             await send_header(writer, {"ok": False, "reason": "membership"})
             return
+        s.receiving.add(peer)
         lo, hi = shard_bounds(s.numel, len(members))[members.index(self.peer_id)]
-        payload = await asyncio.wait_for(recv_frame(reader, self.codec.encoded_size(hi - lo)),
-                                         s.remaining())
-        s.bytes_received += len(payload)
+        chunks = chunk_bounds(hi - lo)
+        values = torch.empty(hi - lo, dtype=torch.float32)
         weight = head.get("weight")
         try:
-            values = self.codec.decode(payload, hi - lo)
+            s.bytes_received += await asyncio.wait_for(recv_pipelined(
+                reader, [self.codec.encoded_size(b - a) for a, b in chunks],
+                lambda c, data: self.codec.decode_into(data, values[slice(*chunks[c])])),
+                s.remaining())
             if not isinstance(weight, (int, float)) or isinstance(weight, bool):
                 raise CodecError("weight is not a number")
             self._add(s, Contribution(peer=peer, weight=float(weight), values=values))
@@ -227,7 +242,8 @@ class AllReduce:
             await send_header(writer, {"ok": False, "reason": "no_result"})
             return
         await send_header(writer, {"ok": True})
-        await send_frame(writer, s.result)
+        for fut in s.result:
+            await send_frame(writer, await asyncio.wait_for(asyncio.shield(fut), s.remaining()))
 
     async def _on_state(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
@@ -254,24 +270,43 @@ class AllReduce:
         self._maybe_finish(s)
 
     def _maybe_finish(self, s: Session, *, force: bool = False) -> None:
-        if s.shard_done.is_set() or s.members is None:
+        if s.finishing is not None or s.members is None:
             return
         if not force and len(s.contribs) + len(s.excluded) < len(s.members):
             return
+        s.finishing = asyncio.ensure_future(self._finish(s))
+
+    def _reduce(self, s: Session, contribs: list[Contribution]) -> ShardResult:
+        """Our shard's robust mean of ``contribs`` (pure; runs in the work pool)."""
         cfg = self.config
-        res = reduce_shard(list(s.contribs.values()), max_weight=cfg.max_weight,
-                           max_norm=cfg.max_norm, max_norm_ratio=cfg.max_norm_ratio,
-                           own=self.peer_id)
-        s.witnessed, s.clipped = res.accepted, res.clipped
-        for peer, why in res.excluded.items():
-            s.excluded.setdefault(peer, why)
+        return reduce_shard(contribs, max_weight=cfg.max_weight, max_norm=cfg.max_norm,
+                            max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id)
+
+    async def _finish(self, s: Session) -> None:
+        loop = asyncio.get_running_loop()
+        assert s.members is not None
+        contribs = dict(s.contribs)  # what arrives from now on is too late for this attempt
+        try:
+            res = await loop.run_in_executor(work_pool(), self._reduce, s,
+                                             list(contribs.values()))
+            s.witnessed, s.clipped, mean = res.accepted, res.clipped, res.mean
+            for peer, why in res.excluded.items():
+                s.excluded.setdefault(peer, why)
+        except Exception:  # noqa: BLE001 - never leave the handlers waiting
+            logger.exception("step %d: reduction failed", s.step)
+            mean = None
         for peer in s.members:
-            if peer not in s.contribs and peer not in s.excluded:
+            if peer not in contribs and peer not in s.excluded:
                 s.excluded[peer] = "missing"
-        s.result = self.codec.encode(res.mean) if res.mean is not None else None
-        if s.result is not None:  # counted here: our own exchange may end before the sends
-            waiting = [p for p in s.contribs if p != self.peer_id]
-            s.bytes_sent += (len(s.result) + 2 * 8 + 16) * len(waiting)
+        if mean is not None:  # encoded once; the pool runs the chunks roughly in order
+            s.result = [loop.run_in_executor(work_pool(), self.codec.encode, mean[a:b])
+                        for a, b in chunk_bounds(mean.numel())]
+            for fut in s.result:  # a cancelled attempt must not log "never retrieved"
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            # counted here: our own exchange may end before the sends
+            wire = sum(self.codec.encoded_size(b - a) + 8 for a, b in chunk_bounds(mean.numel()))
+            waiting = [p for p in contribs if p != self.peer_id]
+            s.bytes_sent += (wire + 2 * 8 + 16) * len(waiting)
         s.shard_done.set()
 
     async def _reducer_timer(self, s: Session, at: float) -> None:
@@ -341,44 +376,55 @@ class AllReduce:
         bounds = shard_bounds(s.numel, len(members))
         me = members.index(self.peer_id)
         timer = asyncio.create_task(self._reducer_timer(s, reduce_deadline))
-        lo, hi = bounds[me]
-        own = self.codec.decode(self.codec.encode(delta[lo:hi]), hi - lo)
-        self._add(s, Contribution(peer=self.peer_id, weight=s.weight, values=own))
         digest = members_digest(members, s.nonce)
+        out = torch.empty(s.numel, dtype=torch.float32)  # every shard is decoded into place
         tasks = {j: asyncio.create_task(self._exchange_with(s, peer, delta[slice(*bounds[j])],
-                                                            digest))
+                                                            digest, out=out[slice(*bounds[j])]))
                  for j, peer in enumerate(members) if j != me}
-        shards: dict[int, torch.Tensor] = {}
+        lo, hi = bounds[me]
+        loop = asyncio.get_running_loop()
+        own = torch.empty(hi - lo, dtype=torch.float32)
+        for a, b in chunk_bounds(hi - lo):  # one chunk at a time: the senders share the pool
+            await loop.run_in_executor(work_pool(), lambda a=a, b=b: self.codec.decode_into(
+                self.codec.encode(delta[lo + a : lo + b]), own[a:b]))
+        self._add(s, Contribution(peer=self.peer_id, weight=s.weight, values=own))
         errors: dict[str, str] = {}
+        got: set[int] = set()
         try:
             for j, task in tasks.items():
                 try:
-                    shards[j] = await asyncio.wait_for(task, s.remaining())
+                    await asyncio.wait_for(task, s.remaining())
+                    got.add(j)
                 except Exception as e:  # noqa: BLE001
                     errors[members[j]] = repr(e)[:200]
             try:
                 await asyncio.wait_for(s.shard_done.wait(), s.remaining())
-            except asyncio.TimeoutError:
-                pass
+                if s.result is not None:
+                    mine = out[lo:hi]
+                    for (a, b), fut in zip(chunk_bounds(hi - lo), s.result):
+                        data = await asyncio.wait_for(asyncio.shield(fut), s.remaining())
+                        await loop.run_in_executor(work_pool(), self.codec.decode_into, data,
+                                                   mine[a:b])
+                    got.add(me)
+            except Exception as e:  # noqa: BLE001 - timeout, or our mean did not encode
+                logger.info("step %d: own shard has no result: %r", s.step, e)
         finally:
             for t in tasks.values():
                 t.cancel()
-        if s.result is None:
+        if me not in got:
             errors[self.peer_id] = "own shard has no result"
-        else:
-            shards[me] = self.codec.decode(s.result, hi - lo)
-        for j, shard in shards.items():
-            if j != me:
-                why = self._check_shard(shard, delta[slice(*bounds[j])])
-                if why is not None:
-                    s.bad_shards[members[j]] = why
-                    errors[members[j]] = f"bad shard: {why}"
+        for j in sorted(got - {me}):
+            why = await loop.run_in_executor(work_pool(), self._check_shard,
+                                             out[slice(*bounds[j])], delta[slice(*bounds[j])])
+            if why is not None:
+                s.bad_shards[members[j]] = why
+                errors[members[j]] = f"bad shard: {why}"
         s.suspects |= set(errors) - {self.peer_id}
         s.suspects |= {p for p, why in s.excluded.items() if why == "missing"}
         if errors:
             raise StepFailed(f"missing or bad shards from {sorted(errors)}: {errors}")
         timer.cancel()
-        return torch.cat([shards[j] for j in range(len(members))])
+        return out
 
     def _check_shard(self, shard: torch.Tensor, own: torch.Tensor) -> str | None:
         """Why a reducer's returned shard must not be applied, else None."""
@@ -391,24 +437,36 @@ class AllReduce:
             limit = min(limit, self.config.max_norm_ratio * own_norm)
         return "norm" if norm > limit else None
 
-    async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor,
-                             digest: str) -> torch.Tensor:
+    async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor, digest: str, *,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
+        """Send ``part`` to its reducer ``peer`` and receive the mean of that shard (into
+        ``out``) on the same stream: the chunks of both directions overlap."""
+        out = torch.empty(part.numel(), dtype=torch.float32) if out is None else out
+        chunks = chunk_bounds(part.numel())
         _, reader, writer = await self.p2p.call_binary_stream_handler(
             PeerID.from_base58(peer), self.names["reduce"])
-        try:
-            # not `s.bytes_sent += await ...`: that reads the counter before the await and
-            # loses what other tasks added meanwhile
+
+        async def send() -> None:
             sent = await send_header(writer, {"step": s.step, "digest": digest,
                                               "weight": s.weight})
-            sent += await send_frame(writer, self.codec.encode(part))
+            sent += await send_pipelined(writer, [
+                lambda a=a, b=b: self.codec.encode(part[a:b]) for a, b in chunks])
+            # not `s.bytes_sent += await ...`: that reads the counter before the await and
+            # loses what other tasks added meanwhile
             s.bytes_sent += sent
+
+        sender = asyncio.create_task(send())
+        try:
             head = await recv_header(reader)
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")
-            data = await recv_frame(reader, self.codec.encoded_size(part.numel()))
-            s.bytes_received += len(data)
-            return self.codec.decode(data, part.numel())
+            s.bytes_received += await recv_pipelined(
+                reader, [self.codec.encoded_size(b - a) for a, b in chunks],
+                lambda c, data: self.codec.decode_into(data, out[slice(*chunks[c])]))
+            await sender  # its errors too (the reducer answers only after our whole shard)
+            return out
         finally:
+            sender.cancel()
             writer.close()
 
     async def fetch_state(self, peer: str, state_hash: str, timeout: float, *,

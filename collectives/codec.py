@@ -19,7 +19,15 @@ import abc
 import numpy as np
 import torch
 
-__all__ = ["Codec", "CODECS", "get_codec", "CodecError"]
+__all__ = ["Codec", "CODECS", "get_codec", "CodecError", "CHUNK_VALUES", "chunk_bounds"]
+
+CHUNK_VALUES = 1 << 18
+"""Values per wire chunk of a shard (1 MiB as fp32; a multiple of every codec's block)."""
+
+
+def chunk_bounds(numel: int, chunk: int = CHUNK_VALUES) -> list[tuple[int, int]]:
+    """Consecutive chunks [start, end) of ``numel`` values (one empty chunk for 0 values)."""
+    return [(a, min(a + chunk, numel)) for a in range(0, numel, chunk)] or [(0, 0)]
 
 
 class CodecError(ValueError):
@@ -42,6 +50,11 @@ class Codec(abc.ABC):
     @abc.abstractmethod
     def encoded_size(self, numel: int) -> int:
         """Exact length of ``encode`` of ``numel`` values (frames are bounded by it)."""
+
+    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+        """``out[:] = decode(data, out.numel())`` without an intermediate tensor where the
+        codec allows; ``out`` is a contiguous 1-D fp32 CPU tensor (a view is fine)."""
+        out.copy_(self.decode(data, out.numel()))
 
     def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(x), x.numel())
@@ -67,6 +80,11 @@ class NoCompression(Codec):
             raise CodecError(f"fp32 payload of {len(data)} bytes for {numel} values")
         return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
 
+    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+        if len(data) != 4 * out.numel():
+            raise CodecError(f"fp32 payload of {len(data)} bytes for {out.numel()} values")
+        np.copyto(out.numpy(), np.frombuffer(data, dtype="<f4"))
+
 
 class Float16(Codec):
     name = "fp16"
@@ -81,7 +99,12 @@ class Float16(Codec):
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         if len(data) != 2 * numel:
             raise CodecError(f"fp16 payload of {len(data)} bytes for {numel} values")
-        return torch.frombuffer(bytearray(data), dtype=torch.float16).to(torch.float32)
+        return torch.from_numpy(np.frombuffer(data, dtype="<f2").astype(np.float32))
+
+    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+        if len(data) != 2 * out.numel():
+            raise CodecError(f"fp16 payload of {len(data)} bytes for {out.numel()} values")
+        np.copyto(out.numpy(), np.frombuffer(data, dtype="<f2"))  # exact, like torch's cast
 
 
 class BlockwiseInt8(Codec):
@@ -118,6 +141,20 @@ class BlockwiseInt8(Codec):
         out[:numel] = codes
         out = (out.reshape(nblocks, self.block) * scale[:, None]).reshape(-1)[:numel]
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+
+    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+        numel = out.numel()
+        nblocks = -(-numel // self.block)
+        if len(data) != 4 * nblocks + numel:
+            raise CodecError(f"int8 payload of {len(data)} bytes for {numel} values")
+        scale = np.frombuffer(data, dtype="<f4", count=nblocks)
+        codes = np.frombuffer(data, dtype=np.int8, offset=4 * nblocks)
+        dst = out.numpy()
+        full = numel // self.block * self.block  # int8 x fp32 -> fp32: the same as decode()
+        np.multiply(codes[:full].reshape(-1, self.block), scale[: full // self.block, None],
+                    out=dst[:full].reshape(-1, self.block))
+        if full < numel:
+            np.multiply(codes[full:], scale[-1], out=dst[full:])
 
 
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (NoCompression, Float16, BlockwiseInt8)}

@@ -1,17 +1,39 @@
-"""Length-prefixed frames on hivemind p2p binary streams, with a size limit on read."""
+"""Length-prefixed frames on hivemind p2p binary streams, with a size limit on read.
+
+``send_pipelined`` / ``recv_pipelined`` move a shard as a sequence of chunk frames while the
+codec work runs in a small thread pool (numpy and torch release the GIL): chunk c+1 is
+encoded while chunk c is on the wire, and chunk c is decoded while chunk c+1 arrives, so the
+event loop only moves bytes.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import os
+from collections import deque
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Callable
 
 from protocol.errors import ProtocolError
 from protocol.limits import packb, unpackb
 
-__all__ = ["send_frame", "recv_frame", "send_header", "recv_header", "FrameError"]
+__all__ = ["send_frame", "recv_frame", "send_header", "recv_header", "FrameError",
+           "send_pipelined", "recv_pipelined", "work_pool"]
 
 HEADER_LEN = 8
 MAX_HEADER_BYTES = 64 * 1024
+PREFETCH = 2
+"""Chunks encoded ahead of the one being sent."""
+_POOL: ThreadPoolExecutor | None = None
+
+
+def work_pool() -> Executor:
+    """The process's codec/reduce thread pool (created on first use)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
+                                   thread_name_prefix="collectives-work")
+    return _POOL
 
 
 class FrameError(ValueError):
@@ -48,3 +70,43 @@ async def recv_header(reader: asyncio.StreamReader) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise FrameError("header is not a map")
     return obj
+
+
+async def send_pipelined(writer: asyncio.StreamWriter, jobs: list[Callable[[], bytes]]) -> int:
+    """Send one frame per job's bytes, in order; up to ``PREFETCH`` jobs run ahead."""
+    loop = asyncio.get_running_loop()
+    pending: deque[asyncio.Future[bytes]] = deque()
+    todo = iter(jobs)
+    sent = 0
+    try:
+        for job in todo:
+            pending.append(loop.run_in_executor(work_pool(), job))
+            if len(pending) > PREFETCH:
+                sent += await send_frame(writer, await pending.popleft())
+        while pending:
+            sent += await send_frame(writer, await pending.popleft())
+    finally:
+        for fut in pending:
+            fut.cancel()
+    return sent
+
+
+async def recv_pipelined(reader: asyncio.StreamReader, sizes: list[int],
+                         sink: Callable[[int, bytes], None]) -> int:
+    """Read one frame per entry of ``sizes`` (frame c at most ``sizes[c]`` bytes) and run
+    ``sink(c, data)`` in the pool while the next frame arrives; the sinks' first error is
+    raised after every frame was read. Returns the bytes read."""
+    loop = asyncio.get_running_loop()
+    futs: list[asyncio.Future[None]] = []
+    got = 0
+    try:
+        for c, size in enumerate(sizes):
+            data = await recv_frame(reader, size)
+            got += HEADER_LEN + len(data)
+            futs.append(loop.run_in_executor(work_pool(), sink, c, data))
+        for fut in futs:
+            await fut
+    finally:
+        for fut in futs:
+            fut.cancel()
+    return got

@@ -10,6 +10,7 @@ record) and D/out/<name>-<i>.npz (θ_global before, own pseudo-gradient, θ_glob
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import signal
 import json
@@ -24,7 +25,6 @@ import torch
 
 from collectives import OuterConfig, OuterLoop
 from collectives.allreduce import AllReduce
-from collectives.reduce import shard_bounds
 from protocol import Identity, atomic_write_bytes
 
 SHAPES = [(100, 50), (50,), (200, 30)]
@@ -90,18 +90,16 @@ def poison_reducer(kind: str) -> None:
     """Our reducer's mean shard becomes NaN or 1e6 x after an honest reduction."""
     if kind == "none":
         return
-    original = AllReduce._maybe_finish
+    original = AllReduce._reduce
 
-    def wrapped(self, s, *, force=False):  # type: ignore[no-untyped-def]
-        done = s.shard_done.is_set()
-        original(self, s, force=force)
-        if not done and s.result is not None:
-            lo, hi = shard_bounds(s.numel, len(s.members))[s.members.index(self.peer_id)]
-            mean = self.codec.decode(s.result, hi - lo)
-            mean = mean * 1e6 if kind == "huge" else mean.fill_(float("nan"))
-            s.result = self.codec.encode(mean)
+    def wrapped(self, s, contribs):  # type: ignore[no-untyped-def]
+        res = original(self, s, contribs)
+        if res.mean is not None:
+            mean = res.mean * 1e6 if kind == "huge" else res.mean.clone().fill_(float("nan"))
+            res = dataclasses.replace(res, mean=mean)
+        return res
 
-    AllReduce._maybe_finish = wrapped  # type: ignore[method-assign]
+    AllReduce._reduce = wrapped  # type: ignore[method-assign]
 
 
 def known_peer_ids(root: Path, names: str) -> set[str]:
