@@ -30,8 +30,13 @@ from protocol import atomic_write_bytes  # noqa: E402
 from tests.collectives.harness import Swarm, run_churn  # noqa: E402
 
 RATE = "100mbit"
-BRIDGE = "brcoll"
+PREFIX = "coll"
+"""Names of our namespaces (PREFIX<i>), veths (vPREFIX<i>) and bridge (brPREFIX): --ns-prefix."""
 SUBNET = "10.77.0"
+
+
+def _bridge() -> str:
+    return f"br{PREFIX}"
 
 
 # --- rate-limited link ------------------------------------------------------------------
@@ -41,14 +46,14 @@ def sh(*cmd: str) -> None:
 
 def netns_up(n: int) -> list[str]:
     netns_down(n)
-    sh("ip", "link", "add", BRIDGE, "type", "bridge")
-    sh("ip", "link", "set", BRIDGE, "up")
+    sh("ip", "link", "add", _bridge(), "type", "bridge")
+    sh("ip", "link", "set", _bridge(), "up")
     names = []
     for i in range(n):
-        ns, veth = f"coll{i}", f"vcoll{i}"
+        ns, veth = f"{PREFIX}{i}", f"v{PREFIX}{i}"
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "b")
-        sh("ip", "link", "set", veth + "b", "master", BRIDGE)
+        sh("ip", "link", "set", veth + "b", "master", _bridge())
         sh("ip", "link", "set", veth + "b", "up")
         sh("ip", "link", "set", veth, "netns", ns)
         sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", veth)
@@ -62,12 +67,12 @@ def netns_up(n: int) -> list[str]:
 
 def netns_down(n: int) -> None:
     for i in range(max(n, 8)):
-        subprocess.run(["ip", "netns", "del", f"coll{i}"], capture_output=True)
-        subprocess.run(["ip", "link", "del", f"vcoll{i}b"], capture_output=True)
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        subprocess.run(["ip", "netns", "del", f"{PREFIX}{i}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"v{PREFIX}{i}b"], capture_output=True)
+    subprocess.run(["ip", "link", "del", _bridge()], capture_output=True)
     for _ in range(50):  # veth pairs of a deleted namespace disappear asynchronously
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        if "vcoll" not in links and BRIDGE not in links:
+        if f"v{PREFIX}" not in links and _bridge() not in links:
             return
         time.sleep(0.1)
 
@@ -108,15 +113,16 @@ def raw_tcp_seconds(nbytes: int, *, netns: list[str] | None) -> float:
 
 # --- one all-reduce config --------------------------------------------------------------
 def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] | None,
-               deadline: float) -> dict:
+               deadline: float, join_window: float) -> dict:
     root = Path(tempfile.mkdtemp(prefix="collbench-"))
+    load_before = [round(x, 2) for x in os.getloadavg()]
     swarm = Swarm(root)
     names = [f"b{i}" for i in range(peers)]
     try:
         for i, n in enumerate(names):
             host = f"/ip4/{SUBNET}.{i + 1}/tcp/0" if netns else "/ip4/127.0.0.1/tcp/0"
             swarm.spawn(n, seed=i + 1, steps=steps, peers=peers, compression=codec,
-                        numel=size, no_save=True, deadline=deadline, join_window=3.0,
+                        numel=size, no_save=True, deadline=deadline, join_window=join_window,
                         barrier_timeout=600, host=host,
                         prefix=["ip", "netns", "exec", netns[i]] if netns else None)
         swarm.wait_done(names, timeout=steps * (deadline + 60) + 300)
@@ -128,31 +134,40 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
                        for i in {r["i"] for r in recs})
     out = {"size": size, "peers": peers, "codec": codec, "netns": bool(netns),
            "steps": steps, "ok_records": len(ok), "records": len(recs),
-           "hashes_equal": hashes_equal}
+           "hashes_equal": hashes_equal, "join_window_s": join_window,
+           "load_before": load_before}
     if ok:
         ar = [r["allreduce_seconds"] for r in ok]
         sent = statistics.median(r["bytes_sent"] for r in ok)
         raw = raw_tcp_seconds(int(sent), netns=netns)
-        out.update(allreduce_s_median=statistics.median(ar), step_s_median=statistics.median(
-            r["seconds"] for r in ok), bytes_sent_per_peer=sent,
-            achieved_bytes_per_s=sent / statistics.median(ar), raw_tcp_s=raw,
-            raw_tcp_bytes_per_s=sent / raw, ratio_vs_raw_tcp=raw / statistics.median(ar))
+        step = statistics.median(r["seconds"] for r in ok)
+        out.update(allreduce_s_median=statistics.median(ar), allreduce_s_all=ar,
+                   step_s_median=step, bytes_sent_per_peer=sent,
+                   achieved_bytes_per_s=sent / statistics.median(ar), raw_tcp_s=raw,
+                   raw_tcp_bytes_per_s=sent / raw,
+                   fraction_of_raw=round(raw / statistics.median(ar), 3),
+                   step_overhead_s=round(step - raw, 3))
+    out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
 def main() -> None:
+    global PREFIX
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000000")
     ap.add_argument("--peers", default="2,4")
     ap.add_argument("--codecs", default="none,fp16,int8")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--deadline", type=float, default=120.0)
+    ap.add_argument("--join-window", type=float, default=3.0)
+    ap.add_argument("--ns-prefix", default="coll", help="names of our namespaces/links")
     ap.add_argument("--netns", action="store_true", help="also through a 100mbit tbf link")
     ap.add_argument("--netns-only", action="store_true")
     ap.add_argument("--churn-trials", type=int, default=0)
     ap.add_argument("--out", default="bench/results/collectives.json")
     ap.add_argument("--append", action="store_true", help="add to an existing --out file")
     args = ap.parse_args()
+    PREFIX = args.ns_prefix
     out_path = Path(args.out)
     results: dict = {"host": platform.node(), "cpus": os.cpu_count(), "started": time.time(),
                      "allreduce": [], "churn": None}
@@ -171,7 +186,8 @@ def main() -> None:
                 try:
                     for codec in args.codecs.split(","):
                         t = time.monotonic()
-                        r = run_config(size, peers, codec, args.steps, ns, args.deadline)
+                        r = run_config(size, peers, codec, args.steps, ns, args.deadline,
+                                       args.join_window)
                         r["wall_s"] = round(time.monotonic() - t, 1)
                         print(json.dumps(r), flush=True)
                         key = (size, peers, codec, netns_mode)  # a rerun replaces a row

@@ -233,6 +233,10 @@ class AllReduce:
             if not isinstance(weight, (int, float)) or isinstance(weight, bool):
                 raise CodecError("weight is not a number")
             self._add(s, Contribution(peer=peer, weight=float(weight), values=values))
+        except FrameError:  # longer than its codec size: the stream is out of step, drop it
+            s.excluded[peer] = "decode"
+            self._maybe_finish(s)
+            raise
         except (CodecError, ValueError) as e:
             logger.warning("step %d: contribution of %s rejected: %s", s.step, peer, e)
             s.excluded[peer] = "decode"

@@ -1,0 +1,105 @@
+"""The chunked, pipelined exchange in-process over real p2pd daemons (issue 17.5): shards of
+several chunks give every member the same bytes and the reference mean, and a chunk frame
+longer than its codec size for its length is refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from collectives import OuterConfig, get_codec
+from collectives._hivemind import P2P, PeerID
+from collectives.allreduce import AllReduce, members_digest
+from collectives.codec import CHUNK_VALUES
+from collectives.streams import recv_header, send_frame, send_header
+
+TOL = {"none": 1e-6, "fp16": 2e-3, "int8": 2e-2}
+
+
+async def _group(n: int) -> list[P2P]:
+    first = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    boot = [str(m) for m in await first.get_visible_maddrs()]
+    return [first] + [await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                                       initial_peers=boot) for _ in range(n - 1)]
+
+
+async def _members(p2ps: list[P2P], codec: str, numel: int, cfg: OuterConfig
+                   ) -> list[AllReduce]:
+    loop = asyncio.get_running_loop()
+    ars = [AllReduce(p, cfg, get_codec(codec), peer_id=p.peer_id.to_base58(), gid="g",
+                     state_provider=lambda h: None) for p in p2ps]
+    for ar in ars:
+        await ar.start()
+        await ar.open_session(step=1, state_hash="h", numel=numel, weight=1.0,
+                              deadline=loop.time() + 60)
+    members = sorted(ar.peer_id for ar in ars)
+    for ar in ars:  # as the leader's freeze would have it
+        ar.session.nonce = "n"
+        ar.session.members_fut.set_result(members)
+    return ars
+
+
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_multi_chunk_exchange_gives_every_member_the_same_reference_mean(codec: str) -> None:
+    numel = 3 * 2 * CHUNK_VALUES + 1234  # every shard spans several chunks and a tail
+
+    async def main() -> None:
+        p2ps = await _group(3)
+        try:
+            ars = await _members(p2ps, codec, numel, OuterConfig())
+            members = sorted(ar.peer_id for ar in ars)
+            g = torch.Generator().manual_seed(5)
+            deltas = {ar.peer_id: torch.randn(numel, generator=g) for ar in ars}
+            loop = asyncio.get_running_loop()
+            outs = await asyncio.gather(*(ar.exchange(deltas[ar.peer_id], members,
+                                                      reduce_deadline=loop.time() + 50)
+                                          for ar in ars))
+            for out in outs[1:]:
+                assert torch.equal(out, outs[0])  # bit-identical on every member
+            ref = torch.stack(list(deltas.values())).double().mean(0)
+            err = float((outs[0].double() - ref).norm() / ref.norm())
+            assert err < TOL[codec], err
+            for ar in ars:
+                s = ar.session
+                assert set(s.witnessed) == set(members) and not s.excluded
+                assert s.bytes_sent >= 2 * get_codec(codec).encoded_size(numel) * 2 // 3 // 1.1
+        finally:
+            for p in reversed(p2ps):
+                await p.shutdown()
+
+    asyncio.run(main())
+
+
+def test_chunk_frame_longer_than_its_codec_size_is_refused() -> None:
+    numel = CHUNK_VALUES + 10
+
+    async def main() -> None:
+        p2ps = await _group(2)
+        try:
+            ars = await _members(p2ps, "none", numel, OuterConfig())
+            members = sorted(ar.peer_id for ar in ars)
+            reducer = next(ar for ar in ars if ar.peer_id == members[1])
+            # members[0] sends its shard for reducer members[1]: the first chunk is 4 bytes
+            # longer than a chunk of CHUNK_VALUES fp32 values may be
+            _, reader, writer = await p2ps[[a.peer_id for a in ars].index(members[0])] \
+                .call_binary_stream_handler(PeerID.from_base58(members[1]),
+                                            reducer.names["reduce"])
+            await send_header(writer, {"step": 1, "digest": members_digest(members, "n"),
+                                       "weight": 1.0})
+            with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+                await send_frame(writer, bytes(4 * CHUNK_VALUES + 4))
+                await asyncio.wait_for(recv_header(reader), 10)  # the reducer hung up
+            writer.close()
+            for _ in range(100):
+                if reducer.rejected:
+                    break
+                await asyncio.sleep(0.05)
+            assert reducer.rejected == 1
+            assert reducer.session.excluded == {members[0]: "decode"}
+        finally:
+            for p in reversed(p2ps):
+                await p.shutdown()
+
+    asyncio.run(main())
