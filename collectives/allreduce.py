@@ -133,6 +133,8 @@ class Session:
     bad_shards: dict[str, str] = field(default_factory=dict)
     """Reducer -> why the shard it returned was rejected ("non_finite", "norm")."""
     clipped: tuple[str, ...] = ()
+    marks: dict[str, float] = field(default_factory=dict)
+    """Phase -> loop.time() of this attempt's exchange (logged: where the time goes)."""
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
@@ -278,6 +280,7 @@ class AllReduce:
             return
         if not force and len(s.contribs) + len(s.excluded) < len(s.members):
             return
+        s.marks["contributions_in"] = asyncio.get_running_loop().time()
         s.finishing = asyncio.ensure_future(self._finish(s))
 
     def _reduce(self, s: Session, contribs: list[Contribution]) -> ShardResult:
@@ -305,6 +308,7 @@ class AllReduce:
         if mean is not None:  # encoded once; the pool runs the chunks roughly in order
             s.result = [loop.run_in_executor(work_pool(), self.codec.encode, mean[a:b])
                         for a, b in chunk_bounds(mean.numel())]
+            s.marks["reduced"] = loop.time()
             for fut in s.result:  # a cancelled attempt must not log "never retrieved"
                 fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             # counted here: our own exchange may end before the sends
@@ -377,6 +381,7 @@ class AllReduce:
         s = self.session
         assert s is not None
         s.members = members
+        s.marks["start"] = asyncio.get_running_loop().time()
         bounds = shard_bounds(s.numel, len(members))
         me = members.index(self.peer_id)
         timer = asyncio.create_task(self._reducer_timer(s, reduce_deadline))
@@ -392,6 +397,7 @@ class AllReduce:
             await loop.run_in_executor(work_pool(), lambda a=a, b=b: self.codec.decode_into(
                 self.codec.encode(delta[lo + a : lo + b]), own[a:b]))
         self._add(s, Contribution(peer=self.peer_id, weight=s.weight, values=own))
+        s.marks["own"] = loop.time()
         errors: dict[str, str] = {}
         got: set[int] = set()
         try:
@@ -401,6 +407,7 @@ class AllReduce:
                     got.add(j)
                 except Exception as e:  # noqa: BLE001
                     errors[members[j]] = repr(e)[:200]
+            s.marks["results_in"] = loop.time()
             try:
                 await asyncio.wait_for(s.shard_done.wait(), s.remaining())
                 if s.result is not None:
@@ -410,6 +417,7 @@ class AllReduce:
                         await loop.run_in_executor(work_pool(), self.codec.decode_into, data,
                                                    mine[a:b])
                     got.add(me)
+                    s.marks["own_result"] = loop.time()
             except Exception as e:  # noqa: BLE001 - timeout, or our mean did not encode
                 logger.info("step %d: own shard has no result: %r", s.step, e)
         finally:
@@ -425,6 +433,9 @@ class AllReduce:
                 errors[members[j]] = f"bad shard: {why}"
         s.suspects |= set(errors) - {self.peer_id}
         s.suspects |= {p for p, why in s.excluded.items() if why == "missing"}
+        s.marks["end"] = loop.time()
+        logger.info("step %d exchange phases (s since start): %s", s.step,
+                    {k: round(v - s.marks["start"], 3) for k, v in s.marks.items()})
         if errors:
             raise StepFailed(f"missing or bad shards from {sorted(errors)}: {errors}")
         timer.cancel()
@@ -458,12 +469,14 @@ class AllReduce:
             # not `s.bytes_sent += await ...`: that reads the counter before the await and
             # loses what other tasks added meanwhile
             s.bytes_sent += sent
+            s.marks["sent"] = max(s.marks.get("sent", 0.0), asyncio.get_running_loop().time())
 
         sender = asyncio.create_task(send())
         try:
             head = await recv_header(reader)
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")
+            s.marks.setdefault("first_reply", asyncio.get_running_loop().time())
             s.bytes_received += await recv_pipelined(
                 reader, [self.codec.encoded_size(b - a) for a, b in chunks],
                 lambda c, data: self.codec.decode_into(data, out[slice(*chunks[c])]))

@@ -128,6 +128,9 @@ def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
         spawn(p["joiner"])  # starts now, waits at its first barrier (step 2t+1)
         swarm.wait_exit(p["victim"], timeout=180)
     swarm.wait_done(live, timeout=180)
+    ids = {f.stem: f.read_text().split()[0].rsplit("/p2p/", 1)[-1]
+           for f in (swarm.root / "addrs").glob("*.txt") if f.read_text().split()}
+    names = {pid: n for n, pid in ids.items()}
     results = []
     for p in plan:
         t = p["trial"]
@@ -139,6 +142,10 @@ def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
                         "kill_hashes": len({r and r["param_hash"] for r in at_kill.values()}),
                         "retry_status": {n: r and r["status"] for n, r in at_retry.items()},
                         "retry_hashes": len({r and r["param_hash"] for r in at_retry.values()}),
+                        "retry_leaders": sorted({names.get((r or {}).get("leader"), "?")
+                                                 for r in at_retry.values()}),
+                        "retry_errors": {n: (r or {}).get("error") for n, r in at_retry.items()
+                                         if (r or {}).get("error")},
                         "kill_seconds": max((r or {}).get("seconds", 0) for r in at_kill.values()),
                         "resync_bytes": sum((r or {}).get("resync_bytes", 0)
                                             for r in at_kill.values())})
