@@ -40,24 +40,26 @@ size for our model, sent in frames of ``STATE_CHUNK`` bytes.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from collectives._hivemind import P2P, PeerID
-from collectives.codec import Codec, CodecError, chunk_bounds
+from collectives.codec import Codec, chunk_bounds
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
-from collectives.reduce import Contribution, ShardResult, reduce_shard, shard_bounds
-from collectives.streams import (FrameError, recv_frame, recv_header, recv_pipelined,
-                                 send_frame, send_header, send_pipelined, work_pool)
+from collectives.reduce import Contribution, shard_bounds
+from collectives.reducer import ReducerMixin, Session, members_digest
+from collectives.streams import (CHUNK, MAX_HEADER_BYTES, VERDICT, FrameError, recv_frame,
+                                 recv_header, recv_tagged, send_frame, send_header,
+                                 send_pipelined, work_pool)
+from protocol.errors import ProtocolError
+from protocol.limits import unpackb
 
 __all__ = ["Session", "AllReduce", "members_digest", "STATE_CHUNK"]
 
@@ -70,10 +72,6 @@ admitted member's repeated JOIN with the same list."""
 LINGER_S = 5.0
 """How long a handler waits for the caller to close first (a handler that closes right
 after writing can make p2pd reset the stream and lose the reply)."""
-
-
-def members_digest(members: list[str], nonce: str = "") -> str:
-    return hashlib.sha256("\n".join([nonce, *members]).encode()).hexdigest()[:32]
 
 
 class RateLimit:
@@ -100,47 +98,7 @@ class RateLimit:
         return True
 
 
-@dataclass
-class Session:
-    """One outer step attempt as seen by the asyncio thread."""
-
-    step: int
-    state_hash: str
-    numel: int
-    weight: float
-    deadline: float
-    """loop.time() by which everything of this attempt is over."""
-    members_fut: asyncio.Future[list[str]]
-    joins: set[str] = field(default_factory=set)
-    members: list[str] | None = None
-    nonce: str = ""
-    """Chosen by the leader at the freeze; part of the members' digest."""
-    contribs: dict[str, Contribution] = field(default_factory=dict)
-    receiving: set[str] = field(default_factory=set)
-    """Members whose shard stream our reducer is reading (one stream per member)."""
-    excluded: dict[str, str] = field(default_factory=dict)
-    shard_done: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once our reducer decided: ``result`` holds the mean's encoded chunks, or None."""
-    result: list[asyncio.Future[bytes]] | None = None
-    finishing: asyncio.Task[None] | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    suspects: set[str] = field(default_factory=set)
-    """Members whose shard or contribution never came: their votes are not awaited."""
-    witnessed: tuple[str, ...] = ()
-    """Peers whose contribution our reducer accepted (us included): who saw us contribute
-    and whose votes count (consistency.py)."""
-    bad_shards: dict[str, str] = field(default_factory=dict)
-    """Reducer -> why the shard it returned was rejected ("non_finite", "norm")."""
-    clipped: tuple[str, ...] = ()
-    marks: dict[str, float] = field(default_factory=dict)
-    """Phase -> loop.time() of this attempt's exchange (logged: where the time goes)."""
-
-    def remaining(self) -> float:
-        return max(0.0, self.deadline - asyncio.get_running_loop().time())
-
-
-class AllReduce:
+class AllReduce(ReducerMixin):
     """Stream handlers and the member-side protocol of one node (runs on the transport loop)."""
 
     def __init__(self, p2p: P2P, config: OuterConfig, codec: Codec, *, peer_id: str, gid: str,
@@ -188,10 +146,6 @@ class AllReduce:
         self.session = Session(step=step, state_hash=state_hash, numel=numel, weight=weight,
                                deadline=deadline, members_fut=loop.create_future())
 
-    def _current(self, step: object) -> Session | None:
-        s = self.session
-        return s if s is not None and s.step == step else None
-
     # --- handlers -------------------------------------------------------------------------
     async def _on_join(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
@@ -209,47 +163,6 @@ class AllReduce:
         ok = peer in members
         await send_header(writer, {"ok": ok, "members": members if ok else [],
                                    "nonce": s.nonce if ok else ""})
-
-    async def _on_reduce(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
-        head = await asyncio.wait_for(recv_header(reader), 10)
-        s = self._current(head.get("step"))
-        if s is None:
-            await send_header(writer, {"ok": False, "reason": "step"})
-            return
-        members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
-        if head.get("digest") != members_digest(members, s.nonce) or peer not in members \
-                or peer == self.peer_id or peer in s.contribs or peer in s.excluded \
-                or peer in s.receiving:
-            await send_header(writer, {"ok": False, "reason": "membership"})
-            return
-        s.receiving.add(peer)
-        lo, hi = shard_bounds(s.numel, len(members))[members.index(self.peer_id)]
-        chunks = chunk_bounds(hi - lo)
-        values = torch.empty(hi - lo, dtype=torch.float32)
-        weight = head.get("weight")
-        try:
-            s.bytes_received += await asyncio.wait_for(recv_pipelined(
-                reader, [self.codec.encoded_size(b - a) for a, b in chunks],
-                lambda c, data: self.codec.decode_into(data, values[slice(*chunks[c])])),
-                s.remaining())
-            if not isinstance(weight, (int, float)) or isinstance(weight, bool):
-                raise CodecError("weight is not a number")
-            self._add(s, Contribution(peer=peer, weight=float(weight), values=values))
-        except FrameError:  # longer than its codec size: the stream is out of step, drop it
-            s.excluded[peer] = "decode"
-            self._maybe_finish(s)
-            raise
-        except (CodecError, ValueError) as e:
-            logger.warning("step %d: contribution of %s rejected: %s", s.step, peer, e)
-            s.excluded[peer] = "decode"
-            self._maybe_finish(s)
-        await asyncio.wait_for(s.shard_done.wait(), s.remaining())
-        if s.result is None:
-            await send_header(writer, {"ok": False, "reason": "no_result"})
-            return
-        await send_header(writer, {"ok": True})
-        for fut in s.result:
-            await send_frame(writer, await asyncio.wait_for(asyncio.shield(fut), s.remaining()))
 
     async def _on_state(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         req = await asyncio.wait_for(recv_header(reader), 10)
@@ -269,57 +182,6 @@ class AllReduce:
             for offset in range(0, len(view), STATE_CHUNK):
                 await send_frame(writer, view[offset : offset + STATE_CHUNK])
         logger.info("served outer state %s… to %s (%d bytes)", want[:12], peer, len(data))
-
-    # --- reducer --------------------------------------------------------------------------
-    def _add(self, s: Session, c: Contribution) -> None:
-        s.contribs[c.peer] = c
-        self._maybe_finish(s)
-
-    def _maybe_finish(self, s: Session, *, force: bool = False) -> None:
-        if s.finishing is not None or s.members is None:
-            return
-        if not force and len(s.contribs) + len(s.excluded) < len(s.members):
-            return
-        s.marks["contributions_in"] = asyncio.get_running_loop().time()
-        s.finishing = asyncio.ensure_future(self._finish(s))
-
-    def _reduce(self, s: Session, contribs: list[Contribution]) -> ShardResult:
-        """Our shard's robust mean of ``contribs`` (pure; runs in the work pool)."""
-        cfg = self.config
-        return reduce_shard(contribs, max_weight=cfg.max_weight, max_norm=cfg.max_norm,
-                            max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id)
-
-    async def _finish(self, s: Session) -> None:
-        loop = asyncio.get_running_loop()
-        assert s.members is not None
-        contribs = dict(s.contribs)  # what arrives from now on is too late for this attempt
-        try:
-            res = await loop.run_in_executor(work_pool(), self._reduce, s,
-                                             list(contribs.values()))
-            s.witnessed, s.clipped, mean = res.accepted, res.clipped, res.mean
-            for peer, why in res.excluded.items():
-                s.excluded.setdefault(peer, why)
-        except Exception:  # noqa: BLE001 - never leave the handlers waiting
-            logger.exception("step %d: reduction failed", s.step)
-            mean = None
-        for peer in s.members:
-            if peer not in contribs and peer not in s.excluded:
-                s.excluded[peer] = "missing"
-        if mean is not None:  # encoded once; the pool runs the chunks roughly in order
-            s.result = [loop.run_in_executor(work_pool(), self.codec.encode, mean[a:b])
-                        for a, b in chunk_bounds(mean.numel())]
-            s.marks["reduced"] = loop.time()
-            for fut in s.result:  # a cancelled attempt must not log "never retrieved"
-                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-            # counted here: our own exchange may end before the sends
-            wire = sum(self.codec.encoded_size(b - a) + 8 for a, b in chunk_bounds(mean.numel()))
-            waiting = [p for p in contribs if p != self.peer_id]
-            s.bytes_sent += (wire + 2 * 8 + 16) * len(waiting)
-        s.shard_done.set()
-
-    async def _reducer_timer(self, s: Session, at: float) -> None:
-        await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
-        self._maybe_finish(s, force=True)
 
     # --- member side ----------------------------------------------------------------------
     async def form_group(self, leader: str, *, freeze_at: float, expected: set[str],
@@ -380,8 +242,9 @@ class AllReduce:
         """Reduce-scatter + all-gather of ``delta``; the group's mean or StepFailed."""
         s = self.session
         assert s is not None
-        s.members = members
-        s.marks["start"] = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        s.marks["start"] = loop.time()
+        self._setup_shard(s, members)
         bounds = shard_bounds(s.numel, len(members))
         me = members.index(self.peer_id)
         timer = asyncio.create_task(self._reducer_timer(s, reduce_deadline))
@@ -391,16 +254,18 @@ class AllReduce:
                                                             digest, out=out[slice(*bounds[j])]))
                  for j, peer in enumerate(members) if j != me}
         lo, hi = bounds[me]
-        loop = asyncio.get_running_loop()
-        own = torch.empty(hi - lo, dtype=torch.float32)
-        for a, b in chunk_bounds(hi - lo):  # one chunk at a time: the senders share the pool
+        own = s.parts[self.peer_id]
+        for c, (a, b) in enumerate(s.chunks):  # one chunk at a time: the senders share the pool
             await loop.run_in_executor(work_pool(), lambda a=a, b=b: self.codec.decode_into(
                 self.codec.encode(delta[lo + a : lo + b]), own[a:b]))
+            self._chunk_in(s, c)
         self._add(s, Contribution(peer=self.peer_id, weight=s.weight, values=own))
         s.marks["own"] = loop.time()
         errors: dict[str, str] = {}
         got: set[int] = set()
         try:
+            mine = asyncio.create_task(self._own_result(s, out[lo:hi]))
+            tasks[me] = mine
             for j, task in tasks.items():
                 try:
                     await asyncio.wait_for(task, s.remaining())
@@ -408,23 +273,9 @@ class AllReduce:
                 except Exception as e:  # noqa: BLE001
                     errors[members[j]] = repr(e)[:200]
             s.marks["results_in"] = loop.time()
-            try:
-                await asyncio.wait_for(s.shard_done.wait(), s.remaining())
-                if s.result is not None:
-                    mine = out[lo:hi]
-                    for (a, b), fut in zip(chunk_bounds(hi - lo), s.result):
-                        data = await asyncio.wait_for(asyncio.shield(fut), s.remaining())
-                        await loop.run_in_executor(work_pool(), self.codec.decode_into, data,
-                                                   mine[a:b])
-                    got.add(me)
-                    s.marks["own_result"] = loop.time()
-            except Exception as e:  # noqa: BLE001 - timeout, or our mean did not encode
-                logger.info("step %d: own shard has no result: %r", s.step, e)
         finally:
             for t in tasks.values():
                 t.cancel()
-        if me not in got:
-            errors[self.peer_id] = "own shard has no result"
         for j in sorted(got - {me}):
             why = await loop.run_in_executor(work_pool(), self._check_shard,
                                              out[slice(*bounds[j])], delta[slice(*bounds[j])])
@@ -440,6 +291,24 @@ class AllReduce:
             raise StepFailed(f"missing or bad shards from {sorted(errors)}: {errors}")
         timer.cancel()
         return out
+
+    async def _own_result(self, s: Session, mine: torch.Tensor) -> None:
+        """Our reducer's mean of our shard, from the same bytes the members receive."""
+        loop = asyncio.get_running_loop()
+        for (a, b), fut in zip(s.chunks, s.stream):
+            data = await asyncio.shield(fut)
+            if data is None:
+                break
+            await loop.run_in_executor(work_pool(), self.codec.decode_into, data, mine[a:b])
+        await s.shard_done.wait()
+        if s.verdict == "redo":
+            assert s.result is not None
+            for (a, b), fut in zip(s.chunks, s.result):
+                data = await asyncio.shield(fut)
+                await loop.run_in_executor(work_pool(), self.codec.decode_into, data, mine[a:b])
+        elif s.verdict != "ok":
+            raise StepFailed("own shard has no result")
+        s.marks["own_result"] = loop.time()
 
     def _check_shard(self, shard: torch.Tensor, own: torch.Tensor) -> str | None:
         """Why a reducer's returned shard must not be applied, else None."""
@@ -477,14 +346,53 @@ class AllReduce:
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")
             s.marks.setdefault("first_reply", asyncio.get_running_loop().time())
-            s.bytes_received += await recv_pipelined(
-                reader, [self.codec.encoded_size(b - a) for a, b in chunks],
-                lambda c, data: self.codec.decode_into(data, out[slice(*chunks[c])]))
-            await sender  # its errors too (the reducer answers only after our whole shard)
+            verdict = await self._recv_chunks(s, reader, chunks, out, verdict_ends=True)
+            if verdict == "redo":
+                await self._recv_chunks(s, reader, chunks, out, verdict_ends=False)
+            elif verdict != "ok":
+                raise StepFailed(f"reducer {peer} has no result ({verdict})")
+            await sender  # its errors too
             return out
         finally:
             sender.cancel()
             writer.close()
+
+    async def _recv_chunks(self, s: Session, reader, chunks: list[tuple[int, int]],
+                           out: torch.Tensor, *, verdict_ends: bool) -> str:  # type: ignore[no-untyped-def]
+        """Decode chunk frames into ``out`` (in the pool, while the next frame arrives).
+        ``verdict_ends``: up to len(chunks) chunks, then a verdict frame (returned); else
+        exactly len(chunks) chunks ("")."""
+        loop = asyncio.get_running_loop()
+        decoding: list[asyncio.Future[None]] = []
+        verdict = ""
+        try:
+            for c in range(len(chunks) + verdict_ends):
+                size = self.codec.encoded_size(chunks[c][1] - chunks[c][0]) \
+                    if c < len(chunks) else 0
+                tag, body = await asyncio.wait_for(
+                    recv_tagged(reader, max(size, MAX_HEADER_BYTES if verdict_ends else 0)),
+                    s.remaining())
+                s.bytes_received += len(body) + 9
+                if tag == CHUNK and c < len(chunks):
+                    decoding.append(loop.run_in_executor(
+                        work_pool(), self.codec.decode_into, body, out[slice(*chunks[c])]))
+                    continue
+                if tag != VERDICT or not verdict_ends:
+                    raise FrameError(f"unexpected frame {tag!r} at chunk {c}")
+                try:
+                    head = unpackb(body)
+                except ProtocolError as e:
+                    raise FrameError(f"verdict does not decode: {e}") from e
+                verdict = head.get("verdict") if isinstance(head, dict) else None
+                if not isinstance(verdict, str) or (verdict == "ok" and c != len(chunks)):
+                    raise FrameError(f"bad verdict {verdict!r} after {c} chunks")
+                break
+            for fut in decoding:
+                await fut
+        finally:
+            for fut in decoding:
+                fut.cancel()
+        return verdict
 
     async def fetch_state(self, peer: str, state_hash: str, timeout: float, *,
                           max_bytes: int) -> bytes:

@@ -20,6 +20,13 @@ A reducer receives one contribution per group member for its shard (its own incl
    untouched (when no offset exceeds tau the result is the plain weighted mean, bit for bit).
 
 Every sum runs in the members' peer-id order, so the result does not depend on arrival order.
+
+**Streaming.** Every statistic above decomposes over chunks of the shard: a norm is the root of
+the sum of per-chunk squared norms, and the coordinate median (so each offset) is per
+coordinate. A reducer can therefore stream the plain weighted mean chunk by chunk, collect
+``chunk_stats`` on the way, and decide at the end with ``plain_mean_holds`` whether
+``reduce_shard`` would have accepted every contribution and clipped none, i.e. whether the
+streamed mean is the robust mean; if not, it sends ``reduce_shard``'s result instead.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Contribution", "ShardResult", "reduce_shard", "shard_bounds", "CLIP_FACTOR"]
+__all__ = ["Contribution", "ShardResult", "reduce_shard", "shard_bounds", "CLIP_FACTOR",
+           "capped_weights", "plain_mean_holds", "chunk_stats"]
 
 CLIP_FACTOR = 2.0
 """Centred clipping radius as a multiple of the median distance to the coordinate median."""
@@ -133,3 +141,45 @@ def reduce_shard(contributions: list[Contribution], *, max_weight: float, max_no
         mean.add_(c.values, alpha=weights[c.peer] / weight_sum)
     return ShardResult(mean=mean, accepted=tuple(c.peer for c in accepted), excluded=excluded,
                        weights=weights)
+
+
+def capped_weights(declared: dict[str, float]) -> dict[str, float]:
+    """The weights ``reduce_shard`` uses when it accepts all of ``declared``."""
+    cap = _median(list(declared.values()))
+    return {p: min(w, cap) for p, w in declared.items()}
+
+
+def chunk_stats(parts: dict[str, torch.Tensor]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per peer: squared L2 norm of its chunk, and (>= 3 peers) squared L2 norm of its offset
+    from the chunk's coordinate median (else {})."""
+    peers = sorted(parts)
+    sq = {p: _norm(parts[p]) ** 2 for p in peers}
+    if len(peers) < 3:
+        return sq, {}
+    stacked = torch.stack([parts[p] for p in peers])
+    center = stacked.median(dim=0).values
+    return sq, {p: _norm(o) ** 2 for p, o in zip(peers, stacked - center)}
+
+
+def plain_mean_holds(*, weights: dict[str, float], sq_norms: dict[str, float],
+                     sq_offsets: dict[str, float], max_weight: float, max_norm: float,
+                     max_norm_ratio: float, own: str | None = None,
+                     clip_factor: float = CLIP_FACTOR) -> bool:
+    """True when ``reduce_shard`` would accept every contribution and clip none, given their
+    declared ``weights``, squared norms and (>= 3 peers) squared offsets summed over chunks."""
+    if any(not (math.isfinite(w) and 0 < w <= max_weight) for w in weights.values()):
+        return False
+    norms = {p: math.sqrt(v) for p, v in sq_norms.items()}
+    if any(not math.isfinite(n) for n in norms.values()):
+        return False
+    ref = _median(list(norms.values())) if len(norms) >= 3 else norms.get(own or "", 0.0)
+    limit = min(max_norm, max_norm_ratio * ref) if ref > 0 else max_norm
+    if any(n > limit for n in norms.values()):
+        return False
+    if len(norms) >= 3:
+        dists = [math.sqrt(v) for v in sq_offsets.values()]
+        if len(dists) != len(norms) or not all(math.isfinite(d) for d in dists):
+            return False
+        tau = clip_factor * _median(dists)
+        return all(d <= tau or d == 0 for d in dists)
+    return True

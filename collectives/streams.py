@@ -18,11 +18,14 @@ from protocol.errors import ProtocolError
 from protocol.limits import packb, unpackb
 
 __all__ = ["send_frame", "recv_frame", "send_header", "recv_header", "FrameError",
-           "send_pipelined", "recv_pipelined", "work_pool"]
+           "send_pipelined", "recv_pipelined", "work_pool", "send_tagged", "recv_tagged",
+           "CHUNK", "VERDICT"]
 
 HEADER_LEN = 8
 MAX_HEADER_BYTES = 64 * 1024
 PREFETCH = 2
+CHUNK, VERDICT = b"c", b"v"
+"""Tags of a tagged frame: a chunk of a shard, or a header that ends a chunk sequence."""
 """Chunks encoded ahead of the one being sent."""
 _POOL: ThreadPoolExecutor | None = None
 
@@ -42,12 +45,7 @@ class FrameError(ValueError):
 
 async def send_frame(writer: asyncio.StreamWriter, data: bytes) -> int:
     writer.write(len(data).to_bytes(HEADER_LEN, "big"))
-    view = memoryview(data)
-    for offset in range(0, len(view), 1 << 20):
-        writer.write(view[offset : offset + (1 << 20)])
-        await writer.drain()
-    await writer.drain()
-    return HEADER_LEN + len(data)
+    return HEADER_LEN + await send_frame_body(writer, data)
 
 
 async def recv_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
@@ -91,8 +89,33 @@ async def send_pipelined(writer: asyncio.StreamWriter, jobs: list[Callable[[], b
     return sent
 
 
+async def send_tagged(writer: asyncio.StreamWriter, tag: bytes, data: bytes) -> int:
+    """One frame of ``tag`` (1 byte) + ``data``, without joining them in memory."""
+    writer.write((len(data) + 1).to_bytes(HEADER_LEN, "big"))
+    writer.write(tag)
+    return await send_frame_body(writer, data) + HEADER_LEN + 1
+
+
+async def send_frame_body(writer: asyncio.StreamWriter, data: bytes) -> int:
+    view = memoryview(data)
+    for offset in range(0, len(view), 1 << 20):
+        writer.write(view[offset : offset + (1 << 20)])
+        await writer.drain()
+    await writer.drain()
+    return len(data)
+
+
+async def recv_tagged(reader: asyncio.StreamReader, max_bytes: int) -> tuple[bytes, memoryview]:
+    """(tag, body) of a tagged frame whose body is at most ``max_bytes``."""
+    data = await recv_frame(reader, max_bytes + 1)
+    if not data:
+        raise FrameError("empty tagged frame")
+    return data[:1], memoryview(data)[1:]
+
+
 async def recv_pipelined(reader: asyncio.StreamReader, sizes: list[int],
-                         sink: Callable[[int, bytes], None]) -> int:
+                         sink: Callable[[int, bytes], None], *,
+                         on_done: Callable[[int], None] | None = None) -> int:
     """Read one frame per entry of ``sizes`` (frame c at most ``sizes[c]`` bytes) and run
     ``sink(c, data)`` in the pool while the next frame arrives; the sinks' first error is
     raised after every frame was read. Returns the bytes read."""
@@ -103,7 +126,11 @@ async def recv_pipelined(reader: asyncio.StreamReader, sizes: list[int],
         for c, size in enumerate(sizes):
             data = await recv_frame(reader, size)
             got += HEADER_LEN + len(data)
-            futs.append(loop.run_in_executor(work_pool(), sink, c, data))
+            fut = loop.run_in_executor(work_pool(), sink, c, data)
+            if on_done is not None:  # runs on the loop, once chunk c is in place
+                fut.add_done_callback(lambda f, c=c: f.cancelled() or f.exception()
+                                      or on_done(c))
+            futs.append(fut)
         for fut in futs:
             await fut
     finally:

@@ -10,8 +10,8 @@ record) and D/out/<name>-<i>.npz (θ_global before, own pseudo-gradient, θ_glob
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import enum
+import math
 import signal
 import json
 import logging
@@ -90,16 +90,12 @@ def poison_reducer(kind: str) -> None:
     """Our reducer's mean shard becomes NaN or 1e6 x after an honest reduction."""
     if kind == "none":
         return
-    original = AllReduce._reduce
+    original = AllReduce._encode_mean
 
-    def wrapped(self, s, contribs):  # type: ignore[no-untyped-def]
-        res = original(self, s, contribs)
-        if res.mean is not None:
-            mean = res.mean * 1e6 if kind == "huge" else res.mean.clone().fill_(float("nan"))
-            res = dataclasses.replace(res, mean=mean)
-        return res
+    def wrapped(self, mean):  # type: ignore[no-untyped-def]
+        return original(self, mean * 1e6 if kind == "huge" else torch.full_like(mean, math.nan))
 
-    AllReduce._reduce = wrapped  # type: ignore[method-assign]
+    AllReduce._encode_mean = wrapped  # type: ignore[method-assign]
 
 
 def known_peer_ids(root: Path, names: str) -> set[str]:

@@ -41,8 +41,12 @@ async def _members(p2ps: list[P2P], codec: str, numel: int, cfg: OuterConfig
     return ars
 
 
-@pytest.mark.parametrize("codec", ["none", "int8"])
-def test_multi_chunk_exchange_gives_every_member_the_same_reference_mean(codec: str) -> None:
+@pytest.mark.parametrize("codec,hostile", [("none", False), ("int8", False), ("fp16", True)])
+def test_multi_chunk_exchange_gives_every_member_the_same_reference_mean(codec: str,
+                                                                         hostile: bool) -> None:
+    """Honest: the streamed plain mean stands (verdict "ok"). Hostile: one member's delta is
+    100x too large; every reducer's whole-shard check excludes it ("redo"), and the members
+    still end with equal bytes: the mean of the two others."""
     numel = 3 * 2 * CHUNK_VALUES + 1234  # every shard spans several chunks and a tail
 
     async def main() -> None:
@@ -52,18 +56,23 @@ def test_multi_chunk_exchange_gives_every_member_the_same_reference_mean(codec: 
             members = sorted(ar.peer_id for ar in ars)
             g = torch.Generator().manual_seed(5)
             deltas = {ar.peer_id: torch.randn(numel, generator=g) for ar in ars}
+            bad = members[1] if hostile else None
+            if bad:
+                deltas[bad] *= 100
             loop = asyncio.get_running_loop()
             outs = await asyncio.gather(*(ar.exchange(deltas[ar.peer_id], members,
                                                       reduce_deadline=loop.time() + 50)
                                           for ar in ars))
             for out in outs[1:]:
                 assert torch.equal(out, outs[0])  # bit-identical on every member
-            ref = torch.stack(list(deltas.values())).double().mean(0)
+            ref = torch.stack([d for p, d in deltas.items() if p != bad]).double().mean(0)
             err = float((outs[0].double() - ref).norm() / ref.norm())
             assert err < TOL[codec], err
             for ar in ars:
                 s = ar.session
-                assert set(s.witnessed) == set(members) and not s.excluded
+                assert s.verdict == ("redo" if bad else "ok")
+                assert s.excluded == ({bad: "norm"} if bad else {})
+                assert set(s.witnessed) == set(members) - {bad}
                 assert s.bytes_sent >= 2 * get_codec(codec).encoded_size(numel) * 2 // 3 // 1.1
         finally:
             for p in reversed(p2ps):
