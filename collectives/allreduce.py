@@ -104,7 +104,7 @@ class AllReduce(ReducerMixin):
     def __init__(self, p2p: P2P, config: OuterConfig, codec: Codec, *, peer_id: str, gid: str,
                  state_provider: Callable[[str], bytes | None]) -> None:
         self.p2p, self.config, self.codec, self.peer_id = p2p, config, codec, peer_id
-        self.names = {k: f"/swarm-node/outer/{gid}/{k}/3" for k in ("join", "reduce", "state")}
+        self.names = {k: f"/swarm-node/outer/{gid}/{k}/4" for k in ("join", "reduce", "state")}
         self.state_provider = state_provider
         """hash -> the serialized state if we hold it (cached per hash by the provider)."""
         self.session: Session | None = None
