@@ -98,6 +98,10 @@ class RateLimit:
         return True
 
 
+class _Unreachable(Exception):
+    """No stream to a peer could be opened (dial failure, timeout)."""
+
+
 class AllReduce(ReducerMixin):
     """Stream handlers and the member-side protocol of one node (runs on the transport loop)."""
 
@@ -190,26 +194,52 @@ class AllReduce(ReducerMixin):
 
         The leader freezes at ``freeze_at``, or later (up to ``latest``) while a peer whose
         join record it saw (``expected``) has not sent its JOIN yet: slow peers (a large
-        model to hash) are not dropped for being a second late."""
+        model to hash) are not dropped for being a second late.
+
+        A leader we cannot even open a stream to is dead (issue 17.6: the join record of a
+        peer killed in the previous attempt at this version outlives it, and every survivor
+        chose it): we fall back to the next peer of ``expected`` in id order, and when that
+        is us, we lead. Everyone who saw the same records falls back the same way. A leader
+        that answered (even "no") is never skipped: that could split its group."""
         s = self.session
         assert s is not None
-        if leader == self.peer_id:
-            loop = asyncio.get_running_loop()
-            await asyncio.sleep(max(0.0, freeze_at - loop.time()))
-            while not expected <= s.joins | {self.peer_id} and loop.time() < latest:
-                await asyncio.sleep(0.05)
-            members = sorted({self.peer_id} | s.joins)
-            if len(members) > self.config.max_peers:
-                others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
-                members = sorted([self.peer_id, *others])
-            s.nonce = secrets.token_hex(8)
-            s.members_fut.set_result(members)
-            return members
         s.members_fut.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        dead: set[str] = set()
+        for cand in [leader, *sorted(expected - {leader})]:
+            if cand == self.peer_id:
+                return await self._lead(s, freeze_at, expected - dead, latest)
+            try:
+                return await self._join(s, cand)
+            except _Unreachable as e:
+                dead.add(cand)
+                logger.info("step %d: leader %s unreachable (%s); next in id order", s.step,
+                            cand, e)
+        err = StepFailed(f"could not join any leader of {len(dead)}: {sorted(dead)}")
+        s.members_fut.set_exception(err)
+        raise err
+
+    async def _lead(self, s: Session, freeze_at: float, expected: set[str],
+                    latest: float) -> list[str]:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, freeze_at - loop.time()))
+        while not expected <= s.joins | {self.peer_id} and loop.time() < latest:
+            await asyncio.sleep(0.05)
+        members = sorted({self.peer_id} | s.joins)
+        if len(members) > self.config.max_peers:
+            others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
+            members = sorted([self.peer_id, *others])
+        s.nonce = secrets.token_hex(8)
+        s.members_fut.set_result(members)
+        return members
+
+    async def _join(self, s: Session, leader: str) -> list[str]:
+        """JOIN via ``leader``; _Unreachable if no stream to it opens."""
         for attempt in range(JOIN_TRIES):
             try:
                 reply = await self._join_once(s, leader)
                 break
+            except _Unreachable:
+                raise
             except Exception as e:  # noqa: BLE001
                 transient = isinstance(e, (asyncio.IncompleteReadError, ConnectionError))
                 if transient and attempt + 1 < JOIN_TRIES and s.remaining() > 0.5:
@@ -229,8 +259,12 @@ class AllReduce(ReducerMixin):
         return members
 
     async def _join_once(self, s: Session, leader: str) -> dict:
-        _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
-            PeerID.from_base58(leader), self.names["join"]), s.remaining())
+        try:  # bounded apart from the reply: the leader answers only at its freeze
+            _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
+                PeerID.from_base58(leader), self.names["join"]),
+                min(s.remaining(), max(2.0, self.config.join_window_s)))
+        except Exception as e:  # noqa: BLE001 - dial errors come as several types
+            raise _Unreachable(repr(e)[:300]) from e
         try:  # we close first, after the reply: see LINGER_S
             await send_header(writer, {"step": s.step, "hash": s.state_hash})
             return await asyncio.wait_for(recv_header(reader), s.remaining())
