@@ -212,6 +212,10 @@ def main() -> None:
             "retry_equal_hashes": sum(r["retry_hashes"] == 1 for r in trials),
             "retry_all_ok": sum(all(v == "ok" for n, v in r["retry_status"].items()
                                     if n != r["joiner"]) for r in trials),
+            "retry_progress": sum([r["retry_status"][n] for n in r["survivors"]].count("ok") >= 2
+                                  for r in trials),
+            "seconds_per_trial": round((time.monotonic() - t) / max(1, len(trials)), 1),
+            "load_after": [round(x, 2) for x in os.getloadavg()],
             "detail": trials}
         print(json.dumps({k: v for k, v in results["churn"].items() if k != "detail"}))
         save()

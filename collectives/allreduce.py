@@ -10,22 +10,23 @@ construction:
 
 1. **Group.** Each peer stores ``join/<version>`` in the DHT (subkey = peer id, value = its
    state hash, signed), waits ``join_window_s`` and reads the records. Among the peers that
-   claim its own hash, the smallest peer id leads. Others send JOIN(version, hash) to it; at
+   claim its own hash, the smallest peer id leads (one no stream opens to is skipped for the
+   next: the record of a peer killed earlier at this version outlives it). Others send
+   JOIN(version, hash) to it; at
    ``1.5 x join_window_s`` the leader freezes the member list (sorted peer ids) and answers
    every JOIN with it and a fresh nonce; the members' digest covers both, so a stream of an
    earlier attempt at the same version is refused. Peers only group with peers that claim
    their own state hash (consistency.py).
 2. **Reduce-scatter.** The flat pseudo-gradient is cut into one contiguous shard per member.
    Member i sends shard j to member j on one stream, as chunks of ``CHUNK_VALUES`` values,
-   each encoded with the codec in a thread pool while the previous chunk is on the wire.
-   Reducer j decodes each chunk (in the pool, while the next arrives) into place; once every
-   member's shard is in, it applies the bounds, the weight cap and the robust mean
-   (``reduce.py``) in peer-id order. The reducer waits for whole shards, not chunk by chunk:
-   the norm bounds and the centred clipping are properties of a whole shard, and on a
-   symmetric link the reduce-scatter ends for everyone at about the same time anyway.
-3. **All-gather.** Reducer j encodes the mean *once*, chunk by chunk, and streams the same
-   bytes back on every member's stream as each chunk is ready; it uses ``decode(those
-   bytes)`` itself. Members decode the chunks straight into one output tensor.
+   each encoded in a thread pool while the previous chunk is on the wire; reducer j decodes
+   each chunk in place (in the pool, while the next arrives).
+3. **All-gather, overlapped.** As soon as every member's chunk c is in, reducer j encodes the
+   plain weighted mean of chunk c *once* and streams the same bytes back on every member's
+   stream; it uses ``decode(those bytes)`` itself. At the end a verdict says whether the
+   whole-shard robust reduction (bounds, weight cap, centred clipping: ``reduce.py``) equals
+   what was streamed, or its result follows ("redo"); see ``reducer.py``. Members decode
+   straight into one output tensor.
 4. **Check.** A member never applies a shard it did not check: finite, L2 norm <= ``max_norm``
    and <= ``max_norm_ratio`` x the norm of its own input for that shard (an honest mean of
    bounded contributions cannot be far larger). A bad shard fails the step for the member;
