@@ -11,7 +11,6 @@ pytestmark = pytest.mark.slow
 
 def test_survivors_agree_after_kill_during_allreduce(swarm: Swarm) -> None:
     results = run_churn(swarm, trials=10, seed=7)
-    progressed = 0
     for r in results:
         # now (the kill step, after the commit check) ...
         assert r["kill_hashes"] == 1, (r, swarm.logs(r["survivors"]))
@@ -20,7 +19,6 @@ def test_survivors_agree_after_kill_during_allreduce(swarm: Swarm) -> None:
         # the joiner may adopt the group's state and still miss this attempt's window
         assert r["retry_status"][r["joiner"]] in ("ok", "resynced", "failed", "alone"), r
         statuses = [r["retry_status"][n] for n in r["survivors"]]
-        progressed += statuses.count("ok") >= 2
-    # the retry usually makes progress too (a retry can still fail for all, consistently,
-    # e.g. when an admitted member lost the leader's reply; see the issue note)
-    assert progressed >= 8, results
+        # the retry makes progress: before the leader fallback (allreduce.form_group) every
+        # survivor could pick the victim's stale join record as leader and fail (issue 17.6)
+        assert statuses.count("ok") >= 2, (r, swarm.logs(r["survivors"] + [r["joiner"]]))
