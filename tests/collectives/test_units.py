@@ -293,3 +293,40 @@ def test_a_group_without_most_of_the_last_contributors_does_not_advance() -> Non
     assert not loop._may_advance({"z"})  # the streak starts again
     loop._lineage = Lineage(hash="g", version=0)  # genesis: no witnesses, no rule
     assert loop._may_advance({"z"})
+
+
+@pytest.mark.parametrize("case", ["honest2", "honest4", "outlier", "clipped", "nan", "weight",
+                                  "own_small"])
+def test_streamed_verdict_agrees_with_whole_shard_reduction(case: str) -> None:
+    """plain_mean_holds on per-chunk statistics says "ok" exactly when reduce_shard on the
+    whole shards accepts everyone and clips no one (the reducer then streams the plain mean)."""
+    from collectives.reduce import chunk_stats, plain_mean_holds
+
+    g = torch.Generator().manual_seed(3)
+    n = 4 if case in ("honest4", "outlier", "clipped", "nan", "weight") else 2
+    vals = {f"p{i}": torch.randn(3000, generator=g) for i in range(n)}
+    weights = {p: 1.0 for p in vals}
+    if case == "outlier":
+        vals["p2"] = vals["p2"] * 50  # norm > 10 x the median: excluded
+    if case == "clipped":
+        vals["p1"] = vals["p1"] * 4  # far from the coordinate median, within the norm bound
+    if case == "nan":
+        vals["p3"][17] = float("nan")
+    if case == "weight":
+        weights["p0"] = 5000.0  # outside (0, max_weight]
+    if case == "own_small":
+        vals["p0"] = vals["p0"] * 0.01  # group of two: p1 is > 10 x our own norm
+    contribs = [Contribution(peer=p, weight=weights[p], values=v) for p, v in vals.items()]
+    whole = reduce_shard(contribs, own="p0", **BOUNDS)
+    sq = {p: 0.0 for p in vals}
+    off = {p: 0.0 for p in vals}
+    for a in range(0, 3000, 700):  # uneven chunks, as a shard's tail
+        s, o = chunk_stats({p: v[a : a + 700] for p, v in vals.items()})
+        for p in vals:
+            sq[p] += s[p]
+            off[p] += o.get(p, 0.0)
+    holds = plain_mean_holds(weights=weights, sq_norms=sq, sq_offsets=off if n >= 3 else {},
+                             own="p0", **BOUNDS)
+    expected = len(whole.accepted) == n and not whole.clipped
+    assert holds == expected
+    assert expected == (case in ("honest2", "honest4"))
