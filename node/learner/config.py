@@ -47,7 +47,10 @@ class PolicyConfig:
     """``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``."""
     dtype: str = "auto"
     """Parameter dtype: ``auto`` (``bfloat16`` on a CUDA device that supports it, else
-    ``float32``), ``float32``, ``bfloat16`` or ``float16``. It is part of the fingerprint."""
+    ``float32``), ``float32``, ``bfloat16`` or ``float16``. It is part of the fingerprint
+    (peers in different dtypes are different groups). bfloat16 halves weights, gradients and
+    AdamW state, but an update smaller than ~1/256 of a weight rounds away: with a very small
+    ``lr`` prefer ``float32`` where memory allows."""
     threads: int = 0
     """torch intra-op threads for this process; 0 leaves torch's default."""
 
