@@ -84,7 +84,8 @@ class Learner:
         ref = None
         if config.trainer.kl_coef > 0:
             ref = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
-        self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref)
+        self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref,
+                                   temperature=config.engine.temperature)
         self.pool = ExternalPool(config.sapo)
         tok = self.policy.tokenizer
         self.rescorer = Rescorer(
@@ -164,7 +165,7 @@ class Learner:
         taken = self.pool.take(n_external, now=self.round, baseline=self.baseline)
         external = [x.group for x in taken]
         with self.progress.phase("train", total=self._train_passes(len(local) + len(external)),
-                                 model=self.policy.model):
+                                 model=self.policy.model.base_model):  # trainer calls the trunk
             train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
         dropped = self.pool.counters - counters_before
@@ -178,10 +179,11 @@ class Learner:
                             dropped=dropped, wanted=n_external, available=available)
 
     def _train_passes(self, groups: int) -> int:
-        """Forward passes of the policy in one trainer step (old log-probs + epochs); a chunk
-        of zero-variance groups is skipped, so this is an upper bound."""
+        """Forward passes of the policy in one trainer step (one per micro-batch and epoch),
+        counting one micro-batch per ``minibatch_groups`` chunk: the token budget can split a
+        chunk further and a chunk of zero-variance groups is skipped, so this is an estimate."""
         tc = self.config.trainer
-        return -(-groups // tc.minibatch_groups) * (1 + tc.epochs)
+        return -(-groups // tc.minibatch_groups) * tc.epochs
 
     def _record(self, *, local: list[TrainingGroup], taken: list[Taken],
                 completions: list[Any], train: dict[str, float], published: int,
