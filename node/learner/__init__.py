@@ -4,6 +4,7 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
 
     config, errors         – LearnerConfig and its parts; the LearnerError tree
     tiny_model, policy     – the embedded model; loading any HF causal LM; fingerprint
+    local_qwen             – a Qwen2-architecture model + BPE tokenizer built locally (tests, benches)
     engine                 – batched sampling behind a backend registry
     tasks/                 – task families (tiny, ReasoningGYM) and TaskSpec regeneration
     grpo                   – advantages (local: GRPO; external: anchored), clipped loss, GrpoTrainer

@@ -28,3 +28,12 @@ def make_data_dir(root: Path, embedded_base: Path, name: str) -> Path:
     d.mkdir()
     shutil.copytree(embedded_base, d / "base")
     return d
+
+
+@pytest.fixture(scope="session")
+def local_qwen() -> Path:
+    """The TINY Qwen2-architecture model dir (node.learner.local_qwen), built once per cache
+    (``$SWARM_NODE_MODEL_CACHE`` or the temp dir; ~10 s of CPU the first time)."""
+    from node.learner.local_qwen import ensure_local_qwen
+
+    return ensure_local_qwen()
