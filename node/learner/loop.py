@@ -177,10 +177,11 @@ class Learner:
         t = time.perf_counter()
         taken = self.pool.take(n_external, now=self.round, baseline=self.baseline)
         external = [x.group for x in taken]
+        # from here on the groups carry the prompt as this model saw it (published ones did not)
+        local, external = self._as_seen(local), self._as_seen(external)
         with self.progress.phase("train", total=self._train_passes(len(local) + len(external)),
                                  model=self.policy.model):
-            train = self.trainer.step([dataclasses.replace(g, prompt=self.prompts.render(g.prompt))
-                                       for g in local + external])  # what the model saw
+            train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
         dropped = self.pool.counters - counters_before
         self.signals.observe(
@@ -191,6 +192,10 @@ class Learner:
         return self._record(local=local, taken=taken, completions=completions, train=train,
                             published=published, ingest=ingest, seconds=seconds,
                             dropped=dropped, wanted=n_external, available=available)
+
+    def _as_seen(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
+        """The groups with their prompts rendered for this model (``prompting.py``)."""
+        return [dataclasses.replace(g, prompt=self.prompts.render(g.prompt)) for g in groups]
 
     def _train_passes(self, groups: int) -> int:
         """Forward passes of the policy in one trainer step (old log-probs + epochs); a chunk

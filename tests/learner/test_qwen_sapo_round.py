@@ -17,7 +17,6 @@ from node.bridge import LoopbackHub
 from node.learner import LearnerConfig, PolicyConfig, SapoConfig, TaskConfig
 from node.learner.config import EngineConfig
 from node.learner.engine import Completion
-from node.learner.local_qwen import ensure_local_qwen
 from node.learner.loop import Learner
 from node.learner.prompting import SYSTEM_PROMPT
 from node.learner.rescore import special_token_strings
@@ -25,9 +24,9 @@ from node.learner.tasks import build_task
 from protocol import Identity, RolloutBatch
 
 
-@pytest.fixture(scope="module")
-def qwen_dir():
-    return ensure_local_qwen()
+@pytest.fixture
+def qwen_dir(local_qwen):
+    return local_qwen
 
 
 def _config(data_dir, qwen_dir, *, local: int, external: int) -> LearnerConfig:
