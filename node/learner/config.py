@@ -47,16 +47,17 @@ class PolicyConfig:
     """``"embedded"`` (tiny built-in model + char tokenizer), a hub id, or a local path."""
     device: str = "auto"
     """``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``."""
-    dtype: str = "float32"
-    """Parameter dtype: ``float32``, ``bfloat16`` or ``float16``."""
+    dtype: str = "auto"
+    """Parameter dtype: ``auto`` (``bfloat16`` on a CUDA device that supports it, else
+    ``float32``), ``float32``, ``bfloat16`` or ``float16``. It is part of the fingerprint."""
     threads: int = 0
     """torch intra-op threads for this process; 0 leaves torch's default."""
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("PolicyConfig.model must be non-empty")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"PolicyConfig.dtype must be float32/bfloat16/float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"PolicyConfig.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
         if not (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")):
             raise ValueError(f"PolicyConfig.device: unknown device {self.device!r}")
         _non_negative(self, "threads")
@@ -193,14 +194,27 @@ class TrainerConfig:
     epochs: int = 1
     """Gradient steps per round over the same training set (ratio departs from 1 after the first)."""
     minibatch_groups: int = 8
-    """Question groups per gradient-accumulation micro-batch (memory knob, not a maths knob)."""
+    """Most question groups per gradient-accumulation micro-batch; ``microbatch_tokens``
+    splits further (memory knobs, not maths knobs: every split gives the same update)."""
     max_completion_tokens: int = 256
     """Completions (local or external) are truncated to this many tokens for training."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    microbatch_tokens: int = 4096
+    """Most padded tokens (rows x longest row) in one forward/backward micro-batch: with
+    ``logits_chunk_mb`` it bounds a step's activations whatever peers send (memory.py). A row
+    longer than this is a micro-batch of its own. Halved by the out-of-memory guard."""
+    logits_chunk_mb: float = 64.0
+    """MiB of fp32 logits the output head produces at a time (logprobs.py): positions per
+    chunk = this / (4 bytes x vocabulary)."""
+    grad_checkpoint_min_params: int = 200_000_000
+    """Models with at least this many parameters recompute each layer's activations in
+    backward (gradient checkpointing: ~1/3 more compute, activations / layers); 0: always."""
 
     def __post_init__(self) -> None:
-        _positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens")
+        _positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens",
+                  "microbatch_tokens", "logits_chunk_mb")
+        _non_negative(self, "grad_checkpoint_min_params")
         _non_negative(self, "clip_low", "clip_high", "kl_coef", "entropy_coef", "grad_clip",
                       "weight_decay")
         if self.clip_low >= 1:

@@ -1,14 +1,16 @@
 """The GRPO update (no critic): group-normalised advantages and a clipped ratio loss.
 
-Reads top to bottom like cleanrl's ``ppo.py``: ``group_advantages`` → ``build_batch`` →
-``token_logprobs`` → ``grpo_loss`` (named intermediates ``pg_loss1``/``pg_loss2`` and the
-diagnostics ``approx_kl`` and ``clipfrac``) → ``GrpoTrainer.step``.
+Reads top to bottom like cleanrl's ``ppo.py``: ``group_advantages`` → ``build_rows`` /
+``collate`` → ``token_logprobs`` (logprobs.py: chunked over the vocabulary, at the sampling
+temperature) → ``grpo_loss`` (named intermediates ``pg_loss1``/``pg_loss2`` and the
+diagnostics ``approx_kl`` and ``clipfrac``) → ``GrpoTrainer.step`` (token-budgeted
+micro-batches and the out-of-memory guard, memory.py).
 
 How off-policy data is handled (read this before changing the maths)
 --------------------------------------------------------------------
 Every completion, local or external, is re-tokenised from its text with the local tokenizer,
-and ``old_logp`` is the *current* policy's detached log-probability of those tokens, computed
-once before the first gradient step of the round. So on the first epoch the ratio is exactly
+and ``old_logp`` is the *current* policy's detached log-probability of those tokens, taken
+from the first epoch's forward (before the round's first gradient step). So on the first epoch the ratio is exactly
 1 and the loss gradient is the plain policy gradient ``-A ∇log π``; clipping only acts from
 the second epoch on (``TrainerConfig.epochs > 1``), where it bounds how far this round's steps
 move the policy away from where it started, as PPO intends.
@@ -17,7 +19,7 @@ We do not importance-weight external completions by ``π_local / π_sender``: th
 log-probabilities are not shared (and may come from another model and tokenizer), and the SAPO
 paper likewise trains on shared completions as if they were the node's own samples. For local
 completions the current policy *is* the sampling policy (no update happens between generation
-and training), up to the sampling temperature. The consequence is a biased but low-variance
+and training): log-probs are those of ``softmax(logits / T)`` with the engine's temperature T. The consequence is a biased but low-variance
 gradient for external data; the paper reports that this helps when the external groups are
 filtered for signal (the zero-advantage filter in ``sapo.py``).
 
@@ -62,14 +64,17 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from node.learner.config import TrainerConfig
+from node.learner.logprobs import check_head_matches, chunk_tokens_for, token_logprobs
+from node.learner.memory import (PROMPT_ALLOWANCE, MemoryEstimate, estimate_step_memory, is_out_of_memory,
+                                 plan_microbatches, release_cached_memory)
 
-__all__ = ["Anchor", "Batch", "GrpoTrainer", "TrainingGroup", "advantages", "anchored_advantages", "build_batch",
-           "group_advantages", "grpo_loss", "token_logprobs"]
+__all__ = ["Anchor", "Batch", "GrpoTrainer", "Row", "TrainingGroup", "advantages", "anchored_advantages",
+           "build_batch", "build_rows", "collate", "group_advantages", "grpo_loss", "token_logprobs"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +149,17 @@ def advantages(group: TrainingGroup) -> torch.Tensor | None:
     return anchored_advantages(rewards, group.anchor)
 
 
+@dataclass(frozen=True)
+class Row:
+    """One prompt+completion: its token ids, prompt length, advantage and loss weight."""
+
+    ids: list[int]
+    n_prompt: int
+    advantage: float
+    weight: float
+    """1 / (completion tokens of the row's group): every group weighs the same."""
+
+
 @dataclass
 class Batch:
     """Right-padded prompt+completion ids; ``loss_mask[b, t]`` marks completion token t+1;
@@ -156,20 +172,18 @@ class Batch:
     row_weight: torch.Tensor
 
 
-def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_tokens: int,
-                device: torch.device, max_length: int | None = None,
-                keep_flat: bool = False) -> tuple[Batch | None, int]:
-    """Tokenise the groups with non-zero variance; returns (batch or None, groups skipped).
+def build_rows(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_tokens: int,
+               max_length: int | None = None, keep_flat: bool = False) -> tuple[list[Row], int]:
+    """Tokenise the groups with non-zero variance; returns (rows, groups skipped).
 
     Completions are cut to ``max_completion_tokens`` and every row to ``max_length`` tokens
     (the model's context); a row whose prompt alone fills the context is dropped. With
     ``keep_flat`` zero-variance groups stay in with advantage 0 (they then only feed the
     entropy bonus); they are counted as skipped either way.
     """
-    rows: list[tuple[list[int], int, float]] = []
-    row_group: list[int] = []
+    rows: list[Row] = []
     skipped = 0
-    for gi, g in enumerate(groups):
+    for g in groups:
         adv = advantages(g)
         if adv is None:
             skipped += 1
@@ -177,42 +191,41 @@ def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_t
                 continue
             adv = torch.zeros(len(g.rewards))
         prompt_ids = tokenizer.encode(g.prompt, add_special_tokens=False)
+        group_rows = []
         for text, a in zip(g.completions, adv.tolist()):
             comp = tokenizer.encode(text, add_special_tokens=False)[:max_completion_tokens]
             if max_length is not None:
                 comp = comp[:max(0, max_length - len(prompt_ids))]
             if comp and prompt_ids:
-                rows.append((prompt_ids + comp, len(prompt_ids), a))
-                row_group.append(gi)
-    if not rows:
-        return None, skipped
-    group_tokens = [0] * len(groups)
-    for (ids, n_prompt, _), gi in zip(rows, row_group):
-        group_tokens[gi] += len(ids) - n_prompt
-    row_weight = torch.tensor([1.0 / group_tokens[gi] for gi in row_group], dtype=torch.float32)
-    width = max(len(ids) for ids, _, _ in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+                group_rows.append((prompt_ids + comp, a))
+        tokens = sum(len(ids) - len(prompt_ids) for ids, _ in group_rows)
+        rows.extend(Row(ids, len(prompt_ids), a, 1.0 / tokens) for ids, a in group_rows)
+    return rows, skipped
+
+
+def collate(rows: list[Row], pad_id: int, device: torch.device) -> Batch:
+    """Right-pad ``rows`` into one ``Batch``."""
+    width = max(len(r.ids) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     loss_mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-    for b, (ids, n_prompt, _) in enumerate(rows):
-        input_ids[b, :len(ids)] = torch.tensor(ids)
-        attention[b, :len(ids)] = 1
-        loss_mask[b, n_prompt - 1:len(ids) - 1] = 1.0  # predictions of completion tokens
-    row_adv = torch.tensor([a for _, _, a in rows], dtype=torch.float32)
+    for b, r in enumerate(rows):
+        input_ids[b, :len(r.ids)] = torch.tensor(r.ids)
+        attention[b, :len(r.ids)] = 1
+        loss_mask[b, r.n_prompt - 1:len(r.ids) - 1] = 1.0  # predictions of completion tokens
+    row_adv = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
+    row_weight = torch.tensor([r.weight for r in rows], dtype=torch.float32)
     return Batch(input_ids.to(device), attention.to(device), loss_mask.to(device),
-                 row_adv.to(device), row_weight.to(device)), skipped
+                 row_adv.to(device), row_weight.to(device))
 
 
-def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(token t+1 | tokens ≤ t) for every position, shape (B, T-1), float32, and
-    (if asked) the entropy of π at every position."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-    return logp, entropy
+def build_batch(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_tokens: int,
+                device: torch.device, max_length: int | None = None,
+                keep_flat: bool = False) -> tuple[Batch | None, int]:
+    """``build_rows`` then ``collate`` them all into one batch (None if no row is left)."""
+    rows, skipped = build_rows(groups, tokenizer, max_completion_tokens=max_completion_tokens,
+                               max_length=max_length, keep_flat=keep_flat)
+    return (collate(rows, tokenizer.pad_token_id, device) if rows else None), skipped
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -253,64 +266,163 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
                   "entropy": entropy_loss.item()}
 
 
+
+
 class GrpoTrainer:
-    """Owns the optimizer (and the frozen reference model when ``kl_coef > 0``)."""
+    """Owns the optimizer (and the frozen reference model when ``kl_coef > 0``).
+
+    Memory (memory.py): rows are packed into micro-batches of at most ``microbatch_tokens``
+    padded tokens, log-probs go through the output head in chunks (logprobs.py), large
+    models use gradient checkpointing, and an out-of-memory error during an epoch halves
+    ``microbatch_tokens`` and redoes the epoch from zeroed gradients (the packing does not
+    change the update). ``before_forward(padded_tokens)``, if set, is called before each
+    micro-batch's forward: a seam for fault injection in tests.
+
+    ``old_logp`` is the epoch-1 forward's own ``logp.detach()``: the weights do not change
+    before the first optimizer step, so a separate no-grad pass would compute the same.
+    """
 
     def __init__(self, config: TrainerConfig, model: Any, tokenizer: Any,
-                 ref_model: Any | None = None) -> None:
+                 ref_model: Any | None = None, *, temperature: float = 1.0) -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
         self.ref_model = ref_model if config.kl_coef > 0 else None
+        self.temperature = temperature
+        """The engine's sampling temperature: log-probs are those of softmax(logits / T)."""
+        self.microbatch_tokens = config.microbatch_tokens
+        """Current micro-batch budget (halved by the out-of-memory guard, never raised again)."""
+        self.before_forward: Callable[[int], None] | None = None
         self._max_length: int | None = getattr(model.config, "max_position_embeddings", None)
+        self._chunk_tokens = chunk_tokens_for(model.config.vocab_size, config.logits_chunk_mb)
+        self._n_params = sum(p.numel() for p in model.parameters())
+        self.grad_checkpointing = self._n_params >= config.grad_checkpoint_min_params
+        if self.grad_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        check_head_matches(model)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
                                            weight_decay=config.weight_decay)
+        self.memory = self.estimate(config.max_completion_tokens + PROMPT_ALLOWANCE)
+        log.info("training step memory for rows of up to %d tokens, %d-token micro-batches, "
+                 "%d-position logit chunks%s: %s", config.max_completion_tokens + PROMPT_ALLOWANCE,
+                 config.microbatch_tokens, self._chunk_tokens,
+                 ", gradient checkpointing" if self.grad_checkpointing else "", self.memory.describe())
+
+    def estimate(self, seq_len: int) -> MemoryEstimate:
+        """Predicted peak of a step whose rows have at most ``seq_len`` tokens."""
+        param_bytes = next(self.model.parameters()).element_size()
+        return estimate_step_memory(self.model.config, self._n_params, self.config,
+                                    param_bytes=param_bytes, seq_len=seq_len,
+                                    grad_checkpointing=self.grad_checkpointing)
 
     def step(self, groups: list[TrainingGroup]) -> dict[str, float]:
         """One round's update: ``epochs`` optimizer steps over all groups. Returns diagnostics."""
         cfg = self.config
         stats: dict[str, float] = {"groups": float(len(groups)), "skipped_zero_variance": 0.0,
-                                   "optimizer_steps": 0.0}
-        chunks = [groups[i:i + cfg.minibatch_groups] for i in range(0, len(groups), cfg.minibatch_groups)]
-        batches = []
-        for chunk in chunks:
-            batch, skipped = build_batch(chunk, self.tokenizer, device=self.model.device,
-                                         max_completion_tokens=cfg.max_completion_tokens,
-                                         max_length=self._max_length,
-                                         keep_flat=cfg.entropy_coef > 0)
+                                   "optimizer_steps": 0.0, "oom_retries": 0.0}
+        chunks: list[list[Row]] = []
+        for i in range(0, len(groups), cfg.minibatch_groups):
+            rows, skipped = build_rows(groups[i:i + cfg.minibatch_groups], self.tokenizer,
+                                       max_completion_tokens=cfg.max_completion_tokens,
+                                       max_length=self._max_length, keep_flat=cfg.entropy_coef > 0)
             stats["skipped_zero_variance"] += skipped
-            if batch is not None:
-                batches.append(batch)
-        if not batches:
+            if rows:
+                chunks.append(rows)
+        if not chunks:
             return stats
+        rows = [r for chunk in chunks for r in chunk]
+        total_weight = sum(r.weight * (len(r.ids) - r.n_prompt) for r in rows)
+        old: dict[int, torch.Tensor] = {}  # row index -> its detached epoch-1 log-probs
+        ref: dict[int, torch.Tensor] = {}
         self.model.train()
-        with torch.no_grad():  # old log-probs: the current policy, detached (see module doc)
-            old = [token_logprobs(self.model, b.input_ids, b.attention_mask)[0] for b in batches]
-            ref = [token_logprobs(self.ref_model, b.input_ids, b.attention_mask)[0]
-                   if self.ref_model is not None else None for b in batches]
-        total_tokens = float(sum(b.loss_mask.sum() for b in batches))
-        total_weight = float(sum((b.loss_mask * b.row_weight[:, None]).sum() for b in batches))
-        for _ in range(cfg.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            diag = dict.fromkeys(("loss", "pg_loss", "approx_kl", "clipfrac", "kl", "entropy"), 0.0)
-            for b, old_logp, ref_logp in zip(batches, old, ref):
-                logp, entropy = token_logprobs(self.model, b.input_ids, b.attention_mask,
-                                               with_entropy=cfg.entropy_coef > 0)
-                loss, d = grpo_loss(logp, old_logp, b.advantages, b.loss_mask,
-                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                    ref_logp=ref_logp, kl_coef=cfg.kl_coef,
-                                    entropy=entropy, entropy_coef=cfg.entropy_coef,
-                                    row_weight=b.row_weight)
-                weight = float((b.loss_mask * b.row_weight[:, None]).sum()) / total_weight
-                (loss * weight).backward()
-                diag["loss"] += loss.item() * weight
-                for k, v in d.items():
-                    diag[k] += v * weight
+        for epoch in range(cfg.epochs):
+            while True:
+                plan = self._plan(chunks)
+                try:
+                    diag = self._epoch(rows, plan, old, ref, total_weight, first=epoch == 0)
+                    break
+                except Exception as e:  # only out-of-memory is retried
+                    if not is_out_of_memory(e) or all(len(mb) == 1 for mb in plan):
+                        raise
+                    padded = max(len(mb) * max(len(rows[i].ids) for i in mb) for mb in plan)
+                    self.microbatch_tokens = max(1, min(self.microbatch_tokens, padded) // 2)
+                    log.warning("out of memory in a training micro-batch (%s); retrying the epoch "
+                                "with %d-token micro-batches", type(e).__name__, self.microbatch_tokens)
+                self.optimizer.zero_grad(set_to_none=True)
+                release_cached_memory(self.model.device)
+                stats["oom_retries"] += 1
             grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                          if cfg.grad_clip > 0 else torch.zeros(()))
             self.optimizer.step()
             stats["optimizer_steps"] += 1
+        self.optimizer.zero_grad(set_to_none=True)
         stats.update(diag)
         stats["grad_norm"] = float(grad_norm)
-        stats["train_tokens"] = total_tokens
+        stats["train_tokens"] = float(sum(len(r.ids) - r.n_prompt for r in rows))
+        stats["microbatches"] = float(len(plan))
+        stats["microbatch_tokens"] = float(self.microbatch_tokens)
+        stats["predicted_step_mb"] = self.estimate(max(len(r.ids) for r in rows)).total / 2**20
         return stats
+
+    def _plan(self, chunks: list[list[Row]]) -> list[list[int]]:
+        """Micro-batches (row indices into the flattened chunks) under the token budget."""
+        plan, offset = [], 0
+        for chunk in chunks:
+            for mb in plan_microbatches([len(r.ids) for r in chunk], self.microbatch_tokens):
+                plan.append([offset + i for i in mb])
+            offset += len(chunk)
+        return plan
+
+    def _epoch(self, rows: list[Row], plan: list[list[int]], old: dict[int, torch.Tensor],
+               ref: dict[int, torch.Tensor], total_weight: float, *, first: bool) -> dict[str, float]:
+        """Accumulate the gradient of the whole loss over the micro-batches of ``plan``; the
+        ``first`` epoch records each row's old (and reference) log-probs."""
+        cfg = self.config
+        self.optimizer.zero_grad(set_to_none=True)
+        diag = dict.fromkeys(("loss", "pg_loss", "approx_kl", "clipfrac", "kl", "entropy"), 0.0)
+        for mb in plan:
+            b = collate([rows[i] for i in mb], self.tokenizer.pad_token_id, self.model.device)
+            if self.before_forward is not None:
+                self.before_forward(b.input_ids.numel())
+            positions = b.loss_mask.bool()
+            logp, entropy = token_logprobs(self.model, b.input_ids, b.attention_mask,
+                                           temperature=self.temperature, positions=positions,
+                                           with_entropy=cfg.entropy_coef > 0,
+                                           chunk_tokens=self._chunk_tokens)
+            if first:
+                self._remember(mb, rows, logp.detach(), old)
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref_logp, _ = token_logprobs(self.ref_model, b.input_ids, b.attention_mask,
+                                                     temperature=self.temperature, positions=positions,
+                                                     chunk_tokens=self._chunk_tokens)
+                    self._remember(mb, rows, ref_logp, ref)
+            old_logp = self._recall(mb, old, logp.shape)
+            ref_logp = self._recall(mb, ref, logp.shape) if self.ref_model is not None else None
+            loss, d = grpo_loss(logp, old_logp, b.advantages, b.loss_mask,
+                                clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                ref_logp=ref_logp, kl_coef=cfg.kl_coef,
+                                entropy=entropy, entropy_coef=cfg.entropy_coef,
+                                row_weight=b.row_weight)
+            weight = float((b.loss_mask * b.row_weight[:, None]).sum()) / total_weight
+            (loss * weight).backward()
+            diag["loss"] += loss.item() * weight
+            for k, v in d.items():
+                diag[k] += v * weight
+        return diag
+
+    @staticmethod
+    def _remember(mb: list[int], rows: list[Row], logp: torch.Tensor,
+                  store: dict[int, torch.Tensor]) -> None:
+        for b, i in enumerate(mb):
+            store[i] = logp[b, :len(rows[i].ids) - 1].clone()
+
+    @staticmethod
+    def _recall(mb: list[int], store: dict[int, torch.Tensor], shape: torch.Size) -> torch.Tensor:
+        out = torch.zeros(shape, dtype=torch.float32, device=store[mb[0]].device)
+        for b, i in enumerate(mb):
+            n = min(shape[1], store[i].shape[0])
+            out[b, :n] = store[i][:n]
+        return out

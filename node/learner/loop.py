@@ -94,7 +94,8 @@ class Learner:
         ref = None
         if config.trainer.kl_coef > 0:
             ref = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
-        self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref)
+        self.trainer = GrpoTrainer(config.trainer, self.policy.model, self.policy.tokenizer, ref,
+                                   temperature=config.engine.temperature)
         self.pool = ExternalPool(config.sapo)
         tok = self.policy.tokenizer
         self.rescorer = Rescorer(
@@ -180,7 +181,7 @@ class Learner:
         # from here on the groups carry the prompt as this model saw it (published ones did not)
         local, external = self._as_seen(local), self._as_seen(external)
         with self.progress.phase("train", total=self._train_passes(len(local) + len(external)),
-                                 model=self.policy.model):
+                                 model=self.policy.model.base_model):  # trainer calls the trunk
             train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
         dropped = self.pool.counters - counters_before
@@ -198,10 +199,11 @@ class Learner:
         return [dataclasses.replace(g, prompt=self.prompts.render(g.prompt)) for g in groups]
 
     def _train_passes(self, groups: int) -> int:
-        """Forward passes of the policy in one trainer step (old log-probs + epochs); a chunk
-        of zero-variance groups is skipped, so this is an upper bound."""
+        """Forward passes of the policy in one trainer step (one per micro-batch and epoch),
+        counting one micro-batch per ``minibatch_groups`` chunk: the token budget can split a
+        chunk further and a chunk of zero-variance groups is skipped, so this is an estimate."""
         tc = self.config.trainer
-        return -(-groups // tc.minibatch_groups) * (1 + tc.epochs)
+        return -(-groups // tc.minibatch_groups) * tc.epochs
 
     def _record(self, *, local: list[TrainingGroup], taken: list[Taken],
                 completions: list[Any], train: dict[str, float], published: int,

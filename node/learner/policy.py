@@ -22,7 +22,7 @@ from node.learner.errors import PolicyError
 from node.learner.tiny_model import ensure_embedded
 from protocol import atomic_write_bytes
 
-__all__ = ["Policy", "compute_fingerprint", "load_policy", "resolve_device"]
+__all__ = ["Policy", "compute_fingerprint", "load_policy", "resolve_device", "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,6 +49,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` → bfloat16 on a CUDA device that supports it, else float32."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return _DTYPES[name]
+
+
 def compute_fingerprint(model: Any) -> str:
     """sha256 over the canonical config JSON and every parameter (name, dtype, shape, bytes)."""
     h = hashlib.sha256()
@@ -71,19 +80,19 @@ def load_policy(config: PolicyConfig, data_dir: str | Path) -> Policy:
     hf_logging.disable_progress_bar()
     data = Path(data_dir)
     source = str(ensure_embedded(data / "base")) if config.model == "embedded" else config.model
+    device = resolve_device(config.device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[config.dtype])
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(config.dtype, device))
     except (OSError, ValueError) as e:
         raise PolicyError(f"cannot load model {config.model!r}: {e}") from e
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     fingerprint = _stored_fingerprint(data, config.model, model)
-    device = resolve_device(config.device)
     model.to(device)
-    log.info("policy %s loaded on %s (fingerprint %s, %d params)", config.model, device,
-             fingerprint[:12], sum(p.numel() for p in model.parameters()))
+    log.info("policy %s loaded on %s as %s (fingerprint %s, %d params)", config.model, device,
+             model.dtype, fingerprint[:12], sum(p.numel() for p in model.parameters()))
     return Policy(model=model, tokenizer=tokenizer, fingerprint=fingerprint, source=source)
 
 
