@@ -81,7 +81,7 @@ class EngineConfig:
     max_new_tokens: int | None = None
     """Longest completion, in tokens. None: 6 for the embedded model (its tasks answer in a
     few characters), 256 for any other model (GenRL's default; a ReasoningGYM answer after a
-    short reasoning), capped by the model's context."""
+    short reasoning), capped by the model's context and ``trainer.max_completion_tokens``."""
     temperature: float = 1.0
     """Sampling temperature (> 0)."""
     top_p: float = 1.0

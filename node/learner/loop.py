@@ -87,7 +87,8 @@ class Learner:
                                                         self.policy.tokenizer)
         self.engine_config = resolve_engine(config.engine, model=self.policy.model,
                                             embedded=config.policy.model == "embedded",
-                                            prompt_format=self.prompts)
+                                            prompt_format=self.prompts,
+                                            completion_cap=config.trainer.max_completion_tokens)
         """``config.engine`` with the defaults for this model filled in."""
         self.engine: Engine = make_engine(self.engine_config, self.policy.model,
                                           self.policy.tokenizer, source=self.policy.source)

@@ -96,17 +96,25 @@ def make_prompt_format(name: str, tokenizer: Any) -> PromptFormat:
 
 
 def resolve_engine(config: EngineConfig, *, model: Any, embedded: bool,
-                   prompt_format: PromptFormat) -> EngineConfig:
-    """``config`` with its ``None`` fields sized for the model (see ``EngineConfig``)."""
+                   prompt_format: PromptFormat, completion_cap: int | None = None) -> EngineConfig:
+    """``config`` with its ``None`` fields sized for the model (see ``EngineConfig``).
+
+    ``completion_cap`` (the trainer's ``max_completion_tokens``) also caps the default: longer
+    completions would be cut for training and refused by receivers (``rescore``: too_long)."""
     max_new = config.max_new_tokens
     if max_new is None:
         max_new = EMBEDDED_MAX_NEW_TOKENS if embedded else CHAT_MAX_NEW_TOKENS
+        if completion_cap is not None:
+            max_new = min(max_new, completion_cap)
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         if isinstance(context, int) and context > 0:
             max_new = min(max_new, max(1, context // 2))  # leave half the context to the prompt
     stop = config.stop
     if stop is None:
         stop = () if prompt_format.name == "chat" else ("\n",)
+    if completion_cap is not None and max_new > completion_cap:
+        log.warning("engine max_new_tokens %d > trainer max_completion_tokens %d: longer "
+                    "completions are cut for training and refused by peers", max_new, completion_cap)
     resolved = dataclasses.replace(config, max_new_tokens=max_new, stop=stop)
     log.info("engine %s: prompt format %s, max_new_tokens %d, stop %r", resolved.backend,
              prompt_format.name, max_new, stop)

@@ -48,6 +48,9 @@ def test_engine_defaults_are_sized_for_the_model_and_overrides_win():
     assert (r.max_new_tokens, r.stop) == (EMBEDDED_MAX_NEW_TOKENS, ("\n",))
     r = resolve_engine(EngineConfig(), model=_model(128), embedded=False, prompt_format=RawFormat())
     assert r.max_new_tokens == 64  # half of a short context stays for the prompt
+    r = resolve_engine(EngineConfig(), model=_model(), embedded=False, prompt_format=chat,
+                       completion_cap=100)
+    assert r.max_new_tokens == 100  # never longer than the trainer (and receivers) take
     r = resolve_engine(EngineConfig(max_new_tokens=40, stop=("END",)), model=_model(),
                        embedded=False, prompt_format=chat)
     assert (r.max_new_tokens, r.stop) == (40, ("END",))
