@@ -10,6 +10,7 @@ about vLLM itself, which these tests never run.
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import random
 import sys
 import types
