@@ -10,6 +10,8 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
     engine, vllm_engine    – batched sampling behind a backend registry (transformers, vLLM)
     tasks/                 – task families (tiny, ReasoningGYM), presets, answer extraction
                              and TaskSpec regeneration
+    logprobs, memory       – chunked log-probs at the sampling temperature; step memory estimate,
+                             token-budgeted micro-batches, out-of-memory detection
     grpo                   – advantages (local: GRPO; external: anchored), clipped loss, GrpoTrainer
     baseline, reputation   – our own per-family reward baseline; per-sender records and trust
     verifier_worker        – sandboxed child process that rebuilds tasks and scores text

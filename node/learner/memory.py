@@ -43,6 +43,7 @@ __all__ = ["PROMPT_ALLOWANCE", "MemoryEstimate", "estimate_step_memory", "is_out
 PROMPT_ALLOWANCE = 512
 """Prompt tokens the start-of-run estimate allows for on top of ``max_completion_tokens``
 (prompts are built locally from our own tasks; the chat template adds ~50 tokens)."""
+_TORCH_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: cuda only
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
@@ -121,7 +122,7 @@ def plan_microbatches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA/MPS out-of-memory, Python's MemoryError, or torch's CPU allocator failure."""
-    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+    if isinstance(exc, (MemoryError, _TORCH_OOM)):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
 

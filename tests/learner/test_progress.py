@@ -58,8 +58,8 @@ def test_a_round_reports_its_phases_with_generation_and_training_progress(data_d
     gen = [(d, t) for n, d, t in seen if n == "generate"]
     assert gen[0] == (0, learner.engine_config.max_new_tokens) and gen[-1][0] >= 1  # token steps
     train = [(d, t) for n, d, t in seen if n == "train"]
-    # 8 groups in one micro-batch: old log-probs + 1 epoch = 2 passes
-    assert train[0] == (0, 2) and train[-1] == (2, 2)
+    # 8 groups in one micro-batch, 1 epoch: 1 pass (old log-probs come from that pass)
+    assert train[0] == (0, 1) and train[-1] == (1, 1)
 
 
 def test_run_learner_passes_on_phase_through_and_reports_the_final_checkpoint(data_dir):
