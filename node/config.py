@@ -91,11 +91,19 @@ class NodeConfig:
         """Refuse unvetted or unknown task families before any child starts (the learner
         would refuse them too, but only once the swarm is up). Imports no torch."""
         tasks = self.learner.get("tasks")
+        from node.learner.errors import TaskError
+        from node.learner.tasks import check_family
+        from node.learner.tasks.presets import preset_families
+
+        preset = tasks.get("preset") if isinstance(tasks, dict) else None
+        if preset:
+            try:
+                preset_families(str(preset))
+            except TaskError as e:
+                raise ConfigError(f"[learner.tasks] preset: {e}") from None
         families = tasks.get("families") if isinstance(tasks, dict) else None
         if not isinstance(families, (list, tuple)):
             return
-        from node.learner.errors import TaskError
-        from node.learner.tasks import check_family
 
         for family in families:
             try:

@@ -5,8 +5,11 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
     config, errors         – LearnerConfig and its parts; the LearnerError tree
     tiny_model, policy     – the embedded model; loading any HF causal LM; fingerprint
     local_qwen             – a Qwen2-architecture model + BPE tokenizer built locally (tests, benches)
-    engine                 – batched sampling behind a backend registry
-    tasks/                 – task families (tiny, ReasoningGYM) and TaskSpec regeneration
+    prompting              – a task's wire prompt rendered for this model (raw / chat
+                             template + system prompt); engine defaults sized for the model
+    engine, vllm_engine    – batched sampling behind a backend registry (transformers, vLLM)
+    tasks/                 – task families (tiny, ReasoningGYM), presets, answer extraction
+                             and TaskSpec regeneration
     logprobs, memory       – chunked log-probs at the sampling temperature; step memory estimate,
                              token-budgeted micro-batches, out-of-memory detection
     grpo                   – advantages (local: GRPO; external: anchored), clipped loss, GrpoTrainer

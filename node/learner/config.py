@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "ENGINE_BACKENDS",
     "EngineConfig",
     "LearnerConfig",
+    "PROMPT_FORMATS",
     "PolicyConfig",
     "SapoConfig",
     "TaskConfig",
@@ -64,35 +66,70 @@ class PolicyConfig:
         _non_negative(self, "threads")
 
 
+ENGINE_BACKENDS = ("transformers", "vllm")
+"""Inference backends ``EngineConfig.backend`` may name (``node.learner.engine.ENGINES``)."""
+PROMPT_FORMATS = ("auto", "raw", "chat")
+"""Prompt formats ``EngineConfig.prompt_format`` may name (``node.learner.prompting``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """How completions are sampled."""
+    """How completions are sampled. ``None`` fields are sized for the model when the learner
+    loads it (``node.learner.prompting.resolve_engine``); a value set here always wins."""
 
     backend: str = "transformers"
-    """Inference backend name in ``node.learner.engine.ENGINES``."""
-    max_new_tokens: int = 6
-    """Longest completion, in tokens."""
+    """Inference backend: ``transformers`` (``model.generate`` on the policy itself) or
+    ``vllm`` (needs ``pip install 'swarm-node[vllm]'`` and a CUDA GPU; weights are pushed to
+    it after every optimizer step and every outer step)."""
+    max_new_tokens: int | None = None
+    """Longest completion, in tokens. None: 6 for the embedded model (its tasks answer in a
+    few characters), 256 for any other model (GenRL's default; a ReasoningGYM answer after a
+    short reasoning), capped by the model's context and ``trainer.max_completion_tokens``."""
     temperature: float = 1.0
     """Sampling temperature (> 0)."""
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]."""
-    stop: tuple[str, ...] = ("\n",)
-    """Stop strings; a completion ends after the first one (which is kept in its text)."""
+    stop: tuple[str, ...] | None = None
+    """Stop strings; a completion ends after the first one (which is kept in its text).
+    None: ``("\\n",)`` with the raw prompt format (an answer is one line), none with the chat
+    format (the end-of-turn token ends a completion)."""
+    prompt_format: str = "auto"
+    """``raw``: the task's prompt as is; ``chat``: the tokenizer's chat template with the
+    ReasoningGYM/GenRL system prompt (answer in ``<answer>...</answer>``); ``auto``: chat
+    when the tokenizer has a chat template, else raw (the embedded model)."""
+    gpu_memory_utilization: float = 0.35
+    """vllm only: fraction of the GPU's memory vLLM may take for its copy of the weights and
+    its KV cache; the rest is left to training, which runs on the same GPU."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", tuple(self.stop))
-        _positive(self, "max_new_tokens", "temperature", "top_p")
+        if self.stop is not None:
+            object.__setattr__(self, "stop", tuple(self.stop))
+            if any(not s for s in self.stop):
+                raise ValueError("EngineConfig.stop must not contain empty strings")
+        if self.max_new_tokens is not None:
+            _positive(self, "max_new_tokens")
+        _positive(self, "temperature", "top_p")
         if self.top_p > 1:
             raise ValueError(f"EngineConfig.top_p must be in (0, 1], got {self.top_p}")
-        if any(not s for s in self.stop):
-            raise ValueError("EngineConfig.stop must not contain empty strings")
+        if self.backend not in ENGINE_BACKENDS:
+            raise ValueError(f"EngineConfig.backend must be one of {ENGINE_BACKENDS}, "
+                             f"got {self.backend!r}")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"EngineConfig.prompt_format must be one of {PROMPT_FORMATS}, "
+                             f"got {self.prompt_format!r}")
+        if not 0 < self.gpu_memory_utilization < 1:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1), "
+                             f"got {self.gpu_memory_utilization}")
+
+
+_DEFAULT_FAMILIES = ("letter_sort",)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """Where questions come from."""
 
-    families: tuple[str, ...] = ("letter_sort",)
+    families: tuple[str, ...] = _DEFAULT_FAMILIES
     """Task families drawn uniformly per question: built-in (``letter_sort``: 0/1 correctness,
     the SAPO paper's regime; ``tiny_add``: graded reward) or a ReasoningGYM dataset whose
     verifier is vetted (``node.learner.tasks.rgym.VETTED``: ``basic_arithmetic``,
@@ -100,9 +137,25 @@ class TaskConfig:
     family_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-family generator config (difficulty), e.g. ``{"basic_arithmetic": {"max_terms": 2}}``.
     Values must be scalars: they travel inside TaskSpec."""
+    preset: str = ""
+    """A named family set (``node.learner.tasks.presets.PRESETS``), e.g. ``sapo_paper``: the
+    SAPO paper's nine ReasoningGYM families. It sets ``families`` (leave that at its default
+    or give the same families)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "families", tuple(self.families))
+        if self.preset:
+            from node.learner.errors import TaskError
+            from node.learner.tasks.presets import preset_families
+
+            try:
+                wanted = preset_families(self.preset)
+            except TaskError as e:
+                raise ValueError(f"TaskConfig.preset: {e}") from None
+            if self.families not in (_DEFAULT_FAMILIES, wanted):
+                raise ValueError(f"TaskConfig: preset {self.preset!r} sets the families; "
+                                 f"do not give families={list(self.families)} as well")
+            object.__setattr__(self, "families", wanted)
         if not self.families:
             raise ValueError("TaskConfig.families must name at least one family")
         from node.learner.errors import TaskError

@@ -1,7 +1,14 @@
 """The inference engine: batched sampling of n completions per prompt.
 
-A backend is a class registered in ``ENGINES`` under a name (``EngineConfig.backend``). Only
-the transformers ``generate`` backend exists; a vLLM backend would register itself here.
+A backend is a class registered in ``ENGINES`` under a name (``EngineConfig.backend``):
+
+``transformers``  ``model.generate`` on the policy itself (always available; what the tests run).
+``vllm``          vLLM on the same GPU (``vllm_engine.py``; the optional ``vllm`` extra and CUDA).
+
+Every backend takes prompts already rendered for the model (``prompting.py``) and the engine
+config already resolved (no ``None`` fields). ``sync_weights`` makes it sample from the
+policy's current weights: the learner calls it after every optimizer step and every outer
+step (a no-op for ``transformers``, which samples from the live model).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import torch
 from node.learner.config import EngineConfig
 from node.learner.errors import EngineError
 
-__all__ = ["ENGINES", "Completion", "Engine", "TransformersEngine", "make_engine", "register_engine"]
+__all__ = ["ENGINES", "Completion", "Engine", "TransformersEngine", "cut_at_stop",
+           "end_of_sequence_ids", "make_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +40,12 @@ class Engine(Protocol):
     def generate(self, prompts: list[str], *, n: int, seed: int) -> list[list[Completion]]:
         """``n`` completions for each prompt, reproducible for a given ``seed``."""
 
+    def sync_weights(self) -> None:
+        """Sample from the policy's current weights from now on."""
+
 
 ENGINES: dict[str, Callable[..., Engine]] = {}
+"""Backend name -> factory ``(config, model, tokenizer, *, source) -> Engine``."""
 
 
 def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[..., Engine]]:
@@ -43,13 +55,36 @@ def register_engine(name: str) -> Callable[[Callable[..., Engine]], Callable[...
     return deco
 
 
-def make_engine(config: EngineConfig, model: Any, tokenizer: Any) -> Engine:
-    """Build the backend named by ``config.backend``."""
+def make_engine(config: EngineConfig, model: Any, tokenizer: Any, *, source: str | None = None) -> Engine:
+    """Build the backend named by ``config.backend`` (``source``: where the policy was loaded
+    from, for backends that load their own copy of the model)."""
+    if config.max_new_tokens is None or config.stop is None:
+        raise EngineError("engine config is not resolved (prompting.resolve_engine)")
     try:
         factory = ENGINES[config.backend]
     except KeyError:
         raise EngineError(f"unknown engine backend {config.backend!r}; known: {sorted(ENGINES)}") from None
-    return factory(config, model, tokenizer)
+    return factory(config, model, tokenizer, source=source)
+
+
+@register_engine("vllm")
+def _vllm(config: EngineConfig, model: Any, tokenizer: Any, *, source: str | None = None) -> Engine:
+    from node.learner.vllm_engine import VllmEngine  # imports vllm itself only when built
+
+    return VllmEngine(config, model, tokenizer, source=source)
+
+
+def end_of_sequence_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokenizer's eos and the model's ``generation_config.eos_token_id`` (one id or a
+    list: Qwen2.5 ends a chat turn with ``<|im_end|>`` and a document with ``<|endoftext|>``)."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in (gen if isinstance(gen, (list, tuple)) else [gen]):
+        if isinstance(i, int):
+            ids.append(i)
+    return sorted(set(ids))
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
@@ -66,13 +101,15 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
 class TransformersEngine:
     """Sampling with ``model.generate``; single-token stop strings become extra eos ids."""
 
-    def __init__(self, config: EngineConfig, model: Any, tokenizer: Any) -> None:
+    def __init__(self, config: EngineConfig, model: Any, tokenizer: Any, *,
+                 source: str | None = None) -> None:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
-        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        eos = end_of_sequence_ids(model, tokenizer)
         self._multi_token_stops: list[str] = []
-        for s in config.stop:
+        self._stop = tuple(config.stop or ())
+        for s in self._stop:
             ids = tokenizer.encode(s, add_special_tokens=False)
             if len(ids) == 1:
                 eos.append(ids[0])
@@ -80,6 +117,9 @@ class TransformersEngine:
                 self._multi_token_stops.append(s)
         self._eos_ids = sorted(set(eos))
         self._special = set(tokenizer.all_special_ids)
+
+    def sync_weights(self) -> None:
+        """Nothing to do: ``generate`` samples from the live policy."""
 
     @torch.no_grad()
     def generate(self, prompts: list[str], *, n: int, seed: int) -> list[list[Completion]]:
@@ -107,7 +147,7 @@ class TransformersEngine:
             for ids in new[p * n:(p + 1) * n]:
                 ids = self._until_eos(ids)
                 text = tok.decode([i for i in ids if i not in self._special])
-                group.append(Completion(text=cut_at_stop(text, cfg.stop), token_count=len(ids)))
+                group.append(Completion(text=cut_at_stop(text, self._stop), token_count=len(ids)))
             results.append(group)
         return results
 

@@ -6,7 +6,8 @@ One round (each phase timed in the record's ``seconds``; ``stop`` is checked bet
               (dedupe, reputation, zero-advantage filter, freshness, per-sender shares)
     plan      J = min(wanted, fresh usable), I = budget - J  (sapo.plan_round; wanted is
               adaptive with SapoConfig.adaptive_external)
-    generate  I local questions x G completions with the inference engine
+    generate  I local questions x G completions with the inference engine (prompts rendered
+              for this model: prompting.py; the wire carries the plain task prompt)
     score     local verifier; fold the local rewards into our own per-family baseline
     publish   this round's local groups, in RolloutBatches sized to fit one message each
     train     GRPO on I local + J external groups, external ones anchored to our baseline
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import hashlib
 import logging
 import random
@@ -35,6 +37,7 @@ from node.learner.engine import Engine, make_engine
 from node.learner.grpo import GrpoTrainer, TrainingGroup, advantages
 from node.learner.policy import Policy, load_policy
 from node.learner.progress import PhaseCallback, PhaseReporter
+from node.learner.prompting import PromptFormat, make_prompt_format, resolve_engine
 from node.learner.report import summarize
 from node.learner.rescore import RescoreResult, Rescorer, special_token_strings
 from node.learner.sapo import ExternalPool, SignalTracker, Taken, plan_round
@@ -80,7 +83,15 @@ class Learner:
         if config.policy.threads:
             torch.set_num_threads(config.policy.threads)
         self.policy: Policy = load_policy(config.policy, config.data_dir)
-        self.engine: Engine = make_engine(config.engine, self.policy.model, self.policy.tokenizer)
+        self.prompts: PromptFormat = make_prompt_format(config.engine.prompt_format,
+                                                        self.policy.tokenizer)
+        self.engine_config = resolve_engine(config.engine, model=self.policy.model,
+                                            embedded=config.policy.model == "embedded",
+                                            prompt_format=self.prompts,
+                                            completion_cap=config.trainer.max_completion_tokens)
+        """``config.engine`` with the defaults for this model filled in."""
+        self.engine: Engine = make_engine(self.engine_config, self.policy.model,
+                                          self.policy.tokenizer, source=self.policy.source)
         ref = None
         if config.trainer.kl_coef > 0:
             ref = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
@@ -106,6 +117,9 @@ class Learner:
             self.round = ckpt.round
             self.resumed_from = str(ckpt.path)
             log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
+            self.engine.sync_weights()
+        # an engine with its own copy of the weights (vLLM) gets them after every optimizer step
+        self.trainer.optimizer.register_step_post_hook(lambda *_: self.engine.sync_weights())
         for family in config.tasks.families:  # fail fast on a misconfigured family
             get_family(family).sample_spec(random.Random(0), config.tasks.family_config.get(family, {}))
 
@@ -133,8 +147,9 @@ class Learner:
 
         t = time.perf_counter()
         tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
-        with self.progress.phase("generate", total=cfg.engine.max_new_tokens, model=self.policy.model):
-            completions = self.engine.generate([task.prompt for task in tasks],
+        with self.progress.phase("generate", total=self.engine_config.max_new_tokens,
+                                 model=self.policy.model):
+            completions = self.engine.generate([self.prompts.render(task.prompt) for task in tasks],
                                                n=cfg.sapo.completions_per_question,
                                                seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen")
                                                ) if tasks else []  # I = 0: a pure consumer round
@@ -164,6 +179,8 @@ class Learner:
         t = time.perf_counter()
         taken = self.pool.take(n_external, now=self.round, baseline=self.baseline)
         external = [x.group for x in taken]
+        # from here on the groups carry the prompt as this model saw it (published ones did not)
+        local, external = self._as_seen(local), self._as_seen(external)
         with self.progress.phase("train", total=self._train_passes(len(local) + len(external)),
                                  model=self.policy.model.base_model):  # trainer calls the trunk
             train = self.trainer.step(local + external)
@@ -177,6 +194,10 @@ class Learner:
         return self._record(local=local, taken=taken, completions=completions, train=train,
                             published=published, ingest=ingest, seconds=seconds,
                             dropped=dropped, wanted=n_external, available=available)
+
+    def _as_seen(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
+        """The groups with their prompts rendered for this model (``prompting.py``)."""
+        return [dataclasses.replace(g, prompt=self.prompts.render(g.prompt)) for g in groups]
 
     def _train_passes(self, groups: int) -> int:
         """Forward passes of the policy in one trainer step (one per micro-batch and epoch),
@@ -289,6 +310,7 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
             on_round(record)
         if outer is not None:
             step = outer(learner.policy.model, record["round"])
+            learner.engine.sync_weights()  # the outer step may have moved the weights
             if step is not None:
                 outer_steps.append(step)
         saver.after_round(learner.round)

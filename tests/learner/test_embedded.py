@@ -10,13 +10,15 @@ from pathlib import Path
 from node.learner.config import EngineConfig, PolicyConfig, TaskConfig
 from node.learner.engine import make_engine
 from node.learner.policy import load_policy
+from node.learner.prompting import RawFormat, resolve_engine
 from node.learner.tasks import build_task, get_family
 
 
 def test_base_model_starts_in_the_sparse_regime(data_dir: Path):
     """Low but non-zero sampled accuracy on the default family, most groups all-wrong."""
     policy = load_policy(PolicyConfig(device="cpu"), data_dir)
-    engine = make_engine(EngineConfig(), policy.model, policy.tokenizer)
+    config = resolve_engine(EngineConfig(), model=policy.model, embedded=True, prompt_format=RawFormat())
+    engine = make_engine(config, policy.model, policy.tokenizer)
     (family,) = TaskConfig().families
     rng = random.Random(0)
     tasks = [build_task(get_family(family).sample_spec(rng, {})) for _ in range(64)]

@@ -85,6 +85,11 @@ def test_multi_token_stop_string(policy):
             assert "ab" not in c.text[:-2]
 
 
-def test_unknown_backend_is_a_clear_error(policy):
-    with pytest.raises(EngineError, match="vllm"):
-        make_engine(EngineConfig(backend="vllm"), policy.model, policy.tokenizer)
+def test_unknown_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="backend.*'no-such-engine'"):
+        EngineConfig(backend="no-such-engine")
+
+
+def test_unresolved_engine_config_is_refused(policy):
+    with pytest.raises(EngineError, match="not resolved"):
+        make_engine(EngineConfig(), policy.model, policy.tokenizer)

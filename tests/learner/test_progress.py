@@ -56,7 +56,7 @@ def test_a_round_reports_its_phases_with_generation_and_training_progress(data_d
     order = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
     assert order == ["receive", "generate", "score", "publish", "train"]
     gen = [(d, t) for n, d, t in seen if n == "generate"]
-    assert gen[0] == (0, cfg.engine.max_new_tokens) and gen[-1][0] >= 1  # token steps counted
+    assert gen[0] == (0, learner.engine_config.max_new_tokens) and gen[-1][0] >= 1  # token steps
     train = [(d, t) for n, d, t in seen if n == "train"]
     # 8 groups in one micro-batch, 1 epoch: 1 pass (old log-probs come from that pass)
     assert train[0] == (0, 1) and train[-1] == (1, 1)

@@ -13,17 +13,19 @@ defaults so that a receiver can compare a remote spec's config with its own.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 from node.learner.errors import TaskError
+from node.learner.tasks.answer import extract_answer, scored_text
 from node.learner.tasks.base import Task, TaskFamily
 from node.learner.tasks.letter_sort import LetterSort
 from node.learner.tasks.rgym import VETTED, ReasoningGymFamily, is_reasoning_gym_family
 from node.learner.tasks.tiny import TinyAdd
 from protocol import TaskSpec
 
-__all__ = ["FAMILIES", "Task", "TaskFamily", "build_task", "check_family", "get_family",
-           "normalize_config", "vetted_families"]
+__all__ = ["FAMILIES", "Task", "TaskFamily", "build_task", "check_family", "extract_answer",
+           "get_family", "normalize_config", "scored_text", "vetted_families"]
 
 FAMILIES: dict[str, TaskFamily] = {f.name: f for f in (LetterSort(), TinyAdd())}
 """Built-in families by name (vetted by construction)."""
@@ -64,8 +66,18 @@ def normalize_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_task(spec: TaskSpec, *, prompt: str | None = None) -> Task:
-    """Regenerate a task from its spec; if ``prompt`` is given it must match the regenerated one."""
+    """Regenerate a task from its spec; if ``prompt`` is given it must match the regenerated one.
+
+    The task's ``score`` applies answer extraction (``answer.scored_text``) before the
+    family's verifier: the one place it happens, for local scoring and re-scoring alike."""
     task = get_family(spec.family).build(spec)
     if prompt is not None and prompt != task.prompt:
         raise TaskError("prompt_mismatch", f"{spec.family}: prompt differs from the regenerated question")
-    return task
+    return dataclasses.replace(task, score=_extracting(task.score))
+
+
+def _extracting(score: Callable[[str], float]) -> Callable[[str], float]:
+    def extracted(completion: str) -> float:
+        return score(scored_text(completion))
+
+    return extracted
