@@ -1,0 +1,133 @@
+"""Clock rendezvous: when the peers of a group meet for an outer step, without polling.
+
+Meetings are the multiples of a period P on DHT time (hivemind's ``get_dht_time`` is the wall
+clock): meeting ``t = k·P``. A peer joins the first meeting that opened before the end of its
+current inner round, so peers whose rounds drift by seconds still meet: each joins at its
+first round boundary after ``t`` and the group is read ``window`` seconds after ``t`` (or as
+soon as every peer it expects has joined).
+
+The period adapts to the measured round times. Every period is ``min_period_s · 2^j``: on
+this ladder the meetings of a longer period are a subset of those of a shorter one, so two
+peers that momentarily disagree on P still meet at every meeting of the longer one. Each
+peer proposes ``every_rounds ×`` its round time (and enough for its exchange) rounded up the
+ladder, sends the proposal with its join record, and uses the largest proposal of the
+peers it grouped with at the last meeting (bounded by ``max_period_s``: a hostile peer can
+slow the pace to that bound, no further). Like hivemind's ``ProgressTracker`` the clock is
+the DHT's; unlike it, nobody has to publish progress for the others to know when to meet.
+
+Pure (no I/O): ``OuterLoop`` feeds it round times and proposals, asks it when to meet.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+__all__ = ["Clock", "ladder"]
+
+DECI = 10
+"""Proposals travel in a join record's ``peers`` field in deciseconds (bounded there by the
+wire schema to 10,000, i.e. 1,000 s)."""
+EMA = 0.3
+"""Weight of the newest round in the round-time average."""
+
+
+def ladder(seconds: float, *, base: float, top: float) -> float:
+    """The smallest ``base · 2^j`` >= ``seconds``, capped at the largest one <= ``top``."""
+    if not (base > 0 and top >= base):
+        raise ValueError("ladder needs 0 < base <= top")
+    j = 0 if not seconds > base else math.ceil(math.log2(seconds / base) - 1e-9)
+    j_top = math.floor(math.log2(top / base) + 1e-9)
+    return base * 2 ** max(0, min(j, j_top))
+
+
+class Clock:
+    """Meeting times of one peer (thread-safe: rounds are observed on the training thread,
+    proposals and step times on the outer-step thread)."""
+
+    def __init__(self, *, every_rounds: int, min_period_s: float, max_period_s: float,
+                 period_s: float = 0.0, min_window_s: float, max_window_s: float) -> None:
+        if every_rounds < 1 or not 0 < min_period_s <= max_period_s:
+            raise ValueError("need every_rounds >= 1 and 0 < min_period_s <= max_period_s")
+        if not 0 < min_window_s <= max_window_s:
+            raise ValueError("need 0 < min_window_s <= max_window_s")
+        self.every_rounds, self.period_s = every_rounds, period_s
+        self.min_period_s, self.max_period_s = min_period_s, max_period_s
+        self.min_window_s, self.max_window_s = min_window_s, max_window_s
+        self._round_s: float | None = None
+        self._exchange_s = 0.0
+        self._heard = 0.0
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    # --- inputs ---------------------------------------------------------------------------
+    def observe_round(self, seconds: float) -> None:
+        """One inner round took ``seconds``."""
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            return
+        with self._lock:
+            r = self._round_s
+            self._round_s = seconds if r is None else (1 - EMA) * r + EMA * seconds
+
+    def observe_exchange(self, seconds: float) -> None:
+        """The last step took ``seconds`` from the group read to its end."""
+        if seconds >= 0 and math.isfinite(seconds):
+            with self._lock:
+                self._exchange_s = seconds
+
+    def heard(self, proposals: list[int]) -> None:
+        """Proposals (deciseconds) in the join records of the peers we grouped with: the
+        next meetings use the largest (bounded by ``max_period_s``)."""
+        ok = [p / DECI for p in proposals if isinstance(p, int) and p > 0]
+        with self._lock:
+            self._heard = min(max(ok, default=0.0), self.max_period_s)
+
+    # --- outputs --------------------------------------------------------------------------
+    @property
+    def round_s(self) -> float | None:
+        return self._round_s
+
+    def proposal(self) -> float:
+        """The period this peer asks for (seconds, on the ladder)."""
+        if self.period_s > 0:
+            return self.period_s
+        with self._lock:
+            want = max(self.every_rounds * (self._round_s or 0.0), 1.25 * self._exchange_s)
+        return ladder(want, base=self.min_period_s, top=self.max_period_s)
+
+    def proposal_ds(self) -> int:
+        return min(10_000, max(1, round(self.proposal() * DECI)))
+
+    def period(self) -> float:
+        """The period in force: ours or the largest we heard, whichever is longer."""
+        if self.period_s > 0:
+            return self.period_s
+        with self._lock:
+            heard = self._heard
+        own = self.proposal()
+        return max(own, ladder(heard, base=self.min_period_s, top=self.max_period_s)) \
+            if heard else own
+
+    def window(self, period: float | None = None) -> float:
+        """How long after a meeting opens the group is read: 1.5 slowest rounds (a period
+        holds ``every_rounds`` of them), within [min_window_s, max_window_s]."""
+        p = self.period() if period is None else period
+        w = 1.5 * p / self.every_rounds
+        return min(self.max_window_s, max(self.min_window_s, w))
+
+    def due(self, now: float) -> float | None:
+        """Called at a round boundary (``now``: DHT time). The meeting to join now, or None:
+        the latest meeting ``k·P <= now`` not joined yet, if it opened less than a window
+        ago (a peer that is later than that waits for the next one)."""
+        p = self.period()
+        with self._lock:
+            if now < self._next:
+                return None
+            meet = math.floor(now / p) * p
+            self._next = meet + p
+        return meet if now - meet <= self.window(p) else None
+
+    def skip_until(self, t: float) -> None:
+        """No meeting before ``t`` (one is still in flight)."""
+        with self._lock:
+            self._next = max(self._next, t)
