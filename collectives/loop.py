@@ -301,8 +301,9 @@ class OuterLoop(Adopter):
             rec["param_hash"] = self._state.hash()
             rec["version"] = rec["applied"] = self._state.version
         rec["seconds"] = round(time.monotonic() - t0, 4)
-        if "read_at" in rec:
-            self.clock.observe_exchange(time.monotonic() - rec.pop("read_at"))
+        read_at = rec.pop("read_at", None)
+        if read_at is not None and rec["status"] == "ok":
+            self.clock.observe_exchange(time.monotonic() - read_at)
         rec.update(dht_restarts=self._transport.dht_restarts,
                    dht_failures=self._transport.dht_failures,
                    invalid_commits=self._book.invalid, rejected_streams=self._ar.rejected,
@@ -343,7 +344,13 @@ class OuterLoop(Adopter):
         found = self._safe_discover()
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
-        self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        try:
+            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        except SyncError as e:  # its holders moved on (their step of this meeting applied
+            # while their new head was not yet stored): the heads once more
+            logger.info("catch-up: %s; reading the heads again", e)
+            time.sleep(0.5)
+            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
             snapshot = work.params()
@@ -366,11 +373,17 @@ class OuterLoop(Adopter):
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
         read_at = t_join + window if work.meet is None \
             else t_join + max(0.0, work.meet + window - self._now())
-        holders, early = self._read_group(join_key, v, my_hash, expected, read_at)
+        # on the clock every peer reads at the same time (the meeting + the window): they see
+        # the same set, late joiners included; a meeting now ends its read once every peer
+        # we expect is in (a newcomer that is later than them waits for the next one)
+        holders, early = self._read_group(join_key, v, my_hash,
+                                          expected if work.meet is None else frozenset(),
+                                          read_at)
         rec["read_at"] = time.monotonic()
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
         rec["leader"] = min(holders)
-        freeze_at = time.monotonic() if early else read_at + 0.5 * window
+        freeze_at = time.monotonic() if early \
+            else read_at + (0.5 * window if work.meet is None else min(0.5 * window, 0.5))
         self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at,
                         set(holders))
 
