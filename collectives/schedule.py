@@ -70,7 +70,8 @@ class Clock:
             self._round_s = seconds if r is None else (1 - EMA) * r + EMA * seconds
 
     def observe_exchange(self, seconds: float) -> None:
-        """The last step took ``seconds`` from the group read to its end."""
+        """The last step took ``seconds`` from the group read to its end: a period must
+        hold a window and that (or the next meeting finds us still busy and we skip it)."""
         if seconds >= 0 and math.isfinite(seconds):
             with self._lock:
                 self._exchange_s = seconds
@@ -92,7 +93,8 @@ class Clock:
         if self.period_s > 0:
             return self.period_s
         with self._lock:
-            want = max(self.every_rounds * (self._round_s or 0.0), 1.25 * self._exchange_s)
+            want = max(self.every_rounds * (self._round_s or 0.0),
+                       1.25 * (self.min_window_s + self._exchange_s))
         return ladder(want, base=self.min_period_s, top=self.max_period_s)
 
     def proposal_ds(self) -> int:
