@@ -55,7 +55,7 @@ class OuterConfig:
     """Operator-pinned state hash a joiner may adopt from anyone who serves it ("" = none)."""
     state_requests_per_minute: int = 6
     """State transfers this node serves to one peer per minute; more are refused."""
-    dht_min_interval_s: float = 0.25
+    dht_min_interval_s: float = 0.05
     """Throttle: at least this long between two DHT calls of this node."""
     dht_timeout_s: float = 10.0
     """Timeout of one DHT call."""

@@ -97,6 +97,9 @@ class _Work:
     """Sum of ``onto − base`` of the rebases so far: params <- params + shift when collected."""
     counted: bool = False
     """Our delta is in an applied average (the rounds it spans are no longer pending)."""
+    publish: tuple[int, str, str, tuple[str, ...]] | None = None
+    """The version commit to store once the attempt is over (version, hash, parent,
+    members)."""
     rounds_during: int = 0
 
     def params(self) -> torch.Tensor:
@@ -161,6 +164,8 @@ class OuterLoop(Adopter):
         self._pending: tuple[_Work, Future[dict[str, Any]]] | None = None
         self._last_round_end: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
+        self._published: Future[None] | None = None
+        """The last version commit's publication (after its attempt, before the next)."""
         self._cache: tuple[str, bytes] | None = None
         self._cache_lock = threading.Lock()
         gid = hashlib.sha256(group.encode()).hexdigest()[:24]
@@ -265,6 +270,11 @@ class OuterLoop(Adopter):
                 self.poll(wait=self.config.deadline_s + 5)
             except Exception as e:  # noqa: BLE001 - leaving anyway
                 logger.warning("outer step still running at close: %s", e)
+        if self._published is not None:
+            try:
+                self._published.result(timeout=2 * min(5.0, self.config.deadline_s / 4) + 1)
+            except Exception as e:  # noqa: BLE001 - leaving anyway
+                logger.warning("version commit not stored at close: %s", e)
         self._pool.shutdown(wait=False)
         self._transport.close()
 
@@ -286,6 +296,8 @@ class OuterLoop(Adopter):
         if work.meet is not None:
             rec["meet"] = work.meet
         rejected: dict[tuple[str, str, int], str] = {}
+        rec["phase_seconds"] = {}
+        self._mark_t = t0
         try:
             self._attempt(rec, t0, weight, rejected)
         except CollectiveError as e:
@@ -304,6 +316,8 @@ class OuterLoop(Adopter):
         read_at = rec.pop("read_at", None)
         if read_at is not None and rec["status"] == "ok":
             self.clock.observe_exchange(time.monotonic() - read_at)
+        if work.publish is not None:  # runs on this thread after we return (one worker)
+            self._published = self._pool.submit(self._publish, *work.publish)
         rec.update(dht_restarts=self._transport.dht_restarts,
                    dht_failures=self._transport.dht_failures,
                    invalid_commits=self._book.invalid, rejected_streams=self._ar.rejected,
@@ -328,6 +342,12 @@ class OuterLoop(Adopter):
         rec.update(rounds_pending=self._rounds_pending, discarded_rounds=self._discarded_rounds,
                    overlap_rounds=work.rounds_during)
 
+    def _mark(self, rec: dict[str, Any], phase: str) -> None:
+        """Seconds since the previous phase ended, in the record's ``phase_seconds``."""
+        now = time.monotonic()
+        rec["phase_seconds"][phase] = round(now - self._mark_t, 4)
+        self._mark_t = now
+
     def _stage(self, name: str) -> None:
         if self._on_stage is not None:
             try:
@@ -342,6 +362,7 @@ class OuterLoop(Adopter):
         assert work is not None
         self._stage("rendezvous")
         found = self._safe_discover()
+        discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
         try:
@@ -351,6 +372,7 @@ class OuterLoop(Adopter):
             logger.info("catch-up: %s; reading the heads again", e)
             time.sleep(0.5)
             self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        self._mark(rec, "rendezvous")
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
             snapshot = work.params()
@@ -376,9 +398,10 @@ class OuterLoop(Adopter):
         # on the clock every peer reads at the same time (the meeting + the window): they see
         # the same set, late joiners included; a meeting now ends its read once every peer
         # we expect is in (a newcomer that is later than them waits for the next one)
-        holders, early = self._read_group(join_key, v, my_hash,
-                                          expected if work.meet is None else frozenset(),
-                                          read_at)
+        holders, early = self._read_group(
+            join_key, v, my_hash, expected if work.meet is None else frozenset(),
+            discovered if work.meet is None else frozenset(), read_at)
+        self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
         rec["leader"] = min(holders)
@@ -388,17 +411,21 @@ class OuterLoop(Adopter):
                         set(holders))
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
-                    read_at: float) -> tuple[dict[str, int], bool]:
+                    discovered: frozenset[str], read_at: float) -> tuple[dict[str, int], bool]:
         """Peer -> proposal of the peers that claim our hash (us included), read until
-        every expected peer is among them or ``read_at``; and whether it ended early."""
+        ``read_at``, or until every ``expected`` peer claims our hash and every
+        ``discovered`` one has joined at all (if there is anyone to wait for); and whether
+        it ended early."""
         mine = {self.peer_id: self.clock.proposal_ds()}
+        anyone = (expected | discovered) - {self.peer_id}
         while True:
             left = read_at - time.monotonic()
             signed = self._book.verify(self._transport.dht_get(
                 join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
                 step=v, kind="join")
             holders = {p: c.peers for p, c in signed.items() if c.state_hash == my_hash} | mine
-            early = bool(expected) and expected <= set(holders)
+            early = bool(anyone) and expected <= set(holders) \
+                and anyone <= set(signed) | set(holders)
             if early or time.monotonic() >= read_at:
                 self.clock.heard(list(holders.values()))
                 return holders, early
@@ -421,6 +448,7 @@ class OuterLoop(Adopter):
             rec["error"] = f"group did not form: {e!r}"[:500]
             logger.info("outer step at version %d: %s", v, rec["error"])
             return
+        self._mark(rec, "group")
         rec["peers"] = len(members)
         if len(members) < cfg.min_peers:
             rec["status"] = "alone"
@@ -455,6 +483,7 @@ class OuterLoop(Adopter):
                     rec["bad_shards"] = dict(s.bad_shards)
                 if s.clipped:
                     rec["clipped"] = list(s.clipped)
+        self._mark(rec, "exchange")
         s = self._ar.session
         assert s is not None
         self._stage("commit")
@@ -506,6 +535,7 @@ class OuterLoop(Adopter):
                 break
             time.sleep(0.1)
         rec["votes"] = len(votes)
+        self._mark(rec, "vote")
         decided = decide_votes(votes, mine=mine, parent=parent, voters=voters, me=self.peer_id)
         if decided == parent and pre is not None:  # we applied, the group did not: undo
             self._roll_back(rec, pre, snapshot, "most contributors did not apply this step")
@@ -531,7 +561,9 @@ class OuterLoop(Adopter):
             self._work.counted = True  # type: ignore[union-attr]  # our delta is averaged
             with self._lock:
                 self._lineage, self._parent_theta = lineage, parent_theta
-            self._publish(v + 1, parent, tuple(sorted(witnesses)))
+            # the members hold the state now; the version record is for the others' next
+            # catch-up: stored right after this attempt returns, before the next one starts
+            self._work.publish = (v + 1, decided, parent, tuple(sorted(witnesses)))  # type: ignore[union-attr]
 
     def _roll_back(self, rec: dict[str, Any], pre: OuterState, snapshot: torch.Tensor,
                    why: str) -> None:
@@ -544,9 +576,7 @@ class OuterLoop(Adopter):
         rec["error"] = f"rolled back: {why}"
         logger.info("outer step at version %d rolled back: %s", pre.version, why)
 
-    def _publish(self, version: int, parent: str, members: tuple[str, ...]) -> None:
-        with self._lock:
-            h = self._state.hash()
+    def _publish(self, version: int, h: str, parent: str, members: tuple[str, ...]) -> None:
         data = self._book.seal(version, h, len(members), parent=parent, members=members)
         ttl = (3 * self.config.deadline_s + 60) * 20
         timeout = min(5.0, self.config.deadline_s / 4)
