@@ -136,11 +136,17 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=30.0)
     ap.add_argument("--round-s", type=float, default=0.5, help="workers: fastest round")
     ap.add_argument("--numel", type=int, default=1_000_000, help="workers: parameters")
+    ap.add_argument("--keep", default="", help="run in this directory and keep it (logs)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     t = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-util-") as tmp:
-        rows = (run_nodes if args.mode == "nodes" else run_workers)(args, Path(tmp))
+    run = run_nodes if args.mode == "nodes" else run_workers
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        rows = run(args, Path(args.keep))
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-util-") as tmp:
+            rows = run(args, Path(tmp))
     result = {"mode": args.mode, "args": vars(args), "rows": rows,
               "ok": len(rows) == args.nodes and all(r["ok"] for r in rows),
               "wall_s": round(time.monotonic() - t, 1), "loadavg_before": load_before,

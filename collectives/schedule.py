@@ -21,15 +21,18 @@ Pure (no I/O): ``OuterLoop`` feeds it round times and proposals, asks it when to
 from __future__ import annotations
 
 import math
+import statistics
 import threading
+from collections import deque
 
 __all__ = ["Clock", "ladder"]
 
 DECI = 10
 """Proposals travel in a join record's ``peers`` field in deciseconds (bounded there by the
 wire schema to 10,000, i.e. 1,000 s)."""
-EMA = 0.3
-"""Weight of the newest round in the round-time average."""
+ROUNDS_KEPT = 9
+"""The round time is the median of this many last rounds (one slow round — a model load, a
+checkpoint — does not stretch the period)."""
 
 
 def ladder(seconds: float, *, base: float, top: float) -> float:
@@ -54,10 +57,11 @@ class Clock:
         self.every_rounds, self.period_s = every_rounds, period_s
         self.min_period_s, self.max_period_s = min_period_s, max_period_s
         self.min_window_s, self.max_window_s = min_window_s, max_window_s
-        self._round_s: float | None = None
+        self._rounds: deque[float] = deque(maxlen=ROUNDS_KEPT)
         self._exchange_s = 0.0
         self._heard = 0.0
-        self._next = 0.0
+        self._last = -math.inf
+        """The latest meeting joined or let pass."""
         self._lock = threading.Lock()
 
     # --- inputs ---------------------------------------------------------------------------
@@ -66,8 +70,7 @@ class Clock:
         if not (seconds >= 0 and math.isfinite(seconds)):
             return
         with self._lock:
-            r = self._round_s
-            self._round_s = seconds if r is None else (1 - EMA) * r + EMA * seconds
+            self._rounds.append(seconds)
 
     def observe_exchange(self, seconds: float) -> None:
         """The last step took ``seconds`` from the group read to its end: a period must
@@ -86,14 +89,17 @@ class Clock:
     # --- outputs --------------------------------------------------------------------------
     @property
     def round_s(self) -> float | None:
-        return self._round_s
+        """Median of the last rounds (None before one)."""
+        with self._lock:
+            return statistics.median(self._rounds) if self._rounds else None
 
     def proposal(self) -> float:
         """The period this peer asks for (seconds, on the ladder)."""
         if self.period_s > 0:
             return self.period_s
+        round_s = self.round_s
         with self._lock:
-            want = max(self.every_rounds * (self._round_s or 0.0),
+            want = max(self.every_rounds * (round_s or 0.0),
                        1.25 * (self.min_window_s + self._exchange_s))
         return ladder(want, base=self.min_period_s, top=self.max_period_s)
 
@@ -119,17 +125,19 @@ class Clock:
 
     def due(self, now: float) -> float | None:
         """Called at a round boundary (``now``: DHT time). The meeting to join now, or None:
-        the latest meeting ``k·P <= now`` not joined yet, if it opened less than a window
-        ago (a peer that is later than that waits for the next one)."""
+        the latest meeting ``k·P <= now`` not joined or let pass yet, if it opened less than
+        a window ago (a peer that is later than that waits for the next one). Computed
+        with the period in force now: when it shrinks, the next meeting is the next
+        multiple of the new one."""
         p = self.period()
+        meet = math.floor(now / p) * p
         with self._lock:
-            if now < self._next:
+            if meet <= self._last:
                 return None
-            meet = math.floor(now / p) * p
-            self._next = meet + p
+            self._last = meet
         return meet if now - meet <= self.window(p) else None
 
     def skip_until(self, t: float) -> None:
-        """No meeting before ``t`` (one is still in flight)."""
+        """Let every meeting before ``t`` pass."""
         with self._lock:
-            self._next = max(self._next, t)
+            self._last = max(self._last, t - 1e-9)

@@ -49,8 +49,20 @@ def test_a_peer_joins_the_meeting_that_opened_during_its_round_not_a_stale_one()
     assert c.due(105.0) is None  # joined already; the next opens at 110
     assert c.due(114.5) is None  # 4.5 s late (> window): wait for 120
     assert c.due(121.0) == 120.0
-    c.skip_until(140.0)  # busy: one still in flight
+    c.skip_until(140.0)  # let the meetings before 140 pass
     assert c.due(131.0) is None and c.due(140.5) == 140.0
+
+
+def test_a_shorter_period_takes_effect_at_once_and_one_slow_round_does_not_stretch_it() -> None:
+    c = clock()
+    c.observe_round(30.0)  # the first round loaded the model
+    assert c.period() == 64.0
+    assert c.due(128.5) == 128.0
+    for _ in range(4):
+        c.observe_round(0.9)
+    assert c.period() == 4.0  # the median of the last rounds
+    assert c.due(130.0) is None  # 128 joined already
+    assert c.due(132.2) == 132.0  # the next multiple of the new period, not 128 + 64
 
 
 def test_the_period_holds_a_window_and_the_last_exchange() -> None:
