@@ -36,7 +36,7 @@ by the rounds since it was last counted).
 Rebase: adopting a state θ_new never overwrites inner work: ``params <- θ_new + (params −
 θ_old)``. After an applied step the counted delta is replaced by the average, so params
 become θ_new plus whatever changed since the delta was taken. An attempt never touches the
-params: every rebase adds ``θ_new − θ_old`` to a shift of its own (``_Work``), applied to
+params: every rebase adds ``θ_new − θ_old`` to a shift of its own (``Work``), applied to
 the live params on the caller's thread when the attempt is collected; the rounds trained
 while it ran are kept by construction. ``discarded_rounds`` counts
 rounds whose work was dropped anyway (only a non-finite local delta is: reducers exclude it,
@@ -51,16 +51,18 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 import torch
 
 from collectives.adopt import Adopter
+from collectives.commit import Committer
 from collectives.allreduce import AllReduce
+from collectives.background import Work
 from collectives.codec import get_codec
 from collectives.config import OuterConfig
-from collectives.consistency import Candidate, CommitBook, Lineage, decide_votes
+from collectives.consistency import CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.schedule import Clock
 from collectives.state import OuterState, flatten, unflatten_into
@@ -82,32 +84,7 @@ def _dht_time() -> float:
     return float(get_dht_time())
 
 
-@dataclass
-class _Work:
-    """One attempt: the params it started from and what it does to them."""
-
-    snapshot: torch.Tensor
-    """flatten(params) when the attempt started (taken on the caller's thread)."""
-    rounds: int
-    """Rounds since our delta was last counted, when the attempt started."""
-    weight: float | None
-    meet: float | None = None
-    """Meeting time (DHT time) on the clock, None for an unscheduled attempt."""
-    shift: torch.Tensor | None = None
-    """Sum of ``onto − base`` of the rebases so far: params <- params + shift when collected."""
-    counted: bool = False
-    """Our delta is in an applied average (the rounds it spans are no longer pending)."""
-    publish: tuple[int, str, str, tuple[str, ...]] | None = None
-    """The version commit to store once the attempt is over (version, hash, parent,
-    members)."""
-    rounds_during: int = 0
-
-    def params(self) -> torch.Tensor:
-        """The params as the attempt sees them: the snapshot with its rebases applied."""
-        return self.snapshot if self.shift is None else self.snapshot + self.shift
-
-
-class OuterLoop(Adopter):
+class OuterLoop(Committer, Adopter):
     """DiLoCo outer steps among the peers that share ``group`` (the model fingerprint).
 
     ``trust(peer_id)``: whether a joiner (no lineage beyond genesis) may adopt a state that
@@ -159,9 +136,9 @@ class OuterLoop(Adopter):
         self._minority_streak = 0
         self._last_group: frozenset[str] = frozenset()
         """Members of our last group: with our witnesses, the peers a join read waits for."""
-        self._work: _Work | None = None
+        self._work: Work | None = None
         """The attempt running on the outer-step thread (only that thread touches it)."""
-        self._pending: tuple[_Work, Future[dict[str, Any]]] | None = None
+        self._pending: tuple[Work, Future[dict[str, Any]]] | None = None
         self._last_round_end: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
         self._published: Future[None] | None = None
@@ -225,7 +202,7 @@ class OuterLoop(Adopter):
         group ``join_window_s`` after our join record)."""
         if self._pending is not None:
             return False
-        work = _Work(snapshot=flatten(self._params), rounds=self._rounds_pending,
+        work = Work(snapshot=flatten(self._params), rounds=self._rounds_pending,
                      weight=weight, meet=meet)
         self._pending = (work, self._pool.submit(self._run, work))
         return True
@@ -238,7 +215,16 @@ class OuterLoop(Adopter):
         work, fut = self._pending
         if wait is not None and wait <= 0 and not fut.done():
             return None
-        rec = fut.result(timeout=wait)
+        try:
+            rec = fut.result(timeout=wait)
+        except FutureTimeout:
+            return None
+        except Exception as e:  # noqa: BLE001 - a bug must not stop training: it is the
+            # step's error; what it did to the state came with its rebases, applied below
+            logger.exception("outer step crashed")
+            rec = {"step": self._state.version, "status": "failed", "peers": 1,
+                   "error": f"crashed: {e!r}"[:500], "param_hash": self.state_hash(),
+                   "seconds": 0.0, "bytes_sent": 0}
         self._pending = None
         self._collect(work, rec)
         return rec
@@ -279,7 +265,7 @@ class OuterLoop(Adopter):
         self._transport.close()
 
     # --- one attempt ----------------------------------------------------------------------
-    def _run(self, work: _Work) -> dict[str, Any]:
+    def _run(self, work: Work) -> dict[str, Any]:
         """One attempt on the outer-step thread; never raises a CollectiveError."""
         t0 = time.monotonic()
         self._work = work
@@ -325,7 +311,7 @@ class OuterLoop(Adopter):
                    rejected_commits_total=dict(self._book.rejected))
         return rec
 
-    def _collect(self, work: _Work, rec: dict[str, Any]) -> None:
+    def _collect(self, work: Work, rec: dict[str, Any]) -> None:
         """Apply a finished attempt to the live params: params += its shift (the rounds
         trained since its snapshot are kept); count what it did to the pending rounds."""
         with self._lock:
@@ -491,99 +477,6 @@ class OuterLoop(Adopter):
         expect = (set(members) - s.suspects) & voters
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
-
-    def _may_advance(self, contributors: set[str]) -> bool:
-        """Whether a group with these contributors may make the next version: it must hold a
-        strict majority of the current version's witnesses, so that two groups that met in
-        different windows cannot both advance (a fork); the minority keeps its delta and
-        later adopts the majority's version by rule 2. After ``minority_patience``
-        consecutive refusals (the majority stayed away) the group advances anyway."""
-        with self._lock:
-            witnesses = self._lineage.witnesses
-        present = contributors | {self.peer_id}
-        if not witnesses or 2 * len(present & witnesses) > len(witnesses):
-            self._minority_streak = 0
-            return True
-        self._minority_streak += 1
-        if self._minority_streak > self.config.minority_patience:
-            logger.warning("advancing without a majority of the last version's witnesses "
-                           "after %d attempts", self._minority_streak - 1)
-            self._minority_streak = 0
-            return True
-        return False
-
-    def _reconcile(self, rec: dict[str, Any], v: int, parent: str, pre: OuterState | None,
-                   snapshot: torch.Tensor, voters: set[str], expect: set[str],
-                   members: list[str], *, until: float, end: float) -> None:
-        """Vote, gather the votes of the peers we saw contribute, follow their decision.
-
-        ``pre``: the state before we applied this step (None if we did not); ``snapshot``:
-        the params whose delta we contributed."""
-        with self._lock:
-            mine = self._state.hash()
-        self._transport.dht_store(
-            self._book.vote_key(v), self.peer_id,
-            self._book.seal(v + 1, mine, len(members), parent=parent,
-                            members=sorted(voters | {self.peer_id}), kind="vote"),
-            ttl=3 * self.config.deadline_s + 60, timeout=min(5.0, self.config.deadline_s / 4))
-        votes: dict = {}
-        while expect:
-            votes = self._book.verify(self._transport.dht_get(
-                self._book.vote_key(v), timeout=max(0.1, until - time.monotonic())),
-                step=v + 1, kind="vote")
-            if expect <= set(votes) or time.monotonic() + 0.1 > until:
-                break
-            time.sleep(0.1)
-        rec["votes"] = len(votes)
-        self._mark(rec, "vote")
-        decided = decide_votes(votes, mine=mine, parent=parent, voters=voters, me=self.peer_id)
-        if decided == parent and pre is not None:  # we applied, the group did not: undo
-            self._roll_back(rec, pre, snapshot, "most contributors did not apply this step")
-            return
-        witnesses = voters | {self.peer_id}
-        with self._lock:
-            held = self._lineage
-            parent_theta = pre.theta if pre is not None else self._state.theta
-        lineage = Lineage(hash=decided, version=v + 1, witnesses=frozenset(witnesses),
-                          parent=parent, parent_witnesses=held.witnesses)
-        if decided != mine:  # we failed or diverged; the contributors' state wins
-            holders = tuple(sorted(p for p, c in votes.items() if c.state_hash == decided))
-            try:  # we took part: our delta is in their average, as if we had applied it
-                self._fetch_adopt(rec, Candidate(hash=decided, version=v + 1,
-                                                 members=tuple(sorted(witnesses)),
-                                                 holders=holders),
-                                  end=end, lineage=lineage, base=snapshot)
-            except SyncError:
-                if pre is not None:  # keep our lineage: the next catch-up can follow theirs
-                    self._roll_back(rec, pre, snapshot, "the group's state was not served")
-                raise
-        if decided != parent:
-            self._work.counted = True  # type: ignore[union-attr]  # our delta is averaged
-            with self._lock:
-                self._lineage, self._parent_theta = lineage, parent_theta
-            # the members hold the state now; the version record is for the others' next
-            # catch-up: stored right after this attempt returns, before the next one starts
-            self._work.publish = (v + 1, decided, parent, tuple(sorted(witnesses)))  # type: ignore[union-attr]
-
-    def _roll_back(self, rec: dict[str, Any], pre: OuterState, snapshot: torch.Tensor,
-                   why: str) -> None:
-        """Undo an applied step: the state before it, our params as if it never happened."""
-        with self._lock:
-            applied = self._state.theta
-            self._state = pre
-            self._rebase(onto=snapshot, base=applied)
-        rec["status"] = "failed"
-        rec["error"] = f"rolled back: {why}"
-        logger.info("outer step at version %d rolled back: %s", pre.version, why)
-
-    def _publish(self, version: int, h: str, parent: str, members: tuple[str, ...]) -> None:
-        data = self._book.seal(version, h, len(members), parent=parent, members=members)
-        ttl = (3 * self.config.deadline_s + 60) * 20
-        timeout = min(5.0, self.config.deadline_s / 4)
-        self._transport.dht_store(self._book.key(version), self.peer_id, data, ttl=ttl,
-                                  timeout=timeout)
-        self._transport.dht_store(self._book.head_key, self.peer_id, data, ttl=ttl,
-                                  timeout=timeout)
 
     # --- params ---------------------------------------------------------------------------
     def _rebase(self, *, onto: torch.Tensor, base: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from collectives import OuterConfig, OuterLoop
-from collectives.loop import _Work
+from collectives.background import Work
 from collectives.schedule import Clock, ladder
 from collectives.state import OuterState, flatten
 
@@ -89,7 +89,7 @@ def test_rounds_trained_during_a_background_step_survive_its_application() -> No
               torch.nn.Parameter(torch.randn(7, generator=g))]
     loop = _loop(params)
     loop._rounds_pending = 3
-    work = _Work(snapshot=flatten(params), rounds=3, weight=None)
+    work = Work(snapshot=flatten(params), rounds=3, weight=None)
     loop._work = work  # the outer-step thread applies the average (θ_new) and rebases
     theta_new = loop._state.theta - 0.5
     loop._rebase(onto=theta_new, base=work.params())
@@ -112,7 +112,7 @@ def test_rounds_trained_during_a_background_step_survive_its_application() -> No
 def test_a_failed_step_leaves_the_params_exactly_as_trained() -> None:
     params = [torch.nn.Parameter(torch.ones(10))]
     loop = _loop(params)
-    work = _Work(snapshot=flatten(params), rounds=1, weight=None)
+    work = Work(snapshot=flatten(params), rounds=1, weight=None)
     loop._work = work
     applied = loop._state.theta + 2.0  # applied, then rolled back: the shifts cancel
     loop._rebase(onto=applied, base=work.snapshot)
@@ -129,7 +129,7 @@ def test_a_failed_step_leaves_the_params_exactly_as_trained() -> None:
 def test_a_non_finite_local_delta_is_dropped_and_counted() -> None:
     params = [torch.nn.Parameter(torch.ones(4))]
     loop = _loop(params)
-    work = _Work(snapshot=flatten(params), rounds=2, weight=None)
+    work = Work(snapshot=flatten(params), rounds=2, weight=None)
     loop._work = work
     loop._rebase(onto=loop._state.theta * 3, base=work.snapshot)
     with torch.no_grad():
