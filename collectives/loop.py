@@ -190,7 +190,7 @@ class OuterLoop(Committer, Adopter):
         if self._pending is not None:
             self._pending[0].rounds_during += 1
         rec = self.poll()
-        if self._pending is None:
+        if self._pending is None and self.clock.round_s is not None:  # a pace to propose
             meet = self.clock.due(self._now())
             if meet is not None:
                 self.start(meet=meet, weight=weight)
