@@ -108,12 +108,13 @@ class Committer:
                     self._roll_back(rec, pre, snapshot, "the group's state was not served")
                 raise
         if decided != parent:
-            self._work.counted = True  # type: ignore[union-attr]  # our delta is averaged
+            work = self._work
+            work.counted = True  # our delta is in the average
             with self._lock:
                 self._lineage, self._parent_theta = lineage, parent_theta
             # the members hold the state now; the version record is for the others' next
             # catch-up: stored right after this attempt returns, before the next one starts
-            self._work.publish = (v + 1, decided, parent, tuple(sorted(witnesses)))  # type: ignore[union-attr]
+            work.publish = (v + 1, decided, parent, tuple(sorted(witnesses)))
 
     def _roll_back(self, rec: dict[str, Any], pre: OuterState, snapshot: torch.Tensor,
                    why: str) -> None:
