@@ -23,6 +23,8 @@ class Work:
     weight: float | None
     meet: float | None = None
     """Meeting time (DHT time) on the clock, None for an unscheduled attempt."""
+    window: float | None = None
+    """Unscheduled: how long to wait for the peers to join (None: ``join_window_s``)."""
     shift: torch.Tensor | None = None
     """Sum of ``onto − base`` of the rebases so far: params <- params + shift when collected."""
     counted: bool = False

@@ -196,14 +196,16 @@ class OuterLoop(Committer, Adopter):
                 self.start(meet=meet, weight=weight)
         return rec
 
-    def start(self, *, meet: float | None = None, weight: float | None = None) -> bool:
+    def start(self, *, meet: float | None = None, weight: float | None = None,
+              window: float | None = None) -> bool:
         """Snapshot the params and start an attempt in the background (False if one is
         still running). ``meet``: its meeting time on the clock (None: meet now, reading the
-        group ``join_window_s`` after our join record)."""
+        group ``window`` (default ``join_window_s``) after our join record, or as soon as
+        every peer we expect or discovered has joined)."""
         if self._pending is not None:
             return False
         work = Work(snapshot=flatten(self._params), rounds=self._rounds_pending,
-                     weight=weight, meet=meet)
+                    weight=weight, meet=meet, window=window)
         self._pending = (work, self._pool.submit(self._run, work))
         return True
 
@@ -238,14 +240,15 @@ class OuterLoop(Committer, Adopter):
             return None
         return self.outer_step(weight=weight)
 
-    def outer_step(self, *, weight: float | None = None) -> dict[str, Any]:
+    def outer_step(self, *, weight: float | None = None,
+                   window: float | None = None) -> dict[str, Any]:
         """One outer step attempt now, waited for (an attempt already running is collected
         first); never raises a CollectiveError, never blocks past ``deadline_s`` (plus the
-        DHT/stream timeouts' slack)."""
+        DHT/stream timeouts' slack). ``window``: see ``start``."""
         if self._pending is not None:
             earlier = self.poll(wait=None)
             logger.info("collected a background step first: %s", earlier and earlier["status"])
-        self.start(weight=weight)
+        self.start(weight=weight, window=window)
         rec = self.poll(wait=None)
         assert rec is not None
         return rec
@@ -369,7 +372,7 @@ class OuterLoop(Committer, Adopter):
                                                   numel=delta.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
         if work.meet is None:
-            window = cfg.join_window_s
+            window = min(cfg.deadline_s / 4, work.window or cfg.join_window_s)
         else:
             window = self.clock.window()
             rec["window"] = round(window, 3)
