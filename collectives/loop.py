@@ -256,7 +256,7 @@ class OuterLoop(Committer, Adopter):
     def close(self) -> None:
         if self._pending is not None:
             try:
-                self.poll(wait=self.config.deadline_s + 5)
+                self.poll(wait=min(self.config.deadline_s + 5, 30.0))
             except Exception as e:  # noqa: BLE001 - leaving anyway
                 logger.warning("outer step still running at close: %s", e)
         if self._published is not None:

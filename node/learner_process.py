@@ -161,7 +161,7 @@ class OuterHook:
         if self.loop is None:
             return
         try:
-            record = self.loop.poll(wait=self.config.deadline_s + 5)
+            record = self.loop.poll(wait=min(self.config.deadline_s + 5, 30.0))  # < stop timeout
             if record is not None:
                 emit("outer", record=record)
             if final_step:
