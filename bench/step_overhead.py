@@ -36,6 +36,7 @@ def phase(rec: dict, name: str) -> float:
 
 def run(peers: int, args: argparse.Namespace, code: str) -> dict:
     os.environ["PYTHONPATH"] = code  # the peers run this checkout's collectives
+    os.chdir(code)  # (python -m puts the working directory first on the path)
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         swarm = Swarm(Path(tmp))
         names = [f"p{i}" for i in range(peers)]
