@@ -129,7 +129,7 @@ class OuterLoop(Committer, Adopter):
         self.clock = Clock(every_rounds=config.every_rounds, period_s=config.period_s,
                            min_period_s=config.min_period_s, max_period_s=config.max_period_s,
                            min_window_s=config.join_window_s,
-                           max_window_s=max(config.join_window_s, config.deadline_s / 4))
+                           max_window_s=config.max_period_s)
         self._rounds_pending = 0
         """Rounds since our delta was last counted in an applied average."""
         self._discarded_rounds = 0
@@ -377,9 +377,9 @@ class OuterLoop(Committer, Adopter):
             window = self.clock.window()
             rec["window"] = round(window, 3)
         join_key = self._book.join_key(v, meet=work.meet)
+        proposal = self.clock.proposal_ds()  # what the others read is what we count
         self._transport.dht_store(join_key, self.peer_id,
-                                  self._book.seal(v, my_hash, self.clock.proposal_ds(),
-                                                  kind="join"),
+                                  self._book.seal(v, my_hash, proposal, kind="join"),
                                   ttl=2 * window + 2, timeout=window)
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
         read_at = t_join + window if work.meet is None \
@@ -389,23 +389,27 @@ class OuterLoop(Committer, Adopter):
         # we expect is in (a newcomer that is later than them waits for the next one)
         holders, early = self._read_group(
             join_key, v, my_hash, expected if work.meet is None else frozenset(),
-            discovered if work.meet is None else frozenset(), read_at)
+            discovered if work.meet is None else frozenset(), read_at, proposal)
         self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
         rec["leader"] = min(holders)
         freeze_at = time.monotonic() if early \
             else read_at + (0.5 * window if work.meet is None else min(0.5 * window, 0.5))
+        if work.meet is not None:  # the deadline's shares count from the read, as if it
+            # came join_window_s after the start (the window is sized by round times)
+            t0 = max(t0, time.monotonic() - cfg.join_window_s)
         self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at,
                         set(holders))
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
-                    discovered: frozenset[str], read_at: float) -> tuple[dict[str, int], bool]:
+                    discovered: frozenset[str], read_at: float,
+                    proposal: int) -> tuple[dict[str, int], bool]:
         """Peer -> proposal of the peers that claim our hash (us included), read until
         ``read_at``, or until every ``expected`` peer claims our hash and every
         ``discovered`` one has joined at all (if there is anyone to wait for); and whether
         it ended early."""
-        mine = {self.peer_id: self.clock.proposal_ds()}
+        mine = {self.peer_id: proposal}
         anyone = (expected | discovered) - {self.peer_id}
         while True:
             left = read_at - time.monotonic()

@@ -11,8 +11,9 @@ this ladder the meetings of a longer period are a subset of those of a shorter o
 peers that momentarily disagree on P still meet at every meeting of the longer one. Each
 peer proposes ``every_rounds ×`` its round time (and enough for its exchange) rounded up the
 ladder, sends the proposal with its join record, and uses the largest proposal of the
-peers it grouped with at the last meeting (bounded by ``max_period_s``: a hostile peer can
-slow the pace to that bound, no further). Like hivemind's ``ProgressTracker`` the clock is
+peers that claimed its state at the last meeting: they all read the same records at the same
+time, so they agree on the next period (bounded by ``max_period_s``: a hostile peer can slow
+the pace to that bound, no further). Like hivemind's ``ProgressTracker`` the clock is
 the DHT's; unlike it, nobody has to publish progress for the others to know when to meet.
 
 Pure (no I/O): ``OuterLoop`` feeds it round times and proposals, asks it when to meet.
@@ -107,21 +108,24 @@ class Clock:
         return min(10_000, max(1, round(self.proposal() * DECI)))
 
     def period(self) -> float:
-        """The period in force: ours or the largest we heard, whichever is longer."""
+        """The period in force: the largest proposal heard at our last meeting (every peer
+        of that group read the same records, so they agree; a change of our own proposal
+        takes effect through the next meeting), or ours before we met anyone."""
         if self.period_s > 0:
             return self.period_s
         with self._lock:
             heard = self._heard
-        own = self.proposal()
-        return max(own, ladder(heard, base=self.min_period_s, top=self.max_period_s)) \
-            if heard else own
+        if heard:
+            return ladder(heard, base=self.min_period_s, top=self.max_period_s)
+        return self.proposal()
 
     def window(self, period: float | None = None) -> float:
         """How long after a meeting opens the group is read: 1.5 slowest rounds (a period
-        holds ``every_rounds`` of them), within [min_window_s, max_window_s]."""
+        holds ``every_rounds`` of them), at least ``min_window_s``, at most half a period
+        and ``max_window_s``."""
         p = self.period() if period is None else period
         w = 1.5 * p / self.every_rounds
-        return min(self.max_window_s, max(self.min_window_s, w))
+        return min(self.max_window_s, 0.5 * p, max(self.min_window_s, w))
 
     def due(self, now: float) -> float | None:
         """Called at a round boundary (``now``: DHT time). The meeting to join now, or None:
