@@ -372,7 +372,7 @@ class OuterLoop(Committer, Adopter):
                                                   numel=delta.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
         if work.meet is None:
-            window = min(cfg.deadline_s / 4, work.window or cfg.join_window_s)
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
         else:
             window = self.clock.window()
             rec["window"] = round(window, 3)
@@ -396,9 +396,9 @@ class OuterLoop(Committer, Adopter):
         rec["leader"] = min(holders)
         freeze_at = time.monotonic() if early \
             else read_at + (0.5 * window if work.meet is None else min(0.5 * window, 0.5))
-        if work.meet is not None:  # the deadline's shares count from the read, as if it
-            # came join_window_s after the start (the window is sized by round times)
-            t0 = max(t0, time.monotonic() - cfg.join_window_s)
+        # the deadline's shares count from the read, as if it came join_window_s after the
+        # start (a clock's window is sized by round times, a final step's by the caller)
+        t0 = max(t0, time.monotonic() - cfg.join_window_s)
         self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at,
                         set(holders))
 
