@@ -396,9 +396,11 @@ class OuterLoop(Committer, Adopter):
         rec["leader"] = min(holders)
         freeze_at = time.monotonic() if early \
             else read_at + (0.5 * window if work.meet is None else min(0.5 * window, 0.5))
-        # the deadline's shares count from the read, as if it came join_window_s after the
-        # start (a clock's window is sized by round times, a final step's by the caller)
-        t0 = max(t0, time.monotonic() - cfg.join_window_s)
+        if work.meet is not None or work.window is not None:
+            # the deadline's shares count from the read, as if it came join_window_s after
+            # the start (a clock's window is sized by round times, a final step's by the
+            # caller)
+            t0 = max(t0, time.monotonic() - cfg.join_window_s)
         self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at,
                         set(holders))
 
