@@ -4,8 +4,7 @@ Real peer processes (tests/collectives/peer_worker.py) on loopback meet at a fil
 and run ``--steps`` blocking steps; every record's ``phase_seconds`` (rendezvous, join,
 group, exchange, vote) and ``seconds`` are collected. ``overhead_s`` = ``seconds`` −
 ``allreduce_seconds`` is the part that is neither rendezvous-free wire nor compute: DHT
-calls, the join read, the freeze and the votes. The version commit is stored after the
-attempt returns (before the next one) and is not in ``seconds``.
+calls, the join read, the freeze, the votes and storing the version commit.
 
     PYTHONPATH=$PWD python bench/step_overhead.py --peers 2,4 --numel 1000000 --steps 4
 

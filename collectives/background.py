@@ -29,9 +29,6 @@ class Work:
     """Sum of ``onto − base`` of the rebases so far: params <- params + shift when collected."""
     counted: bool = False
     """Our delta is in an applied average (the rounds it spans are no longer pending)."""
-    publish: tuple[int, str, str, tuple[str, ...]] | None = None
-    """The version commit to store once the attempt is over (version, hash, parent,
-    members)."""
     rounds_during: int = 0
 
     def params(self) -> torch.Tensor:

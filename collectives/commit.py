@@ -2,7 +2,7 @@
 
 A mixin of ``OuterLoop`` (loop.py): after the exchange each member stores a signed vote,
 gathers the votes of the peers its reducer saw contribute, follows their decision (adopt,
-or roll back), and leaves the version commit to be stored once the attempt is over.
+or roll back), and stores the version commit if the version advanced.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Committer:
     _rebase: Callable[..., None]
     _fetch_adopt: Callable[..., None]
     _mark: Callable[[dict[str, Any], str], None]
+    _publish: Callable[..., None]
 
     def _may_advance(self, contributors: set[str]) -> bool:
         """Whether a group with these contributors may make the next version: it must hold a
@@ -112,9 +113,10 @@ class Committer:
             work.counted = True  # our delta is in the average
             with self._lock:
                 self._lineage, self._parent_theta = lineage, parent_theta
-            # the members hold the state now; the version record is for the others' next
-            # catch-up: stored right after this attempt returns, before the next one starts
-            work.publish = (v + 1, decided, parent, tuple(sorted(witnesses)))
+            # stored before the attempt returns: a peer that missed this step must find it
+            # in its next catch-up, which may start right after ours ends
+            self._publish(v + 1, decided, parent, tuple(sorted(witnesses)))
+            self._mark(rec, "commit")
 
     def _roll_back(self, rec: dict[str, Any], pre: OuterState, snapshot: torch.Tensor,
                    why: str) -> None:

@@ -141,8 +141,6 @@ class OuterLoop(Committer, Adopter):
         self._pending: tuple[Work, Future[dict[str, Any]]] | None = None
         self._last_round_end: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
-        self._published: Future[None] | None = None
-        """The last version commit's publication (after its attempt, before the next)."""
         self._cache: tuple[str, bytes] | None = None
         self._cache_lock = threading.Lock()
         gid = hashlib.sha256(group.encode()).hexdigest()[:24]
@@ -259,11 +257,6 @@ class OuterLoop(Committer, Adopter):
                 self.poll(wait=min(self.config.deadline_s + 5, 30.0))
             except Exception as e:  # noqa: BLE001 - leaving anyway
                 logger.warning("outer step still running at close: %s", e)
-        if self._published is not None:
-            try:
-                self._published.result(timeout=2 * min(5.0, self.config.deadline_s / 4) + 1)
-            except Exception as e:  # noqa: BLE001 - leaving anyway
-                logger.warning("version commit not stored at close: %s", e)
         self._pool.shutdown(wait=False)
         self._transport.close()
 
@@ -305,8 +298,6 @@ class OuterLoop(Committer, Adopter):
         read_at = rec.pop("read_at", None)
         if read_at is not None and rec["status"] == "ok":
             self.clock.observe_exchange(time.monotonic() - read_at)
-        if work.publish is not None:  # runs on this thread after we return (one worker)
-            self._published = self._pool.submit(self._publish, *work.publish)
         rec.update(dht_restarts=self._transport.dht_restarts,
                    dht_failures=self._transport.dht_failures,
                    invalid_commits=self._book.invalid, rejected_streams=self._ar.rejected,
