@@ -41,7 +41,6 @@ class Committer:
     _rebase: Callable[..., None]
     _fetch_adopt: Callable[..., None]
     _mark: Callable[[dict[str, Any], str], None]
-    _publish: Callable[..., None]
 
     def _may_advance(self, contributors: set[str]) -> bool:
         """Whether a group with these contributors may make the next version: it must hold a
