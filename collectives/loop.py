@@ -103,7 +103,7 @@ class OuterLoop(Committer, Adopter):
                  trust: Callable[[str], bool] = _trust_nobody,
                  genesis: torch.Tensor | None = None,
                  on_stage: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = _dht_time) -> None:
+                 now: Callable[[], float] = _dht_time) -> None:
         if not group:
             raise ValueError("group must be a non-empty string")
         self.config = config
@@ -125,7 +125,8 @@ class OuterLoop(Committer, Adopter):
         self._trust = trust
         self._on_stage = on_stage
         """Told "rendezvous", "exchange" and "commit" as an attempt reaches them (status view)."""
-        self._now = clock
+        self._now = now
+        """DHT time (the meetings' clock; injectable for tests)."""
         self.clock = Clock(every_rounds=config.every_rounds, period_s=config.period_s,
                            min_period_s=config.min_period_s, max_period_s=config.max_period_s,
                            min_window_s=config.join_window_s,
