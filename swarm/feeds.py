@@ -216,7 +216,8 @@ class FeedClient:
     on_frame: FrameHandler
     is_banned: Callable[[ID], bool] = lambda _peer: False
     keep: Callable[[ID], bool] = lambda _peer: False
-    """Peers whose connection must stay when a feed we dialed for ends (our subscribers)."""
+    """Peers whose connection must stay when a feed we dialed for ends (our subscribers,
+    gossip mesh members)."""
     rng: random.Random = field(default_factory=random.Random)
     limits: Limits = field(default_factory=Limits)
     _feeds: dict[ID, _Feed] = field(default_factory=dict, repr=False)
