@@ -54,22 +54,24 @@ def profile(mode: str, n: int, batches: int, interval_s: float, rollouts: int) -
     procs = Procs(short_tmpdir())
     prof_path = procs.root / f"node0-{mode}.prof"
     try:
-        boot = procs.node("boot", learner=False, bootstrap_only=True)
+        slow = dict(announce_interval_s=5.0, peer_ttl_s=30.0)  # as in gossip_bench.py
+        boot = procs.node("boot", learner=False, bootstrap_only=True, **slow)
         names = [f"n{i}" for i in range(n)]
         first = procs.config("n0", bootstrap=(boot.addr,), target_peers=4, rollout_mode=mode,
-                             ipc_path=str(procs.root / "n0.sock"))
-        p0 = SwarmProc(first, "n0", python_args=("-m", "cProfile", "-o", str(prof_path)))
+                             ipc_path=str(procs.root / "n0.sock"), **slow)
+        p0 = SwarmProc(first, "n0", python_args=("-m", "bench.cpu_profile", str(prof_path)))
         p0.start(expect_ready=False)
         procs.procs.append(p0)
-        rest = procs.nodes(names[1:], bootstrap=(boot.addr,), target_peers=4, rollout_mode=mode)
+        rest = procs.nodes(names[1:], bootstrap=(boot.addr,), target_peers=4, rollout_mode=mode,
+                           **slow)
         p0.wait_ready(timeout_s=120)
         nodes = [p0, *rest]
         bridges = [SocketBridge.connect(p.ready["ipc"], wait_s=60) for p in nodes]
         wait_until(lambda: all(len(b.peers()) >= n for b in bridges), timeout_s=120,
                    what="discovery")
         if mode == "feeds":
-            wait_until(lambda: all(b.stats().get("feed_sources", 0) >= min(4, n - 1)
-                                   for b in bridges), timeout_s=90, what="feeds")
+            wait_until(lambda: bridges[0].stats().get("feed_sources", 0) >= min(4, n - 1) - 1,
+                       timeout_s=120, what="node 0's feeds")
         for _ in range(batches):
             for i, b in enumerate(bridges):
                 b.publish(batch(f"n{i}", int(time.time() * 1000), n=rollouts))

@@ -247,6 +247,8 @@ class FeedClient:
             oldest.scope.cancel()
             del self._feeds[oldest.peer]
             self._rested[oldest.peer] = now
+            if len(self._rested) > self.table.capacity:  # bounded: forget the longest rested
+                del self._rested[min(self._rested, key=self._rested.__getitem__)]
             self._last_rotation = now
             self.counters["feed_rotated"] += 1
         for _ in range(min(OPENS_PER_TICK, k - len(self._feeds))):
