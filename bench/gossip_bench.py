@@ -38,7 +38,7 @@ from tests.swarm.conftest import Procs, batch  # noqa: E402
 from tests.swarm.procs import short_tmpdir, wait_until  # noqa: E402
 from tests.swarm.test_swarm import wait_stable  # noqa: E402
 
-FEED_COUNTERS = ("feed_opened", "feed_failed", "feed_refused", "feed_rotated", "feed_hung_up",
+FEED_COUNTERS = ("feed_opened", "feed_failed", "feed_refused", "feed_rotated",
                  "feed_busy", "feed_backfilled", "dropped_feed_slow", "rejected_feed_bad_request")
 IDLE_S = 6.0
 """CPU of the swarm with no rollouts is measured for this long before the first publish

@@ -102,9 +102,6 @@ class FeedServer:
     def subscribers(self) -> int:
         return len(self._subs)
 
-    def serves(self, peer: ID) -> bool:
-        return peer in self._subs
-
     def publish(self, data: bytes) -> int:
         """Queue a sealed batch for every subscriber; the number it was queued for."""
         self._latest = (trio.current_time(), data)
@@ -215,16 +212,12 @@ class FeedClient:
     counters: collections.Counter[str]
     on_frame: FrameHandler
     is_banned: Callable[[ID], bool] = lambda _peer: False
-    keep: Callable[[ID], bool] = lambda _peer: False
-    """Peers whose connection must stay when a feed we dialed for ends (our subscribers,
-    gossip mesh members)."""
     rng: random.Random = field(default_factory=random.Random)
     limits: Limits = field(default_factory=Limits)
     _feeds: dict[ID, _Feed] = field(default_factory=dict, repr=False)
     _cooldown: dict[ID, float] = field(default_factory=dict, repr=False)
     _rested: dict[ID, float] = field(default_factory=dict, repr=False)
     _failures: dict[ID, int] = field(default_factory=dict, repr=False)
-    _dialed: set[ID] = field(default_factory=set, repr=False)
     _last_rotation: float = field(default=0.0, repr=False)
 
     def sources(self) -> list[str]:
@@ -242,8 +235,11 @@ class FeedClient:
         now = trio.current_time()
         self._cooldown = {p: t for p, t in self._cooldown.items() if t > now}
         k = self.config.feed_sources
-        if len(self._feeds) >= k and now - self._last_rotation >= self.config.feed_rotate_s:
-            oldest = min(self._feeds.values(), key=lambda f: f.started)
+        open_ = [f for f in self._feeds.values() if f.open]
+        # rotate only a full set of open feeds: while opens fail (a loaded box), rotating too
+        # would only add dials
+        if len(open_) >= k and now - self._last_rotation >= self.config.feed_rotate_s:
+            oldest = min(open_, key=lambda f: f.started)
             oldest.scope.cancel()
             del self._feeds[oldest.peer]
             self._rested[oldest.peer] = now
@@ -329,32 +325,15 @@ class FeedClient:
         finally:
             if self._feeds.get(peer) is feed:
                 del self._feeds[peer]
-            with trio.CancelScope(shield=True):
-                if stream is not None:
+            if stream is not None:
+                with trio.CancelScope(shield=True):
                     await _close(stream)
-                await self._hang_up(peer)
-
-    async def _hang_up(self, peer: ID) -> None:
-        """Close a connection we dialed only for a feed, once we hold more than target_peers:
-        rotation would otherwise collect a connection per rotation (up to the watermarks)."""
-        if peer not in self._dialed:
-            return
-        self._dialed.discard(peer)
-        if (peer in self._feeds or self.keep(peer)
-                or len(self.host.get_connected_peers()) <= self.config.target_peers):
-            return
-        try:
-            await self.host.disconnect(peer)
-            self.counters["feed_hung_up"] += 1
-        except Exception as e:  # already gone
-            logger.debug("disconnecting %s: %s", peer, e)
 
     async def _open(self, info: PeerInfo) -> INetStream | None:
         """Dial if needed, open the stream, send the request; None when refused."""
         with trio.fail_after(self.config.dial_timeout_s):
             if info.peer_id not in self.host.get_connected_peers():
                 await self.host.connect(info)
-                self._dialed.add(info.peer_id)
             stream = await self.host.new_stream(info.peer_id, [FEED_PROTOCOL])
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):

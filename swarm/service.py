@@ -112,8 +112,7 @@ class GossipService:
                                       is_banned=stack.pubsub.is_banned)
         self.feed_client = FeedClient(config=config, host=stack.host, table=self.table,
                                       counters=self.counters, on_frame=self._feed_frame,
-                                      is_banned=stack.pubsub.is_banned,
-                                      keep=self._keep_connection)
+                                      is_banned=stack.pubsub.is_banned)
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
                         "collective_addrs": config.collective_addrs}
@@ -136,12 +135,6 @@ class GossipService:
             self._accept(env.type, from_peer, env.message, len(msg.data))
             return True
         return validate
-
-    def _keep_connection(self, peer: ID) -> bool:
-        """A connection dialed for a feed stays if the peer subscribes to our feed or is in a
-        gossip mesh of ours (closing it would churn the mesh)."""
-        return self.feed_server.serves(peer) or any(
-            peer in members for members in self.stack.router.mesh.values())
 
     def _feed_frame(self, source: ID, data: bytes) -> bool:
         """A frame from a feed we opened: the source must have signed it (it serves only its
