@@ -12,8 +12,9 @@ A batch's ``round`` carries its publish time (ms), so latency = receipt time at 
 process − publish time (one clock). ``cpu_ms_per_delivery`` is the CPU time (user + system,
 from /proc) of the N node processes and the bootstrap from the first publish to the last
 receipt, divided by the deliveries; ``cpu_ms_per_delivery_net`` first subtracts the idle
-CPU rate (measured for ``IDLE_S`` before publishing) over that time. ``inbound_per_node_round`` is the rollout messages a node
-read per publish round: deliveries plus duplicate copies (flood) or feed frames (feeds).
+CPU rate (measured for ``IDLE_S`` before publishing) over that time.
+``inbound_per_node_round`` is the rollout messages a node read per publish round: deliveries
+plus duplicate copies (flood) or feed frames (feeds).
 Load averages (``os.getloadavg``) are recorded before and after each row. Writes
 ``bench/results/gossip.json`` atomically. Never fails for slowness.
 

@@ -25,8 +25,9 @@ decoded and each of its messages spawns a task before the publish gate drops it.
   invalid message (upstream let the exception end the stream);
 - the remaining silent drops are counted: ``rejected_bad_peer_record``,
   ``rejected_rpc_too_large``, ``rejected_blacklisted``, ``rejected_spoofed_self``,
-  ``dropped_unsubscribed_topic``; redundant copies of a message are ``gossip_duplicates`` (and ``gossip_duplicates_<label>`` per topic
-  named in ``topic_labels``, e.g. ``gossip_duplicates_rollouts``).
+  ``dropped_unsubscribed_topic``; redundant copies of a message are ``gossip_duplicates``
+  (and ``gossip_duplicates_<label>`` per topic named in ``topic_labels``, e.g.
+  ``gossip_duplicates_rollouts``).
 
 Messages reach the learner from the topic validator (``GossipService._accept``), so the
 per-topic subscription channels (32 slots, dropped silently when full) are not fed at all.
