@@ -242,6 +242,7 @@ class Learner:
             "external_round_capped": dropped["round_capped"],
             "external_evicted_full": dropped["evicted_full"],
             "external_senders": len({x.sender for x in taken}),
+            "external_sender_ids": sorted({x.sender for x in taken}),
             "rejected": sum(ingest.rejected.values()),
             "rejected_by_reason": dict(ingest.rejected),
             "tokens_generated": sum(c.token_count for group in completions for c in group),

@@ -97,6 +97,9 @@ def _config(base: Path, plan: Plan) -> Path:
         # tiny_add pinned: the steering payloads (and the measurements) are tiny_add groups
         f"[learner]\nseed = {plan.seed}\ncheckpoint_every = 0\n\n[learner.policy]\nthreads = 1\n\n"
         f"[learner.tasks]\nfamilies = [\"tiny_add\"]\n\n"
+        # the attackers publish rollouts on gossip (tests/adversary/gossip.py): flood mode
+        # subscribes that topic; in feeds mode they would have to be picked as sources
+        f"[gossip]\nrollout_mode = \"flood\"\n\n"
         f"[outer]\nevery_rounds = {plan.every_rounds}\njoin_window_s = 3.0\ndeadline_s = 20.0\n")
     return path
 

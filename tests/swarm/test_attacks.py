@@ -16,6 +16,9 @@ from tests.swarm.procs import wait_until
 
 pytestmark = pytest.mark.slow
 
+FLOOD = "flood"
+"""The attacks arrive on the rollouts gossip topic, which feeds mode does not subscribe."""
+
 BURST = 30
 
 
@@ -29,7 +32,8 @@ def run_attacker(procs: Procs, victim_addr: str, **extra: object) -> dict:
 
 
 def test_crafted_messages_are_rejected_by_reason_and_the_node_keeps_serving(procs: Procs) -> None:
-    victim = procs.node("victim", rate_per_s=1.0, rate_burst=10, invalid_message_weight=0.5)
+    victim = procs.node("victim", rollout_mode=FLOOD, rate_per_s=1.0, rate_burst=10,
+                        invalid_message_weight=0.5)
     bridge = SocketBridge.connect(victim.ready["ipc"])
     result = run_attacker(procs, victim.addr)
     attacker = result["peer_id"]
@@ -62,7 +66,7 @@ def test_rate_limited_replayed_and_stale_messages_cost_no_score(procs: Procs) ->
     know our token bucket or clock): with default scoring (P4 10, graylist -100), about 20
     rate-limited copies plus 6 invalid messages would otherwise get the sender banned; here
     only the 6 invalid ones count (-60) and its good message still arrives."""
-    victim = procs.node("victim", rate_per_s=1.0, rate_burst=10)
+    victim = procs.node("victim", rollout_mode=FLOOD, rate_per_s=1.0, rate_burst=10)
     bridge = SocketBridge.connect(victim.ready["ipc"])
     run_attacker(procs, victim.addr)
     got: list = []
@@ -80,8 +84,8 @@ def test_rate_limited_replayed_and_stale_messages_cost_no_score(procs: Procs) ->
 def test_a_peer_sending_invalid_messages_is_graylisted(procs: Procs) -> None:
     # P4 weight 10, graylist at -50: after about 5 invalid messages the attacker's messages
     # are ignored before validation, so neither its later junk nor its good message counts
-    victim = procs.node("victim", invalid_message_weight=10.0, graylist_threshold=-50.0,
-                        rate_burst=1000, rate_per_s=1000.0)
+    victim = procs.node("victim", rollout_mode=FLOOD, invalid_message_weight=10.0,
+                        graylist_threshold=-50.0, rate_burst=1000, rate_per_s=1000.0)
     bridge = SocketBridge.connect(victim.ready["ipc"])
     run_attacker(procs, victim.addr, plan="invalid_only", rate_burst=20, pause_s=0.5)
     wait_until(lambda: bridge.stats().get("rejected_malformed", 0) >= 5, timeout_s=10,
@@ -105,8 +109,8 @@ graylist at -100 make the 11th the last; a few more may be in flight concurrentl
 ])
 def test_a_flood_is_rejected_counted_and_banned_and_honest_gossip_still_arrives(
         procs: Procs, kind: str, reason: str, count: int, rate: float) -> None:
-    victim = procs.node("victim")  # default scoring: P4 weight 10, graylist at -100
-    honest = procs.node("honest", bootstrap=(victim.addr,))
+    victim = procs.node("victim", rollout_mode=FLOOD)  # default scoring: P4 10, graylist -100
+    honest = procs.node("honest", bootstrap=(victim.addr,), rollout_mode=FLOOD)
     bridge = SocketBridge.connect(victim.ready["ipc"])
     honest_bridge = SocketBridge.connect(honest.ready["ipc"])
     result = run_attacker(procs, victim.addr, plan="flood", kind=kind, count=count, rate=rate,
