@@ -1,0 +1,142 @@
+"""Run the simulation grid (flood vs feeds, N = 16, 100, 1000, with and without churn), calibrate
+against real runs, write ``bench/results/sim.json`` and ``bench/results/sim.png``.
+
+    PYTHONPATH=$PWD python -m bench.sim --real bench/results/sim_real_flood.json
+
+``--real`` files are ``bench/sim/realrun.py`` outputs; the cost unit is fitted on them
+(``bench/sim/calibrate.py``) and used for the WAN grid. Without them ``--unit-ms`` is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.sim.calibrate import costs_from_unit, fit_unit, replay
+from bench.sim.config import Scenario, Scheme
+from bench.sim.engine import Sim
+from bench.sim.metrics import summarize
+from protocol.files import atomic_write_bytes
+
+log = logging.getLogger("bench.sim")
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+FLOOD_ROUNDS_1000 = 2
+"""A flood of 1,000 peers is ~6 M copies per round (N^2 D): simulated for this many rounds
+only (its per-round cost is what matters; it is saturated anyway)."""
+
+
+def grid(unit_ms: float, *, sizes: list[int], rounds: int, batch_bytes: int,
+         churn: float, seed: int) -> list[dict[str, Any]]:
+    out = []
+    for n in sizes:
+        for kind in ("flood", "feeds"):
+            for ch in (0.0, churn):
+                r = FLOOD_ROUNDS_1000 if kind == "flood" and n >= 1000 else rounds
+                if kind == "flood" and n >= 1000 and ch > 0:
+                    continue  # two rounds see almost no churn; not informative
+                sc = Scenario(n=n, rounds=r, churn_per_min=ch, seed=seed,
+                              costs=costs_from_unit(unit_ms, batch_bytes=batch_bytes),
+                              scheme=Scheme(kind=kind))
+                t0 = time.monotonic()
+                res = summarize(Sim(sc).run(), wall_s=time.monotonic() - t0)
+                res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+                log.info("%s n=%d churn=%.2f: %.1f s, inbound %.1f/round, p99 %s ms", kind, n, ch,
+                         res["wall_s"], res["per_node_per_round"]["inbound_copies"]["mean"],
+                         res["latency_ms"]["p99"])
+                out.append(res)
+    return out
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    styles = {"flood": ("tab:red", "o"), "feeds": ("tab:blue", "s")}
+    for kind, (color, marker) in styles.items():
+        rs = sorted((r for r in runs if r["scheme"] == kind and r["churn_per_min"] == 0),
+                    key=lambda r: r["n"])
+        if not rs:
+            continue
+        ns = [r["n"] for r in rs]
+        axes[0].plot(ns, [r["per_node_rollouts"]["bytes_in_per_s"]["mean"] / 1e3 for r in rs],
+                     color=color, marker=marker, label=f"{kind}: rollouts in")
+        axes[1].plot(ns, [r["latency_ms"]["p50"] or 0 for r in rs], color=color, marker=marker,
+                     label=f"{kind} p50")
+        axes[1].plot(ns, [r["latency_ms"]["p99"] or 0 for r in rs], color=color, marker=marker,
+                     linestyle="--", label=f"{kind} p99")
+        axes[2].plot(ns, [r["per_node_rollouts"]["cpu_ms_per_s"]["mean"] / 1e3 for r in rs],
+                     color=color, marker=marker, label=f"{kind}: rollouts")
+    rs = sorted((r for r in runs if r["scheme"] == "feeds" and r["churn_per_min"] == 0),
+                key=lambda r: r["n"])
+    if rs:
+        ns = [r["n"] for r in rs]
+        axes[0].plot(ns, [r["per_node_announcements"]["bytes_in_per_s"] / 1e3 for r in rs],
+                     color="tab:gray", marker="^", linestyle=":", label="announcements in (both)")
+        axes[2].plot(ns, [r["per_node_announcements"]["cpu_ms_per_s"] / 1e3 for r in rs],
+                     color="tab:gray", marker="^", linestyle=":", label="announcements (both)")
+    axes[2].axhline(1.0, color="black", linewidth=0.8, label="one core")
+    titles = ("per-node inbound bandwidth (kB/s)", "batch latency (ms)", "per-node CPU (cores)")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("peers N")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("bench/sim: flood vs receiver-chosen feeds (WAN model, calibrated costs)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--real", nargs="*", default=[], help="bench/sim/realrun.py outputs (flood)")
+    ap.add_argument("--real-feeds", nargs="*", default=[], help="realrun outputs in feeds mode")
+    ap.add_argument("--unit-ms", type=float, default=2.0, help="cost unit without --real")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 100, 1000])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--churn", type=float, default=0.1, help="fraction of peers leaving per minute")
+    ap.add_argument("--batch-bytes", type=int, default=16_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(RESULTS / "sim.json"))
+    ap.add_argument("--png", default=str(RESULTS / "sim.png"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    t0 = time.monotonic()
+    result: dict[str, Any] = {"command": "python -m bench.sim " + " ".join(
+        f"{k}={v}" for k, v in vars(args).items()), "loadavg_start": list(os.getloadavg())}
+    unit = args.unit_ms
+    real_runs = [r for path in args.real for r in json.loads(Path(path).read_text())["runs"]]
+    if real_runs:
+        fit = fit_unit(real_runs)
+        unit = fit["unit_ms"]
+        result["calibration"] = {"fit": fit, "flood": [replay(r, unit) for r in real_runs]}
+        feeds = [r for path in args.real_feeds for r in json.loads(Path(path).read_text())["runs"]]
+        if feeds:
+            ffit = fit_unit(feeds)
+            result["calibration"]["feeds_fit"] = ffit
+            result["calibration"]["feeds"] = [replay(r, ffit["unit_ms"], scheme="feeds")
+                                              for r in feeds]
+    result["unit_ms"] = unit
+    result["runs"] = grid(unit, sizes=args.sizes, rounds=args.rounds, batch_bytes=args.batch_bytes,
+                          churn=args.churn, seed=args.seed)
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    out = Path(args.out)
+    atomic_write_bytes(out, json.dumps(result, indent=1).encode())
+    plot(result["runs"], Path(args.png))
+    log.info("wrote %s and %s in %.0f s", out, args.png, result["wall_s"])
+
+
+if __name__ == "__main__":
+    main()
