@@ -31,22 +31,40 @@ FLOOD_ROUNDS_1000 = 2
 only (its per-round cost is what matters; it is saturated anyway)."""
 
 
+VARIANTS = ("flood", "feeds", "flood_ann", "feeds_ann")
+"""``*_ann``: the peer-announcement interval grown with the swarm (N / 20 s, at least 5 s;
+peer_ttl_s 3 intervals), so announcements cost a node a constant ~20 per second: the follow-up
+swarm/SCALING.md names. With today's 5 s, announcements alone saturate a node's core near
+N = 1,000 whatever the rollout scheme, so only the ``*_ann`` pair compares the rollout schemes
+at that size on latency."""
+
+
+def scheme_for(variant: str, n: int) -> Scheme:
+    kind = variant.removesuffix("_ann")
+    if variant.endswith("_ann"):
+        interval = max(5.0, n / 20)
+        return Scheme(kind=kind, announce_interval_s=interval, peer_ttl_s=3 * interval)
+    return Scheme(kind=kind)
+
+
 def grid(unit_ms: float, *, sizes: list[int], rounds: int, batch_bytes: int,
          churn: float, seed: int) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
-        for kind in ("flood", "feeds"):
+        for variant in VARIANTS:
             for ch in (0.0, churn):
-                r = FLOOD_ROUNDS_1000 if kind == "flood" and n >= 1000 else rounds
-                if kind == "flood" and n >= 1000 and ch > 0:
+                flood = variant.startswith("flood")
+                r = FLOOD_ROUNDS_1000 if flood and n >= 1000 else rounds
+                if flood and n >= 1000 and ch > 0:
                     continue  # two rounds see almost no churn; not informative
                 sc = Scenario(n=n, rounds=r, churn_per_min=ch, seed=seed,
                               costs=costs_from_unit(unit_ms, batch_bytes=batch_bytes),
-                              scheme=Scheme(kind=kind))
+                              scheme=scheme_for(variant, n))
                 t0 = time.monotonic()
                 res = summarize(Sim(sc).run(), wall_s=time.monotonic() - t0)
+                res["variant"] = variant
                 res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
-                log.info("%s n=%d churn=%.2f: %.1f s, inbound %.1f/round, p99 %s ms", kind, n, ch,
+                log.info("%s n=%d churn=%.2f: %.1f s, inbound %.1f/round, p99 %s ms", variant, n, ch,
                          res["wall_s"], res["per_node_per_round"]["inbound_copies"]["mean"],
                          res["latency_ms"]["p99"])
                 out.append(res)
@@ -58,40 +76,46 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    styles = {"flood": ("tab:red", "o"), "feeds": ("tab:blue", "s")}
-    for kind, (color, marker) in styles.items():
-        rs = sorted((r for r in runs if r["scheme"] == kind and r["churn_per_min"] == 0),
-                    key=lambda r: r["n"])
-        if not rs:
-            continue
+    def rows(variant: str) -> list[dict[str, Any]]:
+        return sorted((r for r in runs if r["variant"] == variant and r["churn_per_min"] == 0),
+                      key=lambda r: r["n"])
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    red, blue, grey = "tab:red", "tab:blue", "tab:gray"
+    for variant, color, marker in (("flood", red, "o"), ("feeds", blue, "s")):
+        rs = rows(variant)
         ns = [r["n"] for r in rs]
         axes[0].plot(ns, [r["per_node_rollouts"]["bytes_in_per_s"]["mean"] / 1e3 for r in rs],
-                     color=color, marker=marker, label=f"{kind}: rollouts in")
-        axes[1].plot(ns, [r["latency_ms"]["p50"] or 0 for r in rs], color=color, marker=marker,
-                     label=f"{kind} p50")
-        axes[1].plot(ns, [r["latency_ms"]["p99"] or 0 for r in rs], color=color, marker=marker,
-                     linestyle="--", label=f"{kind} p99")
-        axes[2].plot(ns, [r["per_node_rollouts"]["cpu_ms_per_s"]["mean"] / 1e3 for r in rs],
-                     color=color, marker=marker, label=f"{kind}: rollouts")
-    rs = sorted((r for r in runs if r["scheme"] == "feeds" and r["churn_per_min"] == 0),
-                key=lambda r: r["n"])
-    if rs:
+                     color=color, marker=marker, label=f"{variant}: rollout batches in")
+    for variant, style, label in (("feeds", ":", "every 5 s"), ("feeds_ann", "-.", "every N/20 s")):
+        rs = rows(variant)
         ns = [r["n"] for r in rs]
         axes[0].plot(ns, [r["per_node_announcements"]["bytes_in_per_s"] / 1e3 for r in rs],
-                     color="tab:gray", marker="^", linestyle=":", label="announcements in (both)")
+                     color=grey, marker="^", linestyle=style, label=f"peer announcements {label}")
         axes[2].plot(ns, [r["per_node_announcements"]["cpu_ms_per_s"] / 1e3 for r in rs],
-                     color="tab:gray", marker="^", linestyle=":", label="announcements (both)")
-    axes[2].axhline(1.0, color="black", linewidth=0.8, label="one core")
-    titles = ("per-node inbound bandwidth (kB/s)", "batch latency (ms)", "per-node CPU (cores)")
+                     color=grey, marker="^", linestyle=style, label=f"peer announcements {label}")
+    for variant, color, marker in (("flood_ann", red, "o"), ("feeds_ann", blue, "s")):
+        rs = rows(variant)
+        ns = [r["n"] for r in rs]
+        name = variant.removesuffix("_ann")
+        axes[1].plot(ns, [r["latency_ms"]["p50"] or 0 for r in rs], color=color, marker=marker,
+                     label=f"{name} p50")
+        axes[1].plot(ns, [r["latency_ms"]["p99"] or 0 for r in rs], color=color, marker=marker,
+                     linestyle="--", label=f"{name} p99")
+        axes[2].plot(ns, [r["per_node_rollouts"]["cpu_ms_per_s"]["mean"] / 1e3 for r in rs],
+                     color=color, marker=marker, label=f"{name}: rollout traffic")
+    axes[2].axhline(1.0, color="black", linewidth=0.8, label="one core (trio loop)")
+    titles = ("per-node inbound bandwidth (kB/s)",
+              "batch latency, publish to first copy (ms)\n(announcements every N/20 s)",
+              "per-node CPU (cores)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("peers N")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("bench/sim: flood vs receiver-chosen feeds (WAN model, calibrated costs)")
+    fig.suptitle("bench/sim: today's flood vs receiver-chosen feeds (WAN model, calibrated costs)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")

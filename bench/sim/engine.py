@@ -57,7 +57,8 @@ class Sim:
         net = sc.network
         self.announce = announce_load(sc, sc.n + (net.mode == "testbed"))
         if net.mode == "wan":
-            # announcements take this fraction of each node's core (capped: saturated beyond)
+            # announcements take this fraction of each node's core; beyond 95% the node is
+            # saturated (metrics.summarize flags it) and the rollout latencies mean little
             busy = min(0.95, self.announce.cpu_ms_per_s / 1000)
             self.cpu: OwnCore | SharedCores = OwnCore(self._schedule_job, slowdown=1 / (1 - busy))
             self.wan: WanLatency | None = WanLatency(self.rng, jitter=net.jitter)

@@ -145,6 +145,10 @@ def summarize(sim: Sim, *, wall_s: float) -> dict[str, Any]:
     }
     rollout_cpu = out["per_node_rollouts"]["cpu_ms_per_s"]["mean"] or 0.0
     out["per_node_cpu_utilisation"] = round((rollout_cpu + ann.cpu_ms_per_s) / 1000, 3)
+    if sc.network.mode == "wan":
+        # above one core the node cannot keep up: its queue (and latency) grows without bound,
+        # and announcements are modelled as taking at most 95% of the core (engine.py)
+        out["saturated"] = out["per_node_cpu_utilisation"] >= 1.0
     scheme = sim.scheme
     if hasattr(scheme, "handshakes"):
         held = scheme.held / max(1, scheme.held_samples) / sc.scheme.feed_sources

@@ -10,7 +10,9 @@ machine slows every process: the simulation's ``background_load``).
     PYTHONPATH=$PWD python -m bench.sim.realrun --nodes 16 --batches 10 --out /tmp/real16.json
 
 Extra ``--config KEY=JSON`` pairs go into every node's GossipConfig (e.g. ``rollout_mode="feeds"``
-on a branch that has it).
+on a branch that has it). ``peer_ttl_s`` defaults to 30 s here (the tests' FAST has 6 s): on a
+loaded 2-core box announcements arrive late and peers expired before all were known at once
+(discovery timed out after 180 s at load average 30); it changes no rollout traffic.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def main() -> None:
     ap.add_argument("--config", action="append", default=[], metavar="KEY=JSON")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.config)}
+    extra = {"peer_ttl_s": 30.0,
+             **{k: json.loads(v) for k, v in (item.split("=", 1) for item in args.config)}}
     runs = []
     for n in args.nodes:
         t0 = time.monotonic()
