@@ -1,14 +1,23 @@
-"""Gossip benchmark: propagation latency and delivered messages/s on loopback.
+"""Gossip benchmark: per-node inbound rollout messages, latency and CPU per delivery, on loopback.
 
 Starts a bootstrap peer and N swarm processes (``python -m swarm``), each with a learner-side
 SocketBridge; every node publishes ``--batches`` RolloutBatches, one every ``--interval-s``.
-A batch's ``round`` carries its publish time (ms), so latency = receipt time at the swarm
-process − publish time (one clock: same machine). ``cpu_ms_per_delivery`` is the CPU time
-(user + system, from /proc) the N node processes and the bootstrap spent from the first
-publish to the last receipt, divided by the deliveries. Prints a summary and writes
-``bench/results/gossip.json``. Never fails for slowness.
+Each N runs once per ``--modes`` entry, in the same session, so the modes compare as ratios
+on the same (shared, noisy) machine:
 
-    PYTHONPATH=$PWD python bench/gossip_bench.py --nodes 8 16
+- ``flood``: every batch to every node on the rollouts gossip topic (the old path);
+- ``feeds``: each node receives from ``--sources`` peers it picked and rotates (swarm.feeds).
+
+A batch's ``round`` carries its publish time (ms), so latency = receipt time at the swarm
+process − publish time (one clock). ``cpu_ms_per_delivery`` is the CPU time (user + system,
+from /proc) of the N node processes and the bootstrap from the first publish to the last
+receipt, divided by the deliveries; ``cpu_ms_per_delivery_net`` first subtracts the idle
+CPU rate (measured for ``IDLE_S`` before publishing) over that time. ``inbound_per_node_round`` is the rollout messages a node
+read per publish round: deliveries plus duplicate copies (flood) or feed frames (feeds).
+Load averages (``os.getloadavg``) are recorded before and after each row. Writes
+``bench/results/gossip.json`` atomically. Never fails for slowness.
+
+    PYTHONPATH=$PWD python bench/gossip_bench.py --nodes 8 16 32 --batches 10 --interval-s 1.0
 """
 
 from __future__ import annotations
@@ -24,9 +33,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.ipc_client import SocketBridge  # noqa: E402
+from protocol import atomic_write_bytes  # noqa: E402
 from tests.swarm.conftest import Procs, batch  # noqa: E402
 from tests.swarm.procs import short_tmpdir, wait_until  # noqa: E402
 from tests.swarm.test_swarm import wait_stable  # noqa: E402
+
+IDLE_S = 3.0
+"""CPU of the swarm with no rollouts is measured for this long before the first publish
+(heartbeats, announcements); ``cpu_ms_per_delivery_net`` subtracts it."""
+QUIET_S = 3.0
+"""Feeds mode: the run ends when no node received anything for this long after the last
+publish (a node receives only its sources' batches, so there is no fixed expected count)."""
 
 
 def cpu_s(pid: int) -> float:
@@ -35,35 +52,61 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(n: int, batches: int, interval_s: float, rollouts: int) -> dict:
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
+        sources: int) -> dict:
     procs = Procs(short_tmpdir())
+    load_before = _load()
+    wall0 = time.monotonic()
     try:
-        t0 = time.monotonic()
         boot = procs.node("boot", learner=False, bootstrap_only=True)
-        nodes = procs.nodes([f"n{i}" for i in range(n)], bootstrap=(boot.addr,), target_peers=4)
+        nodes = procs.nodes([f"n{i}" for i in range(n)], bootstrap=(boot.addr,), target_peers=4,
+                            rollout_mode=mode, feed_sources=sources)
         bridges = [SocketBridge.connect(p.ready["ipc"], wait_s=60) for p in nodes]
-        wait_until(lambda: all(len(b.peers()) >= n for b in bridges), timeout_s=60, what="discovery")
+        wait_until(lambda: all(len(b.peers()) >= n for b in bridges), timeout_s=120,
+                   what="discovery")
+        if mode == "feeds":
+            want = min(sources, n - 1)
+            wait_until(lambda: all(b.stats().get("feed_sources", 0) >= want for b in bridges),
+                       timeout_s=60, what="every node's feeds")
         wait_stable(bridges)
-        startup_s = time.monotonic() - t0
+        startup_s = time.monotonic() - wall0
         pids = [p.proc.pid for p in procs.procs if p.proc is not None]
+        idle0, t_idle = sum(cpu_s(pid) for pid in pids), time.monotonic()
+        time.sleep(IDLE_S)
         cpu0 = sum(cpu_s(pid) for pid in pids)
+        idle_rate = (cpu0 - idle0) / (time.monotonic() - t_idle)  # CPU-s per s with no rollouts
         start_ms = time.time() * 1000
-        for k in range(batches):
+        for _ in range(batches):
             for i, b in enumerate(bridges):
                 b.publish(batch(f"n{i}", int(time.time() * 1000), n=rollouts))
             time.sleep(interval_s)
         expected = batches * (n - 1)
         lat: list[float] = []
         counts = [0] * n
+        senders: list[set[str]] = [set() for _ in range(n)]
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and min(counts) < expected:
+        last_new, last_new_ms, cpu_last = time.monotonic(), start_ms, cpu0
+        while time.monotonic() < deadline:
+            if mode == "flood" and min(counts) >= expected:
+                break
+            if mode == "feeds" and time.monotonic() - last_new >= QUIET_S:
+                break
+            before = sum(counts)
             for i, b in enumerate(bridges):
                 for r in b.receive("rollouts", max_items=1024):
                     counts[i] += 1
+                    senders[i].add(r.sender)
                     lat.append(r.received_ms - r.message.round)
+            if sum(counts) > before:
+                last_new, last_new_ms = time.monotonic(), time.time() * 1000
+                cpu_last = sum(cpu_s(pid) for pid in pids)
             time.sleep(0.05)
-        end_ms = time.time() * 1000
-        cpu = sum(cpu_s(pid) for pid in pids) - cpu0
+        end_ms = max(last_new_ms, start_ms + 1)  # the last receipt
+        cpu = cpu_last - cpu0  # first publish to last receipt
         stats = [b.stats() for b in bridges]
         for b in bridges:
             b.close()
@@ -71,39 +114,68 @@ def run(n: int, batches: int, interval_s: float, rollouts: int) -> dict:
         procs.stop_all()
     lat.sort()
     delivered = sum(counts)
-    return {
-        "nodes": n, "batches_per_node": batches, "rollouts_per_batch": rollouts,
-        "interval_s": interval_s, "startup_s": round(startup_s, 1),
-        "expected_deliveries": expected * n, "delivered": delivered,
-        "lost": expected * n - delivered,
+    inbound = [s.get("feed_frames", 0) if mode == "feeds" else
+               s.get("received_rollouts", 0) + s.get("gossip_duplicates_rollouts", 0)
+               for s in stats]
+    announce_in = [s.get("received_announce", 0) + s.get("gossip_duplicates_announce", 0)
+                   for s in stats]
+    row = {
+        "mode": mode, "nodes": n, "batches_per_node": batches, "rollouts_per_batch": rollouts,
+        "interval_s": interval_s, "sources": sources if mode == "feeds" else None,
+        "startup_s": round(startup_s, 1),
+        "delivered": delivered,
         "latency_ms_p50": round(statistics.median(lat), 1) if lat else None,
         "latency_ms_p99": round(lat[int(0.99 * (len(lat) - 1))], 1) if lat else None,
         "latency_ms_max": round(lat[-1], 1) if lat else None,
         "delivered_per_s": round(delivered / ((end_ms - start_ms) / 1000), 1),
         "cpu_ms_per_delivery": round(1000 * cpu / max(1, delivered), 2),
-        "duplicates": sum(s.get("gossip_duplicates", 0) for s in stats),
+        "cpu_ms_per_delivery_net": round(
+            1000 * max(0.0, cpu - idle_rate * (end_ms - start_ms) / 1000) / max(1, delivered), 2),
+        "idle_cpu_per_s": round(idle_rate, 3),
+        "cpu_s_total": round(cpu, 2),
+        "inbound_per_node_round": round(statistics.mean(inbound) / batches, 2),
+        "inbound_per_node_round_max": round(max(inbound) / batches, 2),
+        "deliveries_per_node_round": round(delivered / n / batches, 2),
+        "announce_in_per_node": round(statistics.mean(announce_in), 1),
+        "distinct_senders_per_node_min": min(len(s) for s in senders),
+        "duplicates": sum(s.get("gossip_duplicates_rollouts", 0) for s in stats),
         "rejected": sum(v for s in stats for k, v in s.items() if k.startswith("rejected_")),
         "dropped": sum(v for s in stats for k, v in s.items() if k.startswith("dropped_")),
         "connections_per_node": [s["peers"] for s in stats],
+        "load_before": load_before, "load_after": _load(),
+        "wall_s": round(time.monotonic() - wall0, 1),
     }
+    if mode == "flood":
+        row["expected_deliveries"] = expected * n
+        row["lost"] = expected * n - delivered
+    else:  # a batch queued for a subscriber that never arrived
+        row["feed_sent"] = sum(s.get("feed_sent", 0) + s.get("feed_backfilled", 0) for s in stats)
+        row["lost"] = row["feed_sent"] - sum(s.get("feed_frames", 0) for s in stats)
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--batches", type=int, default=20)
-    ap.add_argument("--interval-s", type=float, default=0.25)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--modes", nargs="+", default=["feeds", "flood"], choices=["feeds", "flood"])
+    ap.add_argument("--batches", type=int, default=10)
+    ap.add_argument("--interval-s", type=float, default=1.0)
     ap.add_argument("--rollouts", type=int, default=8)
+    ap.add_argument("--sources", type=int, default=4, help="feed_sources in feeds mode")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "gossip.json"))
     args = ap.parse_args()
     results = []
     for n in args.nodes:
-        r = run(n, args.batches, args.interval_s, args.rollouts)
-        print(json.dumps(r), flush=True)
-        results.append(r)
+        for mode in args.modes:
+            r = run(n, mode, batches=args.batches, interval_s=args.interval_s,
+                    rollouts=args.rollouts, sources=args.sources)
+            print(json.dumps(r), flush=True)
+            results.append(r)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": "2 cores, loopback", "runs": results}, indent=2))
+    doc = {"machine": f"{os.cpu_count()} cores shared, loopback", "command": " ".join(sys.argv),
+           "runs": results}
+    atomic_write_bytes(out, (json.dumps(doc, indent=2) + "\n").encode())
     print(f"wrote {out}")
 
 

@@ -7,8 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GossipConfig"]
+__all__ = ["ROLLOUT_MODES", "GossipConfig"]
 
+ROLLOUT_MODES = ("feeds", "flood")
 _TUPLES = ("listen", "announce", "bootstrap", "capabilities", "collective_addrs")
 
 
@@ -76,6 +77,28 @@ class GossipConfig:
     """How long a graylisted peer is refused (its score is forgotten when it disconnects)."""
     log_every_s: float = 10.0
     """At most one log line per rejection reason and period (rate-limited logging)."""
+    rollout_mode: str = "feeds"
+    """How rollouts travel: "feeds" (each node subscribes to feed_sources peers it picks and
+    rotates; inbound bounded whatever the swarm size, swarm/SCALING.md) or "flood" (every
+    batch to every node on the rollouts gossip topic; O(N) per node, kept as the baseline)."""
+    feed_sources: int = 4
+    """Feeds a node holds open at once (distinct source peers)."""
+    feed_rotate_s: float = 10.0
+    """Every this many seconds the oldest feed is closed and another source is picked."""
+    feed_max_subscribers: int = 12
+    """Feeds this node serves at once; further subscription requests are answered busy."""
+    feed_queue: int = 8
+    """Batches queued per subscriber; a subscriber that does not keep up loses the newest."""
+    feed_backfill_s: float = 30.0
+    """A new subscriber first receives our newest batch if it is at most this old."""
+    feed_cooldown_s: float = 60.0
+    """A source that refused, failed or sent an invalid frame is not picked for this long."""
+    feed_subscribe_per_s: float = 0.5
+    """Subscription requests accepted per second from one peer (token bucket refill)."""
+    feed_subscribe_burst: int = 4
+    """Token-bucket capacity of subscription requests per peer."""
+    feed_write_timeout_s: float = 10.0
+    """A feed whose write stalls this long is ended (the subscriber stopped reading)."""
 
     def __post_init__(self) -> None:
         for name in _TUPLES:
@@ -96,7 +119,10 @@ class GossipConfig:
         positive = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s",
                     "announce_interval_s", "peer_ttl_s", "maintain_interval_s",
                     "heartbeat_interval_s", "gossip_degree", "outbox_size", "inbox_size",
-                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s")
+                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s",
+                    "feed_sources", "feed_rotate_s", "feed_max_subscribers", "feed_queue",
+                    "feed_backfill_s", "feed_cooldown_s", "feed_subscribe_per_s",
+                    "feed_subscribe_burst", "feed_write_timeout_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"GossipConfig.{name} must be positive, got {getattr(self, name)}")
@@ -110,6 +136,8 @@ class GossipConfig:
             raise ValueError("GossipConfig.invalid_message_weight must be >= 0 (it is subtracted)")
         if self.graylist_threshold >= 0:
             raise ValueError("GossipConfig.graylist_threshold must be negative")
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(f"GossipConfig.rollout_mode must be one of {ROLLOUT_MODES}")
         if self.peer_ttl_s <= self.announce_interval_s:
             raise ValueError("GossipConfig.peer_ttl_s must exceed announce_interval_s")
 

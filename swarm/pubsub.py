@@ -25,7 +25,8 @@ decoded and each of its messages spawns a task before the publish gate drops it.
   invalid message (upstream let the exception end the stream);
 - the remaining silent drops are counted: ``rejected_bad_peer_record``,
   ``rejected_rpc_too_large``, ``rejected_blacklisted``, ``rejected_spoofed_self``,
-  ``dropped_unsubscribed_topic``; redundant copies of a message are ``gossip_duplicates``.
+  ``dropped_unsubscribed_topic``; redundant copies of a message are ``gossip_duplicates`` (and ``gossip_duplicates_<label>`` per topic
+  named in ``topic_labels``, e.g. ``gossip_duplicates_rollouts``).
 
 Messages reach the learner from the topic validator (``GossipService._accept``), so the
 per-topic subscription channels (32 slots, dropped silently when full) are not fed at all.
@@ -90,6 +91,15 @@ class GuardedPubsub(Pubsub):
         self.ban_s = ban_s
         self._records: dict[ID, bytes] = {}  # the last peer record verified, per peer
         self._banned: OrderedDict[ID, float] = OrderedDict()  # peer -> ban end (trio time)
+        self.topic_labels: dict[str, str] = {}
+        """Topic -> short name for the per-topic duplicate counters (set by the service)."""
+
+    def _count_duplicate(self, msg: rpc_pb2.Message) -> None:
+        self.counters["gossip_duplicates"] += 1
+        for topic in msg.topicIDs:
+            label = self.topic_labels.get(topic)
+            if label is not None:
+                self.counters[f"gossip_duplicates_{label}"] += 1
 
     # -- bans ------------------------------------------------------------------------------
     def is_banned(self, peer: ID) -> bool:
@@ -181,7 +191,7 @@ class GuardedPubsub(Pubsub):
                             self.counters["dropped_unsubscribed_topic"] += 1
                             continue
                         if self._is_msg_seen(msg):  # most copies in a mesh: skip the task
-                            self.counters["gossip_duplicates"] += 1
+                            self._count_duplicate(msg)
                             continue
                         if self.manager.is_running:
                             self.manager.run_task(self.push_msg, peer_id, msg)
@@ -238,7 +248,7 @@ class GuardedPubsub(Pubsub):
             self.counters["rejected_blacklisted"] += 1
             return
         if self._is_msg_seen(msg):
-            self.counters["gossip_duplicates"] += 1
+            self._count_duplicate(msg)
             return
         if self.strict_signing and not own and not _signature_ok(msg):
             self.counters["rejected_bad_pubsub_signature"] += 1

@@ -8,9 +8,12 @@ SwarmError into one line on stderr and a non-zero exit status.
 Task tree (one nursery, closed on shutdown)::
 
     serve ─ host.run ─ pubsub ─ router
-          ├── drain <topic>      × topics   (subscribes; deliveries come from the validator)
+          ├── drain <topic>      × topics   (subscribes; deliveries come from the validator;
+          │                                  no rollouts topic in feeds mode)
           ├── serve_ipc                      (if ipc_path)
-          ├── publish loop                   (spaces this peer's publishes)
+          ├── publish loop                   (spaces this peer's publishes; rollouts go to
+          │                                  our feed subscribers in feeds mode)
+          ├── FeedClient.run                 (feeds mode: k rotating feeds, swarm.feeds)
           ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
           └── Dialer.maintain                (expiry, re-dial, top up to target_peers)
 """
@@ -54,6 +57,7 @@ from protocol.ipc import (
 from swarm.config import GossipConfig
 from swarm.discovery import Dialer
 from swarm.errors import ListenError, SwarmError
+from swarm.feeds import FEED_PROTOCOL, FeedClient, FeedServer
 from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_listen, parse_peer_addr
 from swarm.inbox import Delivery, Inbox
 from swarm.ipc_server import RequestError, serve_ipc
@@ -101,6 +105,14 @@ class GossipService:
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
                              bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned)
         self.topics = topics(config.swarm_id)
+        stack.pubsub.topic_labels = {topic: type_ for type_, topic in self.topics.items()}
+        self.feeds = config.rollout_mode == "feeds"
+        self.subscribed = [t for t in self.topics if not (self.feeds and t == "rollouts")]
+        self.feed_server = FeedServer(config=config, counters=self.counters,
+                                      is_banned=stack.pubsub.is_banned)
+        self.feed_client = FeedClient(config=config, host=stack.host, table=self.table,
+                                      counters=self.counters, on_frame=self._feed_frame,
+                                      is_banned=stack.pubsub.is_banned)
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
                         "collective_addrs": config.collective_addrs}
@@ -123,6 +135,17 @@ class GossipService:
             self._accept(env.type, from_peer, env.message, len(msg.data))
             return True
         return validate
+
+    def _feed_frame(self, source: ID, data: bytes) -> bool:
+        """A frame from a feed we opened: the source must have signed it (it serves only its
+        own batches). False (close the feed) when it is invalid rather than merely ignored."""
+        sender = source.to_base58()
+        try:
+            env = self.validator.check(data, from_peer=sender, expected_type="rollouts")
+        except Rejected as e:
+            return not e.penalise
+        self._accept(env.type, sender, env.message, len(data))
+        return True
 
     def _accept(self, type_: str, sender: str, message: Message, size: int) -> None:
         # Delivered here, at validation time, rather than from the subscription channel:
@@ -155,8 +178,11 @@ class GossipService:
 
     async def publish_loop(self) -> None:
         async for type_, data in self._outbox_recv:
-            await self.stack.pubsub.publish(self.topics[type_], data)
             self.counters[f"published_{type_}"] += 1
+            if self.feeds and type_ == "rollouts":
+                self.feed_server.publish(data)  # queued per subscriber: nothing to space
+                continue
+            await self.stack.pubsub.publish(self.topics[type_], data)
             await trio.sleep(self.config.publish_interval_s)
 
     def announcement(self) -> PeerAnnouncement:
@@ -213,8 +239,11 @@ class GossipService:
         out["banned_peers"] = self.stack.pubsub.banned_peers()
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
-        for type_, topic in self.topics.items():
-            out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(topic, ()))
+        for type_ in self.subscribed:
+            out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(self.topics[type_], ()))
+        if self.feeds:
+            out["feed_sources"] = len(self.feed_client.sources())
+            out["feed_subscribers"] = self.feed_server.subscribers()
         return out
 
 
@@ -237,8 +266,10 @@ async def serve(config: GossipConfig, *,
         async with background_trio_service(stack.pubsub), background_trio_service(stack.router):
             await stack.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
-                for type_ in service.topics:
+                for type_ in service.subscribed:
                     await nursery.start(service.drain, type_)
+                if service.feeds and not config.bootstrap_only:
+                    stack.host.set_stream_handler(FEED_PROTOCOL, service.feed_server.handle)
                 nursery.start_soon(service.publish_loop)
                 await service.dialer.bootstrap()
                 if config.ipc_path is not None and not config.bootstrap_only:
@@ -246,6 +277,8 @@ async def serve(config: GossipConfig, *,
                                         service.counters)
                 nursery.start_soon(service.announce_loop)
                 nursery.start_soon(service.dialer.maintain, service.self_id)
+                if service.feeds and not config.bootstrap_only:
+                    nursery.start_soon(service.feed_client.run, service.self_id)
                 logger.info("swarm process %s up: %s (protocol %d, swarm %r)", identity.peer_id,
                             service.addrs, PROTOCOL_VERSION, config.swarm_id)
                 task_status.started(Ready(peer_id=identity.peer_id, addrs=service.addrs,

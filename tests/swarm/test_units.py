@@ -49,6 +49,11 @@ def test_config_round_trips_through_json_and_rejects_bad_values() -> None:
         GossipConfig(data_dir="/d", bootstrap_only=True, ipc_path="/s")
     with pytest.raises(ValueError, match="graylist"):
         GossipConfig(data_dir="/d", graylist_threshold=1.0)
+    with pytest.raises(ValueError, match="rollout_mode"):
+        GossipConfig(data_dir="/d", rollout_mode="gossip")
+    with pytest.raises(ValueError, match="feed_sources"):
+        GossipConfig(data_dir="/d", feed_sources=0)
+    assert GossipConfig(data_dir="/d").rollout_mode == "feeds"
 
 
 def test_topics_are_namespaced_by_version_and_swarm() -> None:

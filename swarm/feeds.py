@@ -1,0 +1,345 @@
+"""Rollout feeds: each node receives rollouts from k sources it chose, rotating (issue 15).
+
+Flooding rollouts on one gossip topic costs every node O(N · D) messages per round (every
+batch of every peer, plus the mesh's duplicate copies). SAPO needs only a few external groups
+per round, so a node subscribes instead to ``feed_sources`` = k peers of its own choosing:
+
+- **Feed** (``FEED_PROTOCOL``): a libp2p stream the *receiver* opens. It sends one frame, the
+  swarm id; the source answers ``OK`` or ``BUSY``, then pushes every rollout batch it
+  publishes itself (the exact sealed envelope, signed once) as one varint-framed message. A
+  source never relays: one hop, no duplicates. On subscribe it first sends its newest batch
+  if younger than ``feed_backfill_s``, so a rotation loses no round.
+- **Choice** (``FeedClient``): sources are picked uniformly at random among live, announced,
+  non-bootstrap, non-banned peers that are neither current sources nor cooling down. Every
+  ``feed_rotate_s`` the oldest feed is closed (its source *rests*, i.e. is picked again only
+  when no unrested candidate is left) and another is picked, so a node samples the whole swarm
+  over time and no source is held longer than about k · ``feed_rotate_s``. Peers never
+  suggest sources, and nothing arrives on a feed we did not open.
+- **Budgets** (``FeedServer``): at most ``feed_max_subscribers`` feeds served at once, one
+  per peer; subscription requests per peer through a token bucket; a queue of ``feed_queue``
+  batches per subscriber, dropped from (``dropped_feed_slow``) rather than waited for; a write
+  that stalls ``feed_write_timeout_s`` ends that feed. On the receiving side a frame is read
+  with the envelope size limit, then checked by ``swarm.validation`` (signature once, per-
+  sender token bucket, replay window) with the stream's authenticated peer as the required
+  signer; a frame that is invalid (not merely rate-limited or stale) closes the feed and
+  cools its source down for ``feed_cooldown_s``, as does a refusal or a failure.
+
+Inbound rollouts per node are therefore at most k feeds × the per-sender rate, whatever the
+swarm size; see ``swarm/SCALING.md`` for the bounds, what is not claimed (the pick is uniform
+over keys), and the parameters used by the simulation.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import multiaddr
+import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+from protocol import Limits
+from swarm.config import GossipConfig
+from swarm.peers import PeerTable
+from swarm.ratelimit import TokenBuckets
+
+__all__ = ["BUSY", "FEED_PROTOCOL", "OK", "FeedClient", "FeedServer"]
+
+logger = logging.getLogger(__name__)
+
+FEED_PROTOCOL = TProtocol("/swarm-node/feed/1.0.0")
+OK = b"ok"
+BUSY = b"busy"
+MAX_REQUEST = 128
+"""Bytes of a subscription request (the swarm id, at most 64 characters)."""
+HANDSHAKE_TIMEOUT_S = 10.0
+"""Request and answer of a subscription, once the stream is open (a loaded 2-core box with
+6 node processes took up to 10 s to open a stream: measured)."""
+TICK_S = 0.5
+"""Period of the client's maintenance (replace lost feeds, rotate)."""
+OPENS_PER_TICK = 2
+"""Feeds started per tick: at start-up, k feeds at once from every node crowd the event loops."""
+RETRY_S = 5.0
+"""First cool-down of a source that failed or refused; doubles per failure up to
+``feed_cooldown_s`` (an invalid frame gets the full cool-down at once)."""
+
+FrameHandler = Callable[[ID, bytes], bool]
+"""Called with (source, frame); returns False when the feed must be closed (invalid frame)."""
+
+
+async def _close(stream: INetStream, *, reset: bool = False) -> None:
+    try:
+        if reset:
+            await stream.reset()
+        else:
+            await stream.close()
+    except Exception as e:  # already reset or torn down by the peer: nothing to do
+        logger.debug("closing a feed stream: %s", e)
+
+
+@dataclass(kw_only=True)
+class FeedServer:
+    """Serves this node's own rollout batches to the peers that subscribed."""
+
+    config: GossipConfig
+    counters: collections.Counter[str]
+    is_banned: Callable[[ID], bool] = lambda _peer: False
+    _subs: dict[ID, trio.MemorySendChannel[bytes]] = field(default_factory=dict, repr=False)
+    _latest: tuple[float, bytes] | None = field(default=None, repr=False)
+    _buckets: TokenBuckets | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._buckets = TokenBuckets(rate=self.config.feed_subscribe_per_s,
+                                     burst=self.config.feed_subscribe_burst)
+
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    def publish(self, data: bytes) -> int:
+        """Queue a sealed batch for every subscriber; the number it was queued for."""
+        self._latest = (trio.current_time(), data)
+        sent = 0
+        for send in list(self._subs.values()):
+            try:
+                send.send_nowait(data)
+                sent += 1
+            except trio.WouldBlock:
+                self.counters["dropped_feed_slow"] += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the feed is ending; its task removes it
+        self.counters["feed_sent"] += sent
+        return sent
+
+    async def handle(self, stream: INetStream) -> None:
+        """Stream handler of FEED_PROTOCOL: one subscriber, until it or we stop."""
+        peer = stream.muxed_conn.peer_id
+        assert self._buckets is not None
+        if self.is_banned(peer):
+            self.counters["rejected_banned_peer"] += 1
+            await _close(stream, reset=True)
+            return
+        if not self._buckets.take(str(peer), trio.current_time()):
+            self.counters["rejected_feed_request_rate"] += 1
+            await _close(stream, reset=True)
+            return
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                request = await read_varint_prefixed_bytes_limited(stream, MAX_REQUEST)
+        except Exception as e:  # timeout, oversized, EOF, reset: all end this request
+            self.counters["rejected_feed_bad_request"] += 1
+            logger.debug("feed request from %s: %s", peer, e)
+            await _close(stream, reset=True)
+            return
+        if request != self.config.swarm_id.encode():
+            self.counters["rejected_feed_bad_request"] += 1
+            await _close(stream, reset=True)
+            return
+        old = self._subs.pop(peer, None)
+        if old is not None:  # a re-subscription replaces the peer's previous feed
+            old.close()
+        if len(self._subs) >= self.config.feed_max_subscribers:
+            self.counters["feed_busy"] += 1
+            try:
+                await stream.write(encode_varint_prefixed(BUSY))
+            except Exception as e:
+                logger.debug("feed refusal to %s: %s", peer, e)
+            await _close(stream)
+            return
+        send, recv = trio.open_memory_channel[bytes](self.config.feed_queue)
+        self._subs[peer] = send
+        self.counters["feed_subscribers_accepted"] += 1
+        try:
+            await self._serve(stream, recv)
+        except Exception as e:  # the subscriber left or stalled
+            logger.debug("feed to %s ended: %s: %s", peer, type(e).__name__, e)
+        finally:
+            if self._subs.get(peer) is send:
+                del self._subs[peer]
+            send.close()
+            await _close(stream)
+
+    async def _serve(self, stream: INetStream, recv: trio.MemoryReceiveChannel[bytes]) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._until_closed, stream, nursery.cancel_scope)
+            await self._push(stream, recv)
+            nursery.cancel_scope.cancel()
+
+    async def _until_closed(self, stream: INetStream, scope: trio.CancelScope) -> None:
+        """A subscriber sends nothing after its request: EOF, a reset or any byte ends the
+        feed at once, freeing its slot (else only the next write would notice)."""
+        try:
+            await stream.read(1)
+        except Exception as e:
+            logger.debug("feed subscriber closed: %s", e)
+        scope.cancel()
+
+    async def _push(self, stream: INetStream, recv: trio.MemoryReceiveChannel[bytes]) -> None:
+        timeout = self.config.feed_write_timeout_s
+        with trio.fail_after(timeout):
+            await stream.write(encode_varint_prefixed(OK))
+        latest = self._latest
+        if latest is not None and trio.current_time() - latest[0] <= self.config.feed_backfill_s:
+            with trio.fail_after(timeout):
+                await stream.write(encode_varint_prefixed(latest[1]))
+            self.counters["feed_backfilled"] += 1
+        async for data in recv:
+            with trio.fail_after(timeout):
+                await stream.write(encode_varint_prefixed(data))
+
+
+@dataclass
+class _Feed:
+    peer: ID
+    started: float
+    scope: trio.CancelScope
+    open: bool = False
+
+
+@dataclass(kw_only=True)
+class FeedClient:
+    """Holds ``feed_sources`` feeds to peers it picks from the table, and rotates them."""
+
+    config: GossipConfig
+    host: IHost
+    table: PeerTable
+    counters: collections.Counter[str]
+    on_frame: FrameHandler
+    is_banned: Callable[[ID], bool] = lambda _peer: False
+    rng: random.Random = field(default_factory=random.Random)
+    limits: Limits = field(default_factory=Limits)
+    _feeds: dict[ID, _Feed] = field(default_factory=dict, repr=False)
+    _cooldown: dict[ID, float] = field(default_factory=dict, repr=False)
+    _rested: dict[ID, float] = field(default_factory=dict, repr=False)
+    _failures: dict[ID, int] = field(default_factory=dict, repr=False)
+    _last_rotation: float = field(default=0.0, repr=False)
+
+    def sources(self) -> list[str]:
+        """Peer ids of the feeds open now."""
+        return [str(f.peer) for f in self._feeds.values() if f.open]
+
+    async def run(self, self_id: ID) -> None:
+        self._last_rotation = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            while True:
+                self._maintain(self_id, nursery)
+                await trio.sleep(TICK_S)
+
+    def _maintain(self, self_id: ID, nursery: trio.Nursery) -> None:
+        now = trio.current_time()
+        self._cooldown = {p: t for p, t in self._cooldown.items() if t > now}
+        k = self.config.feed_sources
+        if len(self._feeds) >= k and now - self._last_rotation >= self.config.feed_rotate_s:
+            oldest = min(self._feeds.values(), key=lambda f: f.started)
+            oldest.scope.cancel()
+            del self._feeds[oldest.peer]
+            self._rested[oldest.peer] = now
+            self._last_rotation = now
+            self.counters["feed_rotated"] += 1
+        for _ in range(min(OPENS_PER_TICK, k - len(self._feeds))):
+            info = self._pick(self_id)
+            if info is None:
+                break
+            feed = _Feed(peer=info.peer_id, started=now, scope=trio.CancelScope())
+            self._feeds[info.peer_id] = feed
+            nursery.start_soon(self._follow, info, feed)
+
+    def _pick(self, self_id: ID) -> PeerInfo | None:
+        """A uniform pick among unrested candidates, else among rested ones (least recent
+        first is not used: uniform keeps the choice unpredictable)."""
+        fresh: list[PeerInfo] = []
+        rested: list[PeerInfo] = []
+        for info in self._candidates(self_id):
+            (rested if info.peer_id in self._rested else fresh).append(info)
+        pool = fresh or rested
+        if not pool:
+            return None
+        return pool[self.rng.randrange(len(pool))]
+
+    def _candidates(self, self_id: ID) -> list[PeerInfo]:
+        out = []
+        for ann in self.table.live():
+            if ann.bootstrap_only or ann.peer_id == str(self_id):
+                continue
+            try:
+                pid = ID.from_base58(ann.peer_id)
+            except Exception:  # the validator checked the signer; be safe anyway
+                continue
+            if pid in self._feeds or pid in self._cooldown or self.is_banned(pid):
+                continue
+            addrs = []
+            for text in ann.addrs:
+                try:
+                    info = info_from_p2p_addr(multiaddr.Multiaddr(text))
+                except Exception:  # an unparsable address is skipped, not fatal
+                    continue
+                if info.peer_id == pid:
+                    addrs.extend(info.addrs)
+            if addrs:
+                out.append(PeerInfo(pid, addrs))
+        return out
+
+    def _cool(self, peer: ID, counter: str, *, full: bool = False) -> None:
+        """Not picked again for a while: the full ``feed_cooldown_s`` after an invalid frame,
+        else ``RETRY_S`` doubled per consecutive failure (capped at ``feed_cooldown_s``)."""
+        self.counters[counter] += 1
+        if len(self._failures) > self.table.capacity:
+            self._failures.clear()  # bounded memory; forgetting only shortens cool-downs
+        n = self._failures[peer] = self._failures.get(peer, 0) + 1
+        wait = self.config.feed_cooldown_s if full else \
+            min(self.config.feed_cooldown_s, RETRY_S * 2 ** (n - 1))
+        self._cooldown[peer] = trio.current_time() + wait
+
+    async def _follow(self, info: PeerInfo, feed: _Feed) -> None:
+        peer = info.peer_id
+        stream: INetStream | None = None
+        try:
+            with feed.scope:
+                stream = await self._open(info)
+                if stream is None:
+                    return
+                feed.open = True
+                self._failures.pop(peer, None)
+                self.counters["feed_opened"] += 1
+                while True:
+                    data = await read_varint_prefixed_bytes_limited(
+                        stream, self.limits.max_message_bytes)
+                    self.counters["feed_frames"] += 1
+                    if not self.on_frame(peer, data):
+                        self._cool(peer, "feed_closed_invalid", full=True)
+                        return
+        except Exception as e:  # EOF, reset, oversized frame, dial failure: try another source
+            self._cool(peer, "feed_failed")
+            logger.debug("feed from %s ended: %s: %s", peer, type(e).__name__, e)
+        finally:
+            if self._feeds.get(peer) is feed:
+                del self._feeds[peer]
+            if stream is not None:
+                with trio.CancelScope(shield=True):
+                    await _close(stream)
+
+    async def _open(self, info: PeerInfo) -> INetStream | None:
+        """Dial if needed, open the stream, send the request; None when refused."""
+        with trio.fail_after(self.config.dial_timeout_s):
+            if info.peer_id not in self.host.get_connected_peers():
+                await self.host.connect(info)
+            stream = await self.host.new_stream(info.peer_id, [FEED_PROTOCOL])
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await stream.write(encode_varint_prefixed(self.config.swarm_id.encode()))
+                reply = await read_varint_prefixed_bytes_limited(stream, MAX_REQUEST)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await _close(stream, reset=True)
+            raise
+        if reply != OK:
+            self._cool(info.peer_id, "feed_refused")
+            await _close(stream)
+            return None
+        return stream

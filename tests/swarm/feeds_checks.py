@@ -1,0 +1,282 @@
+"""Checks of swarm.feeds without a network, run in a child interpreter by test_feeds_units.py
+(libp2p cannot be imported into a test process that imported hivemind).
+
+``python -m tests.swarm.feeds_checks`` prints one JSON line: {check name: "ok" | error}.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+import trio.testing
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.utils.varint import encode_varint_prefixed
+
+from protocol import Identity, PeerAnnouncement, seal
+from swarm.config import GossipConfig
+from swarm.feeds import BUSY, OK, FeedClient, FeedServer, _Feed
+from swarm.host import build_stack
+from swarm.peers import PeerTable
+from swarm.service import GossipService
+from tests.swarm.conftest import batch
+
+SWARM = "feeds-check"
+CHECKS: dict[str, Callable[[], None]] = {}
+
+
+def check(fn: Callable[[], None]) -> Callable[[], None]:
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+def config(**kw: Any) -> GossipConfig:
+    return GossipConfig(data_dir="/nonexistent", swarm_id=SWARM, **kw)
+
+
+class FakeStream:
+    """A stream whose peer sends ``incoming`` and then nothing until ``hang_up``."""
+
+    def __init__(self, peer: ID, incoming: bytes = b"") -> None:
+        self.muxed_conn = SimpleNamespace(peer_id=peer)
+        self.inbuf = bytearray(incoming)
+        self.written = bytearray()
+        self.closed = self.was_reset = False
+        self.eof = trio.Event()
+
+    async def read(self, n: int = -1) -> bytes:
+        while not self.inbuf:
+            if self.eof.is_set():
+                return b""
+            await self.eof.wait()
+        n = len(self.inbuf) if n < 0 else n
+        out = bytes(self.inbuf[:n])
+        del self.inbuf[:n]
+        return out
+
+    async def write(self, data: bytes) -> None:
+        if self.closed or self.was_reset:
+            raise trio.ClosedResourceError("closed")
+        self.written += data
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def reset(self) -> None:
+        self.was_reset = True
+
+    def hang_up(self) -> None:
+        self.eof.set()
+
+    def frames(self) -> list[bytes]:
+        out, buf = [], bytes(self.written)
+        while buf:
+            n, shift, i = 0, 0, 0
+            while True:
+                b = buf[i]
+                n |= (b & 0x7F) << shift
+                i += 1
+                shift += 7
+                if b < 0x80:
+                    break
+            out.append(buf[i:i + n])
+            buf = buf[i + n:]
+        return out
+
+
+def peer() -> tuple[Identity, ID]:
+    me = Identity.generate()
+    return me, ID.from_base58(me.peer_id)
+
+
+def request(swarm: str = SWARM) -> bytes:
+    return encode_varint_prefixed(swarm.encode())
+
+
+@check
+def server_refuses_beyond_its_budget_and_frees_a_slot_on_hang_up() -> None:
+    async def main() -> None:
+        counters: collections.Counter[str] = collections.Counter()
+        server = FeedServer(config=config(feed_max_subscribers=2), counters=counters)
+        server.publish(b"old-batch")  # the newest batch, sent to each new subscriber
+        streams = [FakeStream(peer()[1], request()) for _ in range(3)]
+        async with trio.open_nursery() as nursery:
+            for s in streams[:2]:
+                nursery.start_soon(server.handle, s)
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.subscribers() == 2
+            await server.handle(streams[2])  # the third is answered busy and closed
+            assert streams[2].frames() == [BUSY] and streams[2].closed
+            assert server.publish(b"new-batch") == 2
+            await trio.testing.wait_all_tasks_blocked()
+            for s in streams[:2]:
+                assert s.frames() == [OK, b"old-batch", b"new-batch"], s.frames()
+            streams[0].hang_up()  # the subscriber left: its slot is free at once
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.subscribers() == 1
+            nursery.cancel_scope.cancel()
+        assert counters["feed_busy"] == 1 and counters["feed_backfilled"] == 2
+    trio.run(main)
+
+
+@check
+def server_budgets_requests_per_peer_and_checks_the_swarm() -> None:
+    async def main() -> None:
+        counters: collections.Counter[str] = collections.Counter()
+        server = FeedServer(config=config(feed_subscribe_burst=1, feed_subscribe_per_s=0.01),
+                            counters=counters)
+        _, p = peer()
+        first = FakeStream(p, request("another-swarm"))
+        await server.handle(first)
+        assert first.was_reset and counters["rejected_feed_bad_request"] == 1
+        again = FakeStream(p, request())  # same peer: its one token is spent
+        await server.handle(again)
+        assert again.was_reset and counters["rejected_feed_request_rate"] == 1
+        assert server.subscribers() == 0
+        banned = FeedServer(config=config(), counters=counters, is_banned=lambda _p: True)
+        s = FakeStream(peer()[1], request())
+        await banned.handle(s)
+        assert s.was_reset and counters["rejected_banned_peer"] == 1
+    trio.run(main)
+
+
+@check
+def a_slow_subscriber_loses_batches_instead_of_blocking_the_source() -> None:
+    async def main() -> None:
+        counters: collections.Counter[str] = collections.Counter()
+        server = FeedServer(config=config(feed_queue=2), counters=counters)
+        server._subs[peer()[1]] = trio.open_memory_channel[bytes](2)[0]  # nobody reads it
+        assert [server.publish(b"x") for _ in range(4)] == [1, 1, 0, 0]
+        assert counters["dropped_feed_slow"] == 2
+    trio.run(main)
+
+
+def table_of(n: int, **kw: Any) -> tuple[PeerTable, list[str]]:
+    table = PeerTable(ttl_s=60)
+    ids = []
+    for _ in range(n):
+        me = Identity.generate()
+        ids.append(me.peer_id)
+        table.update(PeerAnnouncement(peer_id=me.peer_id,
+                                      addrs=(f"/ip4/127.0.0.1/tcp/1/p2p/{me.peer_id}",), **kw), 0.0)
+    return table, ids
+
+
+def client(table: PeerTable, **kw: Any) -> FeedClient:
+    return FeedClient(config=config(**kw), host=SimpleNamespace(), table=table,
+                      counters=collections.Counter(), on_frame=lambda _p, _d: True)
+
+
+@check
+def sources_are_picked_uniformly_and_never_bootstrap_self_banned_or_cooling() -> None:
+    async def main() -> None:
+        table, ids = table_of(10)
+        boot = Identity.generate().peer_id
+        table.update(PeerAnnouncement(peer_id=boot, addrs=(f"/ip4/127.0.0.1/tcp/1/p2p/{boot}",),
+                                      bootstrap_only=True), 0.0)
+        me, banned, cooling = (ID.from_base58(i) for i in ids[:3])
+        c = client(table)
+        c.is_banned = lambda p: p == banned
+        c._cooldown[cooling] = trio.current_time() + 100
+        picks = collections.Counter(str(c._pick(me).peer_id) for _ in range(2000))
+        assert set(picks) == set(ids[3:]), picks  # 7 eligible
+        assert min(picks.values()) > 2000 / 7 * 0.7, picks
+        c._rested = {ID.from_base58(i): 0.0 for i in ids[3:9]}  # only ids[9] is unrested
+        assert {str(c._pick(me).peer_id) for _ in range(50)} == {ids[9]}
+        c._rested[ID.from_base58(ids[9])] = 0.0  # all rested: any of them again
+        assert len({str(c._pick(me).peer_id) for _ in range(200)}) == 7
+    trio.run(main)
+
+
+@check
+def the_client_holds_k_feeds_and_rotates_the_oldest() -> None:
+    async def main() -> None:
+        table, ids = table_of(6)
+        c = client(table, feed_sources=3, feed_rotate_s=10.0)
+        followed: list[ID] = []
+
+        async def follow(info: Any, feed: Any) -> None:
+            followed.append(info.peer_id)
+            with feed.scope:
+                feed.open = True
+                await trio.sleep_forever()
+        c._follow = follow  # type: ignore[method-assign]
+        me = ID.from_base58(Identity.generate().peer_id)
+        async with trio.open_nursery() as nursery:
+            c._last_rotation = trio.current_time()
+            for _ in range(2):  # at most OPENS_PER_TICK (2) per tick
+                c._maintain(me, nursery)
+                await trio.testing.wait_all_tasks_blocked()
+            assert len(c.sources()) == 3 and len(set(followed)) == 3
+            first = min(c._feeds.values(), key=lambda f: f.started).peer  # the oldest
+            c._last_rotation -= 10.0
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert str(first) not in c.sources() and first in c._rested
+            assert len(c.sources()) == 3 and len(set(followed)) == 4
+            assert c.counters["feed_rotated"] == 1
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
+class FakeHost:
+    def __init__(self, stream: FakeStream) -> None:
+        self.stream = stream
+
+    def get_connected_peers(self) -> list[ID]:
+        return [self.stream.muxed_conn.peer_id]
+
+    async def new_stream(self, peer_id: ID, protocols: list[str]) -> FakeStream:
+        return self.stream
+
+
+@check
+def an_invalid_frame_closes_the_feed_and_cools_its_source_down() -> None:
+    """Through the service's frame check: a batch signed by another key than the source's
+    (a relayed or forged one) is rejected as wrong_sender and ends the feed."""
+    async def main() -> None:
+        source, source_id = peer()
+        other = Identity.generate()
+        good = seal(source, batch("m", 1), swarm_id=SWARM)
+        forged = seal(other, batch("m", 2), swarm_id=SWARM)
+        stream = FakeStream(source_id, b"".join(encode_varint_prefixed(x)
+                                                 for x in (OK, good, forged, good)))
+        me = Identity.generate()
+        cfg = config(feed_cooldown_s=60.0)
+        service = GossipService(cfg, me, build_stack(me, cfg), bootstrap_peers=[])
+        table, _ = table_of(0)
+        c = FeedClient(config=cfg, host=FakeHost(stream), table=table,
+                       counters=service.counters, on_frame=service._feed_frame)
+        feed = _Feed(peer=source_id, started=0.0, scope=trio.CancelScope())
+        c._feeds[source_id] = feed
+        await c._follow(PeerInfo(source_id, []), feed)
+        assert stream.frames()[0] == SWARM.encode()  # the request
+        counters = service.counters
+        assert counters["received_rollouts"] == 1 and counters["rejected_wrong_sender"] == 1
+        assert counters["feed_closed_invalid"] == 1 and counters["feed_frames"] == 2
+        assert c._cooldown[source_id] - trio.current_time() > 59 and not c._feeds
+        assert [d.sender for d in service.inbox.take("rollouts", 10)] == [source.peer_id]
+    trio.run(main)
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(CHECKS)
+    out = {}
+    for name in names:
+        try:
+            CHECKS[name]()
+            out[name] = "ok"
+        except Exception:
+            out[name] = traceback.format_exc(limit=6)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
