@@ -1,10 +1,11 @@
 """Run the simulation grid (flood vs feeds, N = 16, 100, 1000, with and without churn), calibrate
 against real runs, write ``bench/results/sim.json`` and ``bench/results/sim.png``.
 
-    PYTHONPATH=$PWD python -m bench.sim --real bench/results/sim_real_flood.json
+    PYTHONPATH=$PWD python -m bench.sim --real bench/results/sim_real_runs.json
 
-``--real`` files are ``bench/sim/realrun.py`` outputs; the cost unit is fitted on them
-(``bench/sim/calibrate.py``) and used for the WAN grid. Without them ``--unit-ms`` is used.
+``--real`` files are ``bench/gossip_bench.py`` outputs (rows of both modes); the cost unit is
+fitted per mode on them (``bench/sim/calibrate.py``), each row is replayed to state the
+simulation's error, and the flood unit prices the WAN grid (``--unit-ms`` without them).
 """
 
 from __future__ import annotations
@@ -125,8 +126,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--real", nargs="*", default=[], help="bench/sim/realrun.py outputs (flood)")
-    ap.add_argument("--real-feeds", nargs="*", default=[], help="realrun outputs in feeds mode")
+    ap.add_argument("--real", nargs="*", default=[], help="bench/gossip_bench.py outputs")
     ap.add_argument("--unit-ms", type=float, default=2.0, help="cost unit without --real")
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 100, 1000])
     ap.add_argument("--rounds", type=int, default=20)
@@ -141,17 +141,19 @@ def main() -> None:
     result: dict[str, Any] = {"command": "python -m bench.sim " + " ".join(
         f"{k}={v}" for k, v in vars(args).items()), "loadavg_start": list(os.getloadavg())}
     unit = args.unit_ms
-    real_runs = [r for path in args.real for r in json.loads(Path(path).read_text())["runs"]]
-    if real_runs:
-        fit = fit_unit(real_runs)
-        unit = fit["unit_ms"]
-        result["calibration"] = {"fit": fit, "flood": [replay(r, unit) for r in real_runs]}
-        feeds = [r for path in args.real_feeds for r in json.loads(Path(path).read_text())["runs"]]
-        if feeds:
-            ffit = fit_unit(feeds)
-            result["calibration"]["feeds_fit"] = ffit
-            result["calibration"]["feeds"] = [replay(r, ffit["unit_ms"], scheme="feeds")
-                                              for r in feeds]
+    rows = [r for path in args.real for r in json.loads(Path(path).read_text())["runs"]]
+    if rows:
+        calibration: dict[str, Any] = {"real_rows": rows}
+        for mode in ("flood", "feeds"):
+            mine = [r for r in rows if r["mode"] == mode]
+            if mine:
+                fit = fit_unit(mine)
+                calibration[mode] = {"fit": fit, "replays": [replay(r, fit["unit_ms"]) for r in mine]}
+                log.info("%s: unit %.2f ms, replays %s", mode, fit["unit_ms"],
+                         [x["relative_error"] for x in calibration[mode]["replays"]])
+        result["calibration"] = calibration
+        if "flood" in calibration:
+            unit = calibration["flood"]["fit"]["unit_ms"]
     result["unit_ms"] = unit
     result["runs"] = grid(unit, sizes=args.sizes, rounds=args.rounds, batch_bytes=args.batch_bytes,
                           churn=args.churn, seed=args.seed)

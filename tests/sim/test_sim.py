@@ -92,16 +92,15 @@ def test_pool_caps_one_sender_and_the_newcomer_bucket() -> None:
 
 
 def test_fit_recovers_a_known_unit() -> None:
-    def run(n: int, u: float) -> dict:
+    def row(n: int, u: float) -> dict:
         f, d, p = n * 15 * 10.0, n * 40.0, n * 10
-        cpu = u * (1.3 * f + 0.8 * d + 0.5 * p) / 1000 + 2.0 * 20 / 5
-        return {"nodes": n, "window_s": 20.0, "idle_s": 5.0, "cpu_s_window": cpu, "cpu_s_idle": 2.0,
-                "duplicates_mean": 40.0, "idle_duplicates_mean": 0.0, "delivered": f,
-                "batches_per_node": 10}
-    fit = fit_unit([run(16, 2.5), run(32, 2.5)])
+        cpu = u * (1.3 * f + 0.8 * d + 0.5 * p) / 1000 + 0.4 * 20  # idle 0.4 cores over 20 s
+        return {"mode": "flood", "nodes": n, "delivered": f, "delivered_per_s": f / 20,
+                "cpu_s_total": cpu, "idle_cpu_per_s": 0.4, "duplicates": d, "batches_per_node": 10}
+    fit = fit_unit([row(16, 2.5), row(32, 2.5)])
     assert fit["unit_ms"] == pytest.approx(2.5, rel=1e-6)
     assert fit["spread"] == pytest.approx(0.0, abs=1e-6)
-    assert fit_unit([run(16, 2.0), run(32, 3.0)])["spread"] > 0.3
+    assert fit_unit([row(16, 2.0), row(32, 3.0)])["spread"] > 0.3
 
 
 def test_gini() -> None:
