@@ -6,5 +6,6 @@ form) <- ``schemes`` (flood, feeds) <- ``engine`` (the event loop) <- ``metrics`
 measured) <- ``calibrate`` (costs from real gossip_bench rows, and the error) <- ``__main__``
 (the grid, JSON and PNG). ``realbench`` runs gossip_bench's rows for calibration.
 
-    PYTHONPATH=$PWD python -m bench.sim --real bench/results/sim_real_runs.json
+    PYTHONPATH=$PWD python -m bench.sim calibrate --real bench/sim/data/*.json
+    PYTHONPATH=$PWD python -m bench.sim grid
 """

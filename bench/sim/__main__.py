@@ -1,11 +1,14 @@
 """Run the simulation grid (flood vs feeds, N = 16, 100, 1000, with and without churn), calibrate
 against real runs, write ``bench/results/sim.json`` and ``bench/results/sim.png``.
 
-    PYTHONPATH=$PWD python -m bench.sim --real bench/results/sim_real_runs.json
+    PYTHONPATH=$PWD python -m bench.sim calibrate --real bench/sim/data/gossip_bench_main_flood16_quiet.json \
+        bench/sim/data/*.json            # -> bench/results/sim_calibration.json
+    PYTHONPATH=$PWD python -m bench.sim grid     # -> bench/results/sim.json, sim.png
 
-``--real`` files are ``bench/gossip_bench.py`` outputs (rows of both modes); the cost unit is
-fitted per mode on them (``bench/sim/calibrate.py``), each row is replayed to state the
-simulation's error, and the flood unit prices the WAN grid (``--unit-ms`` without them).
+``--real`` files are ``bench/gossip_bench.py`` outputs (rows of both modes, e.g. from
+``bench/sim/realbench.py``); each row's cost unit is fitted by replaying it
+(``bench/sim/calibrate.py``), the replay states the simulation's error, and the flood rows
+measured on a quiet box price the WAN grid.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.sim.calibrate import costs_from_unit, fit_unit, replay
+from bench.sim.calibrate import costs_from_unit, fit_by_sim, fit_unit, replay
 from bench.sim.config import Scenario, Scheme
 from bench.sim.engine import Sim
 from bench.sim.metrics import summarize
@@ -124,44 +128,65 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+QUIET_LOAD = 2.0
+"""A real row whose 1-minute load average before it was below this (on 2 cores) prices the
+WAN grid; rows from a loaded box are replayed, but their CPU per message is inflated by the
+contention (cache, context switches) and would overprice a node that has its core alone."""
+
+
+def calibrate(paths: list[str]) -> dict[str, Any]:
+    rows = [r for path in paths for r in json.loads(Path(path).read_text())["runs"]]
+    replays = []
+    for row in rows:
+        u = fit_by_sim(row)
+        rep = replay(row, u)
+        rep["quiet"] = row["load_before"][0] < QUIET_LOAD
+        log.info("%s n=%d load %.1f: unit %.2f ms, error %s", row["mode"], row["nodes"],
+                 row["load_before"][0], u, rep["relative_error"])
+        replays.append(rep)
+    quiet = [r["unit_ms"] for r in replays if r["quiet"] and r["mode"] == "flood"]
+    with_dups = [r for r in rows if r.get("duplicates") and r.get("inbound_per_node_round")]
+    return {"real_files": paths, "real_rows": rows, "replays": replays,
+            "fit_from_duplicate_counters": fit_unit(with_dups) if with_dups else None,
+            "wan_unit_ms": round(sum(quiet) / len(quiet), 3) if quiet else None,
+            "loadavg": list(os.getloadavg())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--real", nargs="*", default=[], help="bench/gossip_bench.py outputs")
-    ap.add_argument("--unit-ms", type=float, default=2.0, help="cost unit without --real")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 100, 1000])
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--churn", type=float, default=0.1, help="fraction of peers leaving per minute")
-    ap.add_argument("--batch-bytes", type=int, default=16_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(RESULTS / "sim.json"))
-    ap.add_argument("--png", default=str(RESULTS / "sim.png"))
+    sub = ap.add_subparsers(dest="command", required=True)
+    cal = sub.add_parser("calibrate", help="fit costs on real gossip_bench rows, replay them")
+    cal.add_argument("--real", nargs="+", required=True, help="bench/gossip_bench.py outputs")
+    cal.add_argument("--out", default=str(RESULTS / "sim_calibration.json"))
+    gr = sub.add_parser("grid", help="the WAN grid: JSON and PNG")
+    gr.add_argument("--calibration", default=str(RESULTS / "sim_calibration.json"),
+                    help="its wan_unit_ms prices the grid")
+    gr.add_argument("--unit-ms", type=float, default=None, help="instead of --calibration")
+    gr.add_argument("--sizes", type=int, nargs="+", default=[16, 100, 1000])
+    gr.add_argument("--rounds", type=int, default=20)
+    gr.add_argument("--churn", type=float, default=0.1, help="fraction of peers leaving per minute")
+    gr.add_argument("--batch-bytes", type=int, default=16_000)
+    gr.add_argument("--seed", type=int, default=0)
+    gr.add_argument("--out", default=str(RESULTS / "sim.json"))
+    gr.add_argument("--png", default=str(RESULTS / "sim.png"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.monotonic()
-    result: dict[str, Any] = {"command": "python -m bench.sim " + " ".join(
-        f"{k}={v}" for k, v in vars(args).items()), "loadavg_start": list(os.getloadavg())}
-    unit = args.unit_ms
-    rows = [r for path in args.real for r in json.loads(Path(path).read_text())["runs"]]
-    if rows:
-        calibration: dict[str, Any] = {"real_rows": rows}
-        for mode in ("flood", "feeds"):
-            mine = [r for r in rows if r["mode"] == mode]
-            if mine:
-                fit = fit_unit(mine)
-                calibration[mode] = {"fit": fit, "replays": [replay(r, fit["unit_ms"]) for r in mine]}
-                log.info("%s: unit %.2f ms, replays %s", mode, fit["unit_ms"],
-                         [x["relative_error"] for x in calibration[mode]["replays"]])
-        result["calibration"] = calibration
-        if "flood" in calibration:
-            unit = calibration["flood"]["fit"]["unit_ms"]
-    result["unit_ms"] = unit
-    result["runs"] = grid(unit, sizes=args.sizes, rounds=args.rounds, batch_bytes=args.batch_bytes,
-                          churn=args.churn, seed=args.seed)
+    if args.command == "calibrate":
+        result = calibrate(args.real)
+    else:
+        unit = args.unit_ms
+        if unit is None:
+            unit = json.loads(Path(args.calibration).read_text())["wan_unit_ms"]
+        result = {"loadavg_start": list(os.getloadavg()), "unit_ms": unit,
+                  "batch_bytes": args.batch_bytes,
+                  "runs": grid(unit, sizes=args.sizes, rounds=args.rounds,
+                               batch_bytes=args.batch_bytes, churn=args.churn, seed=args.seed)}
+        plot(result["runs"], Path(args.png))
+    result["command"] = "python -m bench.sim " + " ".join(sys.argv[1:])
     result["wall_s"] = round(time.monotonic() - t0, 1)
-    out = Path(args.out)
-    atomic_write_bytes(out, json.dumps(result, indent=1).encode())
-    plot(result["runs"], Path(args.png))
-    log.info("wrote %s and %s in %.0f s", out, args.png, result["wall_s"])
+    atomic_write_bytes(Path(args.out), json.dumps(result, indent=1).encode())
+    log.info("wrote %s in %.0f s", args.out, result["wall_s"])
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@
    receipt (``cpu_s_total``), the idle rate measured just before (``idle_cpu_per_s``:
    heartbeats, announcements) and the deliveries per second, hence the window. What the rollout
    traffic cost is ``cpu - idle_rate x window``, spent on F first deliveries, D redundant
-   copies (flood: ``duplicates``), P publishes and the copies sent. The model has one free unit
-   ``u`` with swarm/SCALING.md's ratios: a first copy costs u (``copy_ms`` = ``first_ms`` = u/2:
-   a redundant copy is half a delivery), a copy sent ``send_ms`` = 0.3 u, a publish u/2, so
-   ``cpu = u (1.3 F + 0.8 D + 0.5 P)`` (every copy received was sent once). u is fitted per
-   mode by least squares over the rows; how far each row's own u is from it says how well one
-   cost model fits both sizes.
+   copies, P publishes and the copies sent. The model has one free unit ``u`` with
+   swarm/SCALING.md's ratios: a first copy costs u (``copy_ms`` = ``first_ms`` = u/2: a
+   redundant copy is half a delivery), a copy sent ``send_ms`` = 0.3 u, a publish u/2.
+   ``fit_unit``: with the row's own duplicate count, ``cpu = u (1.3 F + 0.8 D + 0.5 P)`` (every
+   copy received was sent once), least squares over rows. ``fit_by_sim``: without trusting D
+   (rows from before per-topic counters mix in announcement copies), u is scaled until the
+   simulated replay spends the measured rollout CPU (a fixed point: the duplicates depend on
+   the queueing, which depends on u).
 2. **Error.** Each row is replayed in the simulation's testbed mode (same N, bootstrap,
    ``target_peers`` 4, synchronised publishes, 2 shared cores; the measured idle rate plus the
    share the machine's other runnable processes (load average) take, as background) and the
@@ -27,7 +29,7 @@ from bench.sim.config import Costs, Network, Scenario, Scheme
 from bench.sim.engine import Sim
 from bench.sim.metrics import summarize
 
-__all__ = ["background", "costs_from_unit", "fit_unit", "replay"]
+__all__ = ["background", "costs_from_unit", "fit_by_sim", "fit_unit", "replay"]
 
 BENCH_BATCH_BYTES = 1_550
 """gossip_bench's batch (8 tiny rollouts): 1,323 sealed bytes (protocol.envelope.seal) plus
@@ -47,7 +49,7 @@ def window_s(row: dict[str, Any]) -> float:
 def _rollout_part(row: dict[str, Any]) -> tuple[float, float, float, float]:
     """(cpu ms, first deliveries, redundant copies, publishes) of the rollout traffic."""
     cpu = 1000 * (row["cpu_s_total"] - row["idle_cpu_per_s"] * window_s(row))
-    dups = row["duplicates"] if row["mode"] == "flood" else 0
+    dups = row.get("duplicates") or 0 if row["mode"] == "flood" else 0
     return cpu, row["delivered"], dups, row["nodes"] * row["batches_per_node"]
 
 
@@ -73,28 +75,41 @@ def background(row: dict[str, Any], cores: int) -> float:
     return min(0.95 * cores, ours_idle + cores * others / (others + cores))
 
 
+def _scenario(row: dict[str, Any], unit_ms: float, cores: int, seed: int) -> Scenario:
+    return Scenario(
+        n=row["nodes"], rounds=row["batches_per_node"], round_s=row["interval_s"],
+        synchronized=True, deadline_rounds=60 / row["interval_s"], seed=seed,
+        costs=costs_from_unit(unit_ms, batch_bytes=BENCH_BATCH_BYTES),
+        network=Network(mode="testbed", cores=cores, background_load=background(row, cores)),
+        # announcements are in the measured idle rate, not modelled again
+        scheme=Scheme(kind=row["mode"], connections=4, announce_interval_s=1e9,
+                      feed_sources=row.get("sources") or 4))
+
+
+def fit_by_sim(row: dict[str, Any], *, cores: int = 2, start_ms: float = 2.0,
+               iterations: int = 4) -> float:
+    """The u at which the simulated replay spends the row's measured rollout CPU."""
+    want = _rollout_part(row)[0]
+    u = start_ms
+    for _ in range(iterations):
+        sim = Sim(_scenario(row, u, cores, 0)).run()
+        u *= want / sum(sim.cpu.cpu_ms)
+    return round(u, 3)
+
+
 def replay(row: dict[str, Any], unit_ms: float, *, cores: int = 2, seeds: int = 3) -> dict[str, Any]:
     """The simulation of one real row (mean over ``seeds``) next to its measurements."""
     n, mode = row["nodes"], row["mode"]
-    sims = []
     t0 = time.monotonic()
-    for seed in range(seeds):
-        sc = Scenario(
-            n=n, rounds=row["batches_per_node"], round_s=row["interval_s"], synchronized=True,
-            deadline_rounds=60 / row["interval_s"], seed=seed,
-            costs=costs_from_unit(unit_ms, batch_bytes=BENCH_BATCH_BYTES),
-            network=Network(mode="testbed", cores=cores, background_load=background(row, cores)),
-            # announcements are in the measured idle rate, not modelled again
-            scheme=Scheme(kind=mode, connections=4, announce_interval_s=1e9,
-                          feed_sources=row.get("sources") or 4))
-        sims.append(summarize(Sim(sc).run(), wall_s=0.0))
+    sims = [summarize(Sim(_scenario(row, unit_ms, cores, seed)).run(), wall_s=0.0)
+            for seed in range(seeds)]
 
     def mean(get: Any) -> float:
         return statistics.fmean(get(s) for s in sims)
 
     # per publish round, as gossip_bench counts: the copies read over the whole run / batches
     rounds = row["batches_per_node"]
-    real = {"inbound_per_node_round": row["inbound_per_node_round"],
+    real = {"inbound_per_node_round": row.get("inbound_per_node_round"),
             "latency_ms_p50": row["latency_ms_p50"], "latency_ms_p99": row["latency_ms_p99"],
             "deliveries_per_node_round": row["delivered"] / n / rounds}
     sim = {
@@ -103,7 +118,7 @@ def replay(row: dict[str, Any], unit_ms: float, *, cores: int = 2, seeds: int = 
         "latency_ms_p99": mean(lambda s: s["latency_ms"]["p99"]),
         "deliveries_per_node_round": mean(lambda s: s["per_node_per_round"]["first_deliveries"]["mean"]),
     }
-    error = {k: round((sim[k] - real[k]) / real[k], 3) for k in real if real[k]}
+    error = {k: round((sim[k] - real[k]) / real[k], 3) for k in real if real[k] is not None}
     return {"nodes": n, "mode": mode, "unit_ms": unit_ms,
             "background_cores": round(background(row, cores), 2),
             "load_before": row["load_before"], "real": real,

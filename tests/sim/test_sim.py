@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from bench.sim.calibrate import costs_from_unit, fit_unit
+from bench.sim.calibrate import _scenario, costs_from_unit, fit_by_sim, fit_unit
 from bench.sim.config import Network, Sapo, Scenario, Scheme
 from bench.sim.engine import Sim
 from bench.sim.metrics import gini, summarize
@@ -101,6 +101,15 @@ def test_fit_recovers_a_known_unit() -> None:
     assert fit["unit_ms"] == pytest.approx(2.5, rel=1e-6)
     assert fit["spread"] == pytest.approx(0.0, abs=1e-6)
     assert fit_unit([row(16, 2.0), row(32, 3.0)])["spread"] > 0.3
+
+
+def test_fit_by_sim_finds_the_unit_that_spent_the_cpu() -> None:
+    row = {"mode": "flood", "nodes": 8, "batches_per_node": 3, "interval_s": 1.0, "sources": None,
+           "idle_cpu_per_s": 0.2, "load_before": [0.5, 0.5, 0.5], "delivered": 168,
+           "delivered_per_s": 168 / 4.0}
+    spent = sum(Sim(_scenario(row, 3.0, 2, 0)).run().cpu.cpu_ms) / 1000
+    row["cpu_s_total"] = spent + 0.2 * 4.0
+    assert fit_by_sim(row, start_ms=1.0) == pytest.approx(3.0, rel=0.05)
 
 
 def test_gini() -> None:
