@@ -1,8 +1,8 @@
 """Run the simulation grid (flood vs feeds, N = 16, 100, 1000, with and without churn), calibrate
 against real runs, write ``bench/results/sim.json`` and ``bench/results/sim.png``.
 
-    PYTHONPATH=$PWD python -m bench.sim calibrate --real bench/sim/data/gossip_bench_main_flood16_quiet.json \
-        bench/sim/data/*.json            # -> bench/results/sim_calibration.json
+    PYTHONPATH=$PWD python -m bench.sim calibrate --real bench/sim/data/*.json
+                                                 # -> bench/results/sim_calibration.json
     PYTHONPATH=$PWD python -m bench.sim grid     # -> bench/results/sim.json, sim.png
 
 ``--real`` files are ``bench/gossip_bench.py`` outputs (rows of both modes, e.g. from

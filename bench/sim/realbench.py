@@ -6,7 +6,7 @@ the table for 30 s instead of the tests' 6 s (``tests/swarm/conftest.py`` FAST).
 all N were known at once, and gossip_bench's discovery wait timed out (twice at 16 nodes); the
 TTL touches no rollout traffic. Rows go to ``--out`` (atomically) with the load average.
 
-    PYTHONPATH=$PWD python -m bench.sim.realbench --nodes 16 32 --out bench/results/sim_real_runs.json
+    PYTHONPATH=$PWD python -m bench.sim.realbench --nodes 16 32 --out bench/sim/data/realbench.json
 """
 
 from __future__ import annotations
