@@ -31,9 +31,12 @@ from protocol.files import atomic_write_bytes
 log = logging.getLogger("bench.sim")
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-FLOOD_ROUNDS_1000 = 2
-"""A flood of 1,000 peers is ~6 M copies per round (N^2 D): simulated for this many rounds
-only (its per-round cost is what matters; it is saturated anyway)."""
+def flood_rounds(n: int, rounds: int) -> int:
+    """A flood costs ~N^2 D events per round (~6 M at N = 1,000: minutes of one core, and
+    the shared box gave this process ~4% of a core at load average 55): 1 round at 1,000 peers
+    (its per-round cost is what it shows; it is saturated anyway), 10 at 100 (the sender
+    spread needs 10)."""
+    return 1 if n >= 1000 else min(rounds, 10) if n >= 100 else rounds
 
 
 VARIANTS = ("flood", "feeds", "flood_ann", "feeds_ann")
@@ -53,15 +56,20 @@ def scheme_for(variant: str, n: int) -> Scheme:
 
 
 def grid(unit_ms: float, *, sizes: list[int], rounds: int, batch_bytes: int,
-         churn: float, seed: int) -> list[dict[str, Any]]:
+         churn: float, seed: int, variants: tuple[str, ...] = VARIANTS) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
-        for variant in VARIANTS:
+        same = max(5.0, n / 20) == Scheme().announce_interval_s  # *_ann is the plain variant
+        for variant in variants:
+            if same and variant.endswith("_ann"):
+                continue  # copied from the plain row below
             for ch in (0.0, churn):
                 flood = variant.startswith("flood")
-                r = FLOOD_ROUNDS_1000 if flood and n >= 1000 else rounds
-                if flood and n >= 1000 and ch > 0:
-                    continue  # two rounds see almost no churn; not informative
+                r = flood_rounds(n, rounds) if flood else rounds
+                if flood and n >= 1000 and (ch > 0 or not variant.endswith("_ann")):
+                    # one round sees almost no churn; and with 5 s announcements the node is
+                    # saturated by them alone (announce.py), so only flood_ann is informative
+                    continue
                 sc = Scenario(n=n, rounds=r, churn_per_min=ch, seed=seed,
                               costs=costs_from_unit(unit_ms, batch_bytes=batch_bytes),
                               scheme=scheme_for(variant, n))
@@ -73,6 +81,8 @@ def grid(unit_ms: float, *, sizes: list[int], rounds: int, batch_bytes: int,
                          res["wall_s"], res["per_node_per_round"]["inbound_copies"]["mean"],
                          res["latency_ms"]["p99"])
                 out.append(res)
+                if same and f"{variant}_ann" in variants:
+                    out.append({**res, "variant": f"{variant}_ann", "same_as": variant})
     return out
 
 
@@ -87,11 +97,12 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     red, blue, grey = "tab:red", "tab:blue", "tab:gray"
-    for variant, color, marker in (("flood", red, "o"), ("feeds", blue, "s")):
+    for variant, color, marker in (("flood_ann", red, "o"), ("feeds_ann", blue, "s")):
         rs = rows(variant)
         ns = [r["n"] for r in rs]
         axes[0].plot(ns, [r["per_node_rollouts"]["bytes_in_per_s"]["mean"] / 1e3 for r in rs],
-                     color=color, marker=marker, label=f"{variant}: rollout batches in")
+                     color=color, marker=marker,
+                     label=f"{variant.removesuffix('_ann')}: rollout batches in")
     for variant, style, label in (("feeds", ":", "every 5 s"), ("feeds_ann", "-.", "every N/20 s")):
         rs = rows(variant)
         ns = [r["n"] for r in rs]
@@ -111,7 +122,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
                      color=color, marker=marker, label=f"{name}: rollout traffic")
     axes[2].axhline(1.0, color="black", linewidth=0.8, label="one core (trio loop)")
     titles = ("per-node inbound bandwidth (kB/s)",
-              "batch latency, publish to first copy (ms)\n(announcements every N/20 s)",
+              "batch latency, publish to first copy (ms)",
               "per-node CPU (cores)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log")
@@ -120,7 +131,9 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("bench/sim: today's flood vs receiver-chosen feeds (WAN model, calibrated costs)")
+    fig.suptitle("bench/sim: flood vs receiver-chosen feeds, WAN model, calibrated costs "
+                 "(rollout rows: announcements every max(5, N/20) s; flood at N=1000: 1 round)",
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
@@ -169,11 +182,22 @@ def main() -> None:
     gr.add_argument("--seed", type=int, default=0)
     gr.add_argument("--out", default=str(RESULTS / "sim.json"))
     gr.add_argument("--png", default=str(RESULTS / "sim.png"))
+    gr.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    co = sub.add_parser("combine", help="merge grid outputs run in parts, plot them")
+    co.add_argument("--inputs", nargs="+", required=True)
+    co.add_argument("--out", default=str(RESULTS / "sim.json"))
+    co.add_argument("--png", default=str(RESULTS / "sim.png"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.monotonic()
     if args.command == "calibrate":
         result = calibrate(args.real)
+    elif args.command == "combine":
+        parts = [json.loads(Path(p).read_text()) for p in args.inputs]
+        result = {"parts": [{k: v for k, v in p.items() if k != "runs"} for p in parts],
+                  "unit_ms": parts[0]["unit_ms"], "batch_bytes": parts[0]["batch_bytes"],
+                  "runs": [r for p in parts for r in p["runs"]]}
+        plot(result["runs"], Path(args.png))
     else:
         unit = args.unit_ms
         if unit is None:
@@ -181,7 +205,8 @@ def main() -> None:
         result = {"loadavg_start": list(os.getloadavg()), "unit_ms": unit,
                   "batch_bytes": args.batch_bytes,
                   "runs": grid(unit, sizes=args.sizes, rounds=args.rounds,
-                               batch_bytes=args.batch_bytes, churn=args.churn, seed=args.seed)}
+                               batch_bytes=args.batch_bytes, churn=args.churn, seed=args.seed,
+                               variants=tuple(args.variants))}
         plot(result["runs"], Path(args.png))
     result["command"] = "python -m bench.sim " + " ".join(sys.argv[1:])
     result["wall_s"] = round(time.monotonic() - t0, 1)
