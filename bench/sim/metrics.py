@@ -118,7 +118,9 @@ def summarize(sim: Sim, *, wall_s: float) -> dict[str, Any]:
     sc = sim.sc
     nodes = [v for v in range(len(sim.online)) if not sim.is_boot[v]]
     secs = {v: (min(sim.left[v], sim.end_ms) - sim.joined[v]) / 1000 for v in nodes}
-    nodes = [v for v in nodes if secs[v] > 0]
+    # per-node rates over at least one round online (a joiner seen for 0.2 s with one backfilled
+    # batch would read as 50 batches per round)
+    nodes = [v for v in nodes if secs[v] >= sc.round_s]
     per_round = sc.round_s
     ann = sim.announce
     out: dict[str, Any] = {
