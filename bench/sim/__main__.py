@@ -126,7 +126,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
               "per-node CPU (cores)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        if any(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
+            ax.set_yscale("log")
         ax.set_xlabel("peers N")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
@@ -197,7 +198,6 @@ def main() -> None:
         result = {"parts": [{k: v for k, v in p.items() if k != "runs"} for p in parts],
                   "unit_ms": parts[0]["unit_ms"], "batch_bytes": parts[0]["batch_bytes"],
                   "runs": [r for p in parts for r in p["runs"]]}
-        plot(result["runs"], Path(args.png))
     else:
         unit = args.unit_ms
         if unit is None:
@@ -207,10 +207,11 @@ def main() -> None:
                   "runs": grid(unit, sizes=args.sizes, rounds=args.rounds,
                                batch_bytes=args.batch_bytes, churn=args.churn, seed=args.seed,
                                variants=tuple(args.variants))}
-        plot(result["runs"], Path(args.png))
     result["command"] = "python -m bench.sim " + " ".join(sys.argv[1:])
     result["wall_s"] = round(time.monotonic() - t0, 1)
     atomic_write_bytes(Path(args.out), json.dumps(result, indent=1).encode())
+    if args.command != "calibrate":  # after the JSON: a plot problem must not lose a run
+        plot(result["runs"], Path(args.png))
     log.info("wrote %s in %.0f s", args.out, result["wall_s"])
 
 
