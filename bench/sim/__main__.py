@@ -1,0 +1,219 @@
+"""Run the simulation grid (flood vs feeds, N = 16, 100, 1000, with and without churn), calibrate
+against real runs, write ``bench/results/sim.json`` and ``bench/results/sim.png``.
+
+    PYTHONPATH=$PWD python -m bench.sim calibrate --real bench/sim/data/*.json
+                                                 # -> bench/results/sim_calibration.json
+    PYTHONPATH=$PWD python -m bench.sim grid     # -> bench/results/sim.json, sim.png
+
+``--real`` files are ``bench/gossip_bench.py`` outputs (rows of both modes, e.g. from
+``bench/sim/realbench.py``); each row's cost unit is fitted by replaying it
+(``bench/sim/calibrate.py``), the replay states the simulation's error, and the flood rows
+measured on a quiet box price the WAN grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.sim.calibrate import costs_from_unit, fit_by_sim, fit_unit, replay
+from bench.sim.config import Scenario, Scheme
+from bench.sim.engine import Sim
+from bench.sim.metrics import summarize
+from protocol.files import atomic_write_bytes
+
+log = logging.getLogger("bench.sim")
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+def flood_rounds(n: int, rounds: int) -> int:
+    """A flood costs ~N^2 D events per round (~6 M at N = 1,000: minutes of one core, and
+    the shared box gave this process ~4% of a core at load average 55): 1 round at 1,000 peers
+    (its per-round cost is what it shows; it is saturated anyway), 10 at 100 (the sender
+    spread needs 10)."""
+    return 1 if n >= 1000 else min(rounds, 10) if n >= 100 else rounds
+
+
+VARIANTS = ("flood", "feeds", "flood_ann", "feeds_ann")
+"""``*_ann``: the peer-announcement interval grown with the swarm (N / 20 s, at least 5 s;
+peer_ttl_s 3 intervals), so announcements cost a node a constant ~20 per second: the follow-up
+swarm/SCALING.md names. With today's 5 s, announcements alone saturate a node's core near
+N = 1,000 whatever the rollout scheme, so only the ``*_ann`` pair compares the rollout schemes
+at that size on latency."""
+
+
+def scheme_for(variant: str, n: int) -> Scheme:
+    kind = variant.removesuffix("_ann")
+    if variant.endswith("_ann"):
+        interval = max(5.0, n / 20)
+        return Scheme(kind=kind, announce_interval_s=interval, peer_ttl_s=3 * interval)
+    return Scheme(kind=kind)
+
+
+def grid(unit_ms: float, *, sizes: list[int], rounds: int, batch_bytes: int,
+         churn: float, seed: int, variants: tuple[str, ...] = VARIANTS) -> list[dict[str, Any]]:
+    out = []
+    for n in sizes:
+        same = max(5.0, n / 20) == Scheme().announce_interval_s  # *_ann is the plain variant
+        for variant in variants:
+            if same and variant.endswith("_ann"):
+                continue  # copied from the plain row below
+            for ch in (0.0, churn):
+                flood = variant.startswith("flood")
+                r = flood_rounds(n, rounds) if flood else rounds
+                if flood and n >= 1000 and (ch > 0 or not variant.endswith("_ann")):
+                    # one round sees almost no churn; and with 5 s announcements the node is
+                    # saturated by them alone (announce.py), so only flood_ann is informative
+                    continue
+                sc = Scenario(n=n, rounds=r, churn_per_min=ch, seed=seed,
+                              costs=costs_from_unit(unit_ms, batch_bytes=batch_bytes),
+                              scheme=scheme_for(variant, n))
+                t0 = time.monotonic()
+                res = summarize(Sim(sc).run(), wall_s=time.monotonic() - t0)
+                res["variant"] = variant
+                res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+                log.info("%s n=%d churn=%.2f: %.1f s, inbound %.1f/round, p99 %s ms", variant, n, ch,
+                         res["wall_s"], res["per_node_per_round"]["inbound_copies"]["mean"],
+                         res["latency_ms"]["p99"])
+                out.append(res)
+                if same and f"{variant}_ann" in variants:
+                    out.append({**res, "variant": f"{variant}_ann", "same_as": variant})
+    return out
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def rows(variant: str) -> list[dict[str, Any]]:
+        return sorted((r for r in runs if r["variant"] == variant and r["churn_per_min"] == 0),
+                      key=lambda r: r["n"])
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    red, blue, grey = "tab:red", "tab:blue", "tab:gray"
+    for variant, color, marker in (("flood_ann", red, "o"), ("feeds_ann", blue, "s")):
+        rs = rows(variant)
+        ns = [r["n"] for r in rs]
+        axes[0].plot(ns, [r["per_node_rollouts"]["bytes_in_per_s"]["mean"] / 1e3 for r in rs],
+                     color=color, marker=marker,
+                     label=f"{variant.removesuffix('_ann')}: rollout batches in")
+    for variant, style, label in (("feeds", ":", "every 5 s"), ("feeds_ann", "-.", "every N/20 s")):
+        rs = rows(variant)
+        ns = [r["n"] for r in rs]
+        axes[0].plot(ns, [r["per_node_announcements"]["bytes_in_per_s"] / 1e3 for r in rs],
+                     color=grey, marker="^", linestyle=style, label=f"peer announcements {label}")
+        axes[2].plot(ns, [r["per_node_announcements"]["cpu_ms_per_s"] / 1e3 for r in rs],
+                     color=grey, marker="^", linestyle=style, label=f"peer announcements {label}")
+    for variant, color, marker in (("flood_ann", red, "o"), ("feeds_ann", blue, "s")):
+        rs = rows(variant)
+        ns = [r["n"] for r in rs]
+        name = variant.removesuffix("_ann")
+        axes[1].plot(ns, [r["latency_ms"]["p50"] or 0 for r in rs], color=color, marker=marker,
+                     label=f"{name} p50")
+        axes[1].plot(ns, [r["latency_ms"]["p99"] or 0 for r in rs], color=color, marker=marker,
+                     linestyle="--", label=f"{name} p99")
+        axes[2].plot(ns, [r["per_node_rollouts"]["cpu_ms_per_s"]["mean"] / 1e3 for r in rs],
+                     color=color, marker=marker, label=f"{name}: rollout traffic")
+    axes[2].axhline(1.0, color="black", linewidth=0.8, label="one core (trio loop)")
+    titles = ("per-node inbound bandwidth (kB/s)",
+              "batch latency, publish to first copy (ms)",
+              "per-node CPU (cores)")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log")
+        if any(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
+            ax.set_yscale("log")
+        ax.set_xlabel("peers N")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("bench/sim: flood vs receiver-chosen feeds, WAN model, calibrated costs "
+                 "(rollout rows: announcements every max(5, N/20) s; flood at N=1000: 1 round)",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+QUIET_LOAD = 2.0
+"""A real row whose 1-minute load average before it was below this (on 2 cores) prices the
+WAN grid; rows from a loaded box are replayed, but their CPU per message is inflated by the
+contention (cache, context switches) and would overprice a node that has its core alone."""
+
+
+def calibrate(paths: list[str]) -> dict[str, Any]:
+    rows = [r for path in paths for r in json.loads(Path(path).read_text())["runs"]]
+    replays = []
+    for row in rows:
+        u = fit_by_sim(row)
+        rep = replay(row, u)
+        rep["quiet"] = row["load_before"][0] < QUIET_LOAD
+        log.info("%s n=%d load %.1f: unit %.2f ms, error %s", row["mode"], row["nodes"],
+                 row["load_before"][0], u, rep["relative_error"])
+        replays.append(rep)
+    quiet = [r["unit_ms"] for r in replays if r["quiet"] and r["mode"] == "flood"]
+    with_dups = [r for r in rows if r.get("duplicates") and r.get("inbound_per_node_round")]
+    return {"real_files": paths, "real_rows": rows, "replays": replays,
+            "fit_from_duplicate_counters": fit_unit(with_dups) if with_dups else None,
+            "wan_unit_ms": round(sum(quiet) / len(quiet), 3) if quiet else None,
+            "loadavg": list(os.getloadavg())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    cal = sub.add_parser("calibrate", help="fit costs on real gossip_bench rows, replay them")
+    cal.add_argument("--real", nargs="+", required=True, help="bench/gossip_bench.py outputs")
+    cal.add_argument("--out", default=str(RESULTS / "sim_calibration.json"))
+    gr = sub.add_parser("grid", help="the WAN grid: JSON and PNG")
+    gr.add_argument("--calibration", default=str(RESULTS / "sim_calibration.json"),
+                    help="its wan_unit_ms prices the grid")
+    gr.add_argument("--unit-ms", type=float, default=None, help="instead of --calibration")
+    gr.add_argument("--sizes", type=int, nargs="+", default=[16, 100, 1000])
+    gr.add_argument("--rounds", type=int, default=20)
+    gr.add_argument("--churn", type=float, default=0.1, help="fraction of peers leaving per minute")
+    gr.add_argument("--batch-bytes", type=int, default=16_000)
+    gr.add_argument("--seed", type=int, default=0)
+    gr.add_argument("--out", default=str(RESULTS / "sim.json"))
+    gr.add_argument("--png", default=str(RESULTS / "sim.png"))
+    gr.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    co = sub.add_parser("combine", help="merge grid outputs run in parts, plot them")
+    co.add_argument("--inputs", nargs="+", required=True)
+    co.add_argument("--out", default=str(RESULTS / "sim.json"))
+    co.add_argument("--png", default=str(RESULTS / "sim.png"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    t0 = time.monotonic()
+    if args.command == "calibrate":
+        result = calibrate(args.real)
+    elif args.command == "combine":
+        parts = [json.loads(Path(p).read_text()) for p in args.inputs]
+        result = {"parts": [{k: v for k, v in p.items() if k != "runs"} for p in parts],
+                  "unit_ms": parts[0]["unit_ms"], "batch_bytes": parts[0]["batch_bytes"],
+                  "runs": [r for p in parts for r in p["runs"]]}
+    else:
+        unit = args.unit_ms
+        if unit is None:
+            unit = json.loads(Path(args.calibration).read_text())["wan_unit_ms"]
+        result = {"loadavg_start": list(os.getloadavg()), "unit_ms": unit,
+                  "batch_bytes": args.batch_bytes,
+                  "runs": grid(unit, sizes=args.sizes, rounds=args.rounds,
+                               batch_bytes=args.batch_bytes, churn=args.churn, seed=args.seed,
+                               variants=tuple(args.variants))}
+    result["command"] = "python -m bench.sim " + " ".join(sys.argv[1:])
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    atomic_write_bytes(Path(args.out), json.dumps(result, indent=1).encode())
+    if args.command != "calibrate":  # after the JSON: a plot problem must not lose a run
+        plot(result["runs"], Path(args.png))
+    log.info("wrote %s in %.0f s", args.out, result["wall_s"])
+
+
+if __name__ == "__main__":
+    main()
