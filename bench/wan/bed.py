@@ -281,21 +281,22 @@ class WanBed:
         self._procs.clear()
         if self._router is not None:
             _stop(self._router)
-            if self._router.stdout:
-                self._router.stdout.close()
             self._router = None
         down(self.tag)
 
 
 def _stop(p: subprocess.Popen[Any], grace_s: float = 3.0) -> None:
-    if p.poll() is not None:
-        return
-    p.terminate()
-    try:
-        p.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(grace_s)
+    """Terminate (then kill) ``p`` and close the pipes the bed's caller asked for."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(grace_s)
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            f.close()
 
 
 def _kill_pid(pid: int, *, must_contain: str | None = None) -> None:
