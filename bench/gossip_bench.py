@@ -35,8 +35,10 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(n: int, batches: int, interval_s: float, rollouts: int) -> dict:
-    procs = Procs(short_tmpdir())
+def run(n: int, batches: int, interval_s: float, rollouts: int, *,
+        procs: Procs | None = None) -> dict:
+    """One swarm of ``n`` nodes; ``procs`` starts them (default: on loopback)."""
+    procs = procs or Procs(short_tmpdir())
     try:
         t0 = time.monotonic()
         boot = procs.node("boot", learner=False, bootstrap_only=True)

@@ -15,7 +15,8 @@ from bench.wan.checks import BedUnavailable
 RTT_MS = 60.0
 RATE_MBIT = 8.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(missing()), reason="WAN bed needs: " + "; ".join(missing()))]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bool(missing()), reason="WAN bed needs: " + "; ".join(missing()))]
 
 
 def probe(bed: WanBed, host: str, *args: object) -> dict:
