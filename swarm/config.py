@@ -76,6 +76,22 @@ class GossipConfig:
     """How long a graylisted peer is refused (its score is forgotten when it disconnects)."""
     log_every_s: float = 10.0
     """At most one log line per rejection reason and period (rate-limited logging)."""
+    reachability_interval_s: float = 300.0
+    """Re-check reachability (dial-back requests to peers, swarm.reachability) this often."""
+    relay_service: bool = True
+    """Act as a circuit relay for peers behind NAT when reachable (a bootstrap peer always)."""
+    relay_reservations: int = 2
+    """Relays to hold a reservation on when peers cannot dial this node."""
+    relay_max_reservations: int = 32
+    """As a relay: peers that may hold a reservation here at once."""
+    relay_max_circuits: int = 64
+    """As a relay: relayed connections open at once."""
+    relay_circuit_s: float = 3600.0
+    """As a relay: a relayed connection is reset after this long (the dialer re-dials)."""
+    relay_circuit_bytes: int = 1 << 30
+    """As a relay: a relayed connection is reset after this many bytes."""
+    relay_reservation_ttl_s: float = 3600.0
+    """As a relay: reservations expire after this long unless refreshed."""
 
     def __post_init__(self) -> None:
         for name in _TUPLES:
@@ -96,7 +112,10 @@ class GossipConfig:
         positive = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s",
                     "announce_interval_s", "peer_ttl_s", "maintain_interval_s",
                     "heartbeat_interval_s", "gossip_degree", "outbox_size", "inbox_size",
-                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s")
+                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s",
+                    "reachability_interval_s", "relay_reservations", "relay_max_reservations",
+                    "relay_max_circuits", "relay_circuit_s", "relay_circuit_bytes",
+                    "relay_reservation_ttl_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"GossipConfig.{name} must be positive, got {getattr(self, name)}")
@@ -110,6 +129,11 @@ class GossipConfig:
             raise ValueError("GossipConfig.invalid_message_weight must be >= 0 (it is subtracted)")
         if self.graylist_threshold >= 0:
             raise ValueError("GossipConfig.graylist_threshold must be negative")
+        if not isinstance(self.relay_service, bool):
+            raise ValueError("GossipConfig.relay_service must be a bool")
+        if self.relay_reservation_ttl_s < 120:
+            raise ValueError("GossipConfig.relay_reservation_ttl_s must be >= 120 (refreshed "
+                             "60 s before expiry)")
         if self.peer_ttl_s <= self.announce_interval_s:
             raise ValueError("GossipConfig.peer_ttl_s must exceed announce_interval_s")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -45,6 +45,9 @@ class Dialer:
     table: PeerTable
     is_banned: Callable[[ID], bool] = lambda _peer: False
     """Peers not to dial (swarm.pubsub bans graylisted peers)."""
+    relay_dial: Callable[[PeerInfo], Awaitable[None]] | None = None
+    """Dials a peer through its ``p2p-circuit`` addresses (swarm.relay); ``host.connect``
+    drops such addresses in py-libp2p 0.8.1."""
     _retry_at: dict[ID, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def connected(self) -> set[ID]:
@@ -58,7 +61,11 @@ class Dialer:
             return False
         try:
             with trio.fail_after(self.config.dial_timeout_s):
-                await self.host.connect(info)
+                direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
+                if direct or self.relay_dial is None:
+                    await self.host.connect(PeerInfo(info.peer_id, direct or info.addrs))
+                else:
+                    await self.relay_dial(info)
         except Exception as e:  # py-libp2p raises many unrelated types for one failed dial
             delay = min(BACKOFF_MAX_S, delay * 2)
             self._retry_at[info.peer_id] = (now + delay * random.uniform(0.8, 1.2), delay)

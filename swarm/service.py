@@ -12,6 +12,7 @@ Task tree (one nursery, closed on shutdown)::
           ├── serve_ipc                      (if ipc_path)
           ├── publish loop                   (spaces this peer's publishes)
           ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
+          ├── NatManager.run                 (reachability, relay service and reservations)
           └── Dialer.maintain                (expiry, re-dial, top up to target_peers)
 """
 
@@ -56,6 +57,7 @@ from swarm.discovery import Dialer
 from swarm.errors import ListenError, SwarmError
 from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_listen, parse_peer_addr
 from swarm.inbox import Delivery, Inbox
+from swarm.nat import NatManager
 from swarm.ipc_server import RequestError, serve_ipc
 from swarm.peers import PeerTable
 from swarm.pubsub import Ignored
@@ -98,8 +100,11 @@ class GossipService:
             buckets=TokenBuckets(rate=config.rate_per_s, burst=config.rate_burst),
             guard=ReplayGuard(max_age_ms=int(config.replay_window_s * 1000),
                               max_future_ms=int(config.max_future_s * 1000)))
+        self.nat = NatManager(host=stack.host, config=config,
+                              bootstrap=[i.peer_id for i in bootstrap_peers], on_addrs=self._set_addrs)
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
-                             bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned)
+                             bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned,
+                             relay_dial=self.nat.relay.dial)
         self.topics = topics(config.swarm_id)
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
@@ -166,6 +171,11 @@ class GossipService:
             version=SOFTWARE_VERSION, collective_addrs=tuple(self.profile["collective_addrs"]),
             bootstrap_only=self.config.bootstrap_only)
 
+    def _set_addrs(self, addrs: list[str]) -> None:
+        """New addresses to advertise (swarm.nat: relayed, or as peers see us)."""
+        self.addrs = addrs
+        self._announce_now.set()
+
     async def announce_loop(self) -> None:
         while True:
             await self.enqueue(self.announcement())
@@ -213,6 +223,7 @@ class GossipService:
         out["banned_peers"] = self.stack.pubsub.banned_peers()
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
+        out.update(self.nat.stats())
         for type_, topic in self.topics.items():
             out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(topic, ()))
         return out
@@ -241,6 +252,7 @@ async def serve(config: GossipConfig, *,
                     await nursery.start(service.drain, type_)
                 nursery.start_soon(service.publish_loop)
                 await service.dialer.bootstrap()
+                await nursery.start(service.nat.run, service.addrs)
                 if config.ipc_path is not None and not config.bootstrap_only:
                     await nursery.start(serve_ipc, config.ipc_path, service.handle,
                                         service.counters)
