@@ -246,13 +246,22 @@ def _on_round(record: dict[str, Any], bridge: Any) -> None:
                           "capabilities": list(p.capabilities)} for p in peers])
 
 
+def reachability(stats: dict[str, int]) -> str:
+    """The swarm process's verdict (swarm.reachability.STATES): public, relayed, unreachable
+    or unknown; it reports one ``reachability_<state>`` counter set to 1."""
+    for state in ("public", "relayed", "unreachable"):
+        if stats.get(f"reachability_{state}"):
+            return state
+    return "unknown"
+
+
 def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:
     try:
         stats = bridge.stats()
     except Exception:  # the status line must never kill training
         return record
     # the swarm process's counters are totals since it started, not per round
-    return {**record, "peers": stats.get("peers", 0),
+    return {**record, "peers": stats.get("peers", 0), "reachability": reachability(stats),
             "gossip_rejected": {k[len("rejected_"):]: v for k, v in stats.items()
                                 if k.startswith("rejected_") and v}}
 
