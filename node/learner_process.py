@@ -112,6 +112,7 @@ class OuterHook:
         self.data_dir = data_dir
         self.learner_config = learner_config
         self.loop: Any = None
+        self._tunnels: dict[str, tuple[str, int]] = {}
 
     def _genesis(self, model: Any) -> Any:
         """θ of the base model (flat): the outer state's version 0, the same on every node of
@@ -132,8 +133,27 @@ class OuterHook:
             return None
 
     def _discover(self) -> list[str]:
-        return [a for p in self.bridge.peers() if p.model == self.bridge.model
-                for a in p.collective_addrs]
+        out: list[str] = []
+        for p in self.bridge.peers():
+            if p.model != self.bridge.model:
+                continue
+            if p.addrs and all("/p2p-circuit" in a for a in p.addrs):
+                out.extend(self._tunnelled(p.peer_id))  # behind NAT: nobody can dial it
+            else:
+                out.extend(p.collective_addrs)
+        return out
+
+    def _tunnelled(self, peer_id: str) -> list[str]:
+        """The collective address of a peer reachable only through relays: a local port the
+        swarm process tunnels to it (swarm.tunnel)."""
+        if peer_id not in self._tunnels:
+            try:
+                self._tunnels[peer_id] = self.bridge.tunnel(peer_id)
+            except Exception as e:  # noqa: BLE001 - old swarm process, refused: skip the peer
+                log.warning("no collective tunnel to %s: %s", peer_id, e)
+                return []
+        host, port = self._tunnels[peer_id]
+        return [f"/ip4/{host}/tcp/{port}/p2p/{peer_id}"]
 
     def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:
         if self.loop is None:

@@ -53,11 +53,12 @@ class Dialer:
     def connected(self) -> set[ID]:
         return set(self.host.get_connected_peers())
 
-    async def dial(self, info: PeerInfo) -> bool:
-        """One dial under dial_timeout_s; failures set a per-peer backoff."""
+    async def dial(self, info: PeerInfo, *, force: bool = False) -> bool:
+        """One dial under dial_timeout_s; failures set a per-peer backoff (``force``: dial
+        even while backing off)."""
         now = trio.current_time()
         at, delay = self._retry_at.get(info.peer_id, (0.0, BACKOFF_START_S / 2))
-        if now < at:
+        if now < at and not force:
             return False
         try:
             with trio.fail_after(self.config.dial_timeout_s):
@@ -123,6 +124,10 @@ class Dialer:
         async with trio.open_nursery() as nursery:
             for info in wanted:
                 nursery.start_soon(self.dial, info)
+
+    def announced(self) -> list[PeerInfo]:
+        """Dialable infos of live announced peers (bootstrap-only peers we know excluded)."""
+        return self._announced()
 
     def _announced(self) -> list[PeerInfo]:
         out = []

@@ -63,6 +63,7 @@ from swarm.peers import PeerTable
 from swarm.pubsub import Ignored
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topics
+from swarm.tunnel import TunnelHub, p2pd_target
 from swarm.validation import Rejected, Validator
 
 __all__ = ["Ready", "GossipService", "run", "serve"]
@@ -105,6 +106,10 @@ class GossipService:
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
                              bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned,
                              relay_dial=self.nat.relay.dial)
+        self.tunnels = TunnelHub(host=stack.host, ensure_connected=self._ensure_connected,
+                                 local_target=lambda: p2pd_target(
+                                     self.profile["collective_addrs"]),
+                                 bind_host=_bind_host(config.listen))
         self.topics = topics(config.swarm_id)
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
@@ -171,6 +176,13 @@ class GossipService:
             version=SOFTWARE_VERSION, collective_addrs=tuple(self.profile["collective_addrs"]),
             bootstrap_only=self.config.bootstrap_only)
 
+    async def _ensure_connected(self, peer: ID) -> bool:
+        """For a tunnel: connect to ``peer`` from its announced addresses if needed."""
+        if peer in self.dialer.connected():
+            return True
+        info = next((i for i in self.dialer.announced() if i.peer_id == peer), None)
+        return info is not None and await self.dialer.dial(info, force=True)
+
     def _set_addrs(self, addrs: list[str]) -> None:
         """New addresses to advertise (swarm.nat: relayed, or as peers see us)."""
         self.addrs = addrs
@@ -206,6 +218,15 @@ class GossipService:
             return [a.to_wire() for a in self.table.live() if a.peer_id != self.identity.peer_id]
         if request.op == "stats":
             return self.stats()
+        if request.op == "tunnel":
+            peer = args.get("peer_id")
+            if not isinstance(peer, str) or not 1 <= len(peer) <= 128:
+                raise RequestError("tunnel needs peer_id: str")
+            try:
+                port = await self.tunnels.port_for(peer)
+            except ValueError as e:
+                raise RequestError(f"tunnel: {e}") from None
+            return {"host": self.tunnels.bind_host, "port": port}
         raise RequestError(f"unknown op {request.op!r}")
 
     def _set_profile(self, args: dict[str, Any]) -> None:
@@ -224,6 +245,7 @@ class GossipService:
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
         out.update(self.nat.stats())
+        out.update(self.tunnels.stats())
         for type_, topic in self.topics.items():
             out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(topic, ()))
         return out
@@ -253,6 +275,7 @@ async def serve(config: GossipConfig, *,
                 nursery.start_soon(service.publish_loop)
                 await service.dialer.bootstrap()
                 await nursery.start(service.nat.run, service.addrs)
+                service.tunnels.install(nursery)
                 if config.ipc_path is not None and not config.bootstrap_only:
                     await nursery.start(serve_ipc, config.ipc_path, service.handle,
                                         service.counters)
@@ -278,6 +301,15 @@ async def _main(config: GossipConfig, out: TextIO) -> None:
         ready = await nursery.start(serve, config)
         out.write(ready.line() + "\n")
         out.flush()
+
+
+def _bind_host(listen: tuple[str, ...]) -> str:
+    """Tunnel listeners bind where the swarm listens (loopback for a wildcard)."""
+    for text in listen:
+        parts = text.split("/")
+        if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0":
+            return parts[2]
+    return "127.0.0.1"
 
 
 if sys.version_info < (3, 11):  # trio depends on the backport there
