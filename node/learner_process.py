@@ -72,12 +72,18 @@ class AnnouncingBridge:
         self.model: str | None = None
         self.collective_addrs: tuple[str, ...] = ()
         self._rounds_with_rollouts: dict[str, int] = {}
+        self.round_senders: set[str] = set()
+        """Senders of the rollout batches received since the last round record."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bridge, name)
 
     def receive(self, type_: str, *, max_items: int = 256) -> list[Any]:
         got = self._bridge.receive(type_, max_items=max_items)
+        if type_ == "rollouts":
+            for r in got:
+                if len(self.round_senders) < MAX_PEERS_REPORTED:
+                    self.round_senders.add(r.sender)
         senders = {r.sender for r in got
                    if getattr(r.message, "model", None) == self.model and self.model}
         for sender in senders:  # one count per receive call (once per round)
@@ -257,7 +263,10 @@ def _reap_children(timeout_s: float = 5.0) -> None:
 
 
 def _on_round(record: dict[str, Any], bridge: Any) -> None:
-    emit("round", record=_with_peers(record, bridge))
+    senders = sorted(getattr(bridge, "round_senders", ()))
+    if hasattr(bridge, "round_senders"):
+        bridge.round_senders = set()
+    emit("round", record={**_with_peers(record, bridge), "rollouts_from": senders})
     try:
         peers = bridge.peers()[:MAX_PEERS_REPORTED]
     except Exception:  # the status view must never kill training
