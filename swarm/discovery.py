@@ -62,6 +62,12 @@ class Dialer:
             return False
         try:
             with trio.fail_after(self.config.dial_timeout_s):
+                # py-libp2p refuses any dial to a peer for 60 s after one failed (its
+                # negative cache): a restarted relay or bootstrap peer would stay unreachable
+                # that long. Our own per-peer backoff (at most BACKOFF_MAX_S) decides instead.
+                unblock = getattr(self.host.get_network(), "unblock_peer", None)
+                if unblock is not None:
+                    unblock(info.peer_id)
                 direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
                 if direct or self.relay_dial is None:
                     await self.host.connect(PeerInfo(info.peer_id, direct or info.addrs))

@@ -143,13 +143,12 @@ class NatManager:
     async def _keep_relays(self, *, force: bool = False) -> None:
         if self.state.state == "public" or (self.state.state == "unknown" and not force):
             return
-        before = set(self.relay.reservations)
-        held = set(self.relay.held())
-        for relay in before - held:
+        for relay in self.relay.prune():
             self.lost_relays += 1
             logger.warning("lost the relay %s (disconnected or reservation expired): peers "
                            "that reached us through it lose us until we reserve elsewhere",
                            relay)
+        held = set(self.relay.held())
         for relay in list(held):
             if self.relay.needs_refresh(relay) and not await self.relay.reserve(relay):
                 held.discard(relay)

@@ -98,10 +98,15 @@ class RelayHub:
         """Relays we hold a live reservation on (and are still connected to)."""
         now = time.time()
         connected = set(self.host.get_connected_peers())
-        for relay in list(self.reservations):
-            if relay not in connected or self.reservations[relay] <= now:
-                del self.reservations[relay]
-        return list(self.reservations)
+        return [r for r, exp in self.reservations.items() if r in connected and exp > now]
+
+    def prune(self) -> list[ID]:
+        """Forget reservations on relays we lost (disconnected or expired); return those."""
+        live = set(self.held())
+        lost = [r for r in self.reservations if r not in live]
+        for relay in lost:
+            del self.reservations[relay]
+        return lost
 
     async def reserve(self, relay: ID) -> bool:
         """Reserve (or refresh) a slot on ``relay``; False when refused or unreachable."""

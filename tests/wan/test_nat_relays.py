@@ -13,6 +13,7 @@ bootstrap peer and a public node (both circuit relays), two nodes each behind it
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -47,8 +48,9 @@ def _state(bridge: SocketBridge) -> str:
                  if k.startswith("reachability_") and v), "?")
 
 
-def _free_port_in(bed: WanBed, host: str) -> int:
-    # any port is free in a fresh namespace; pick one the root namespace does not hand out
+def _free_port() -> int:
+    """A port for the bootstrap peer, fixed so that it comes back at the same address (the
+    bed's namespace is fresh: any port is free there)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -72,15 +74,17 @@ def _exchange(bridges: dict[str, SocketBridge], ids: dict[str, str], *, timeout_
 
 
 def test_relays_killed_then_one_returns(bed):
-    ps = WanProcs(short_tmpdir(), bed)
+    root = short_tmpdir()
+    ps = WanProcs(root, bed)
+    bridges: dict[str, SocketBridge] = {}
     try:
-        port = _free_port_in(bed, "boot")
+        port = _free_port()
         boot_cfg = ps.config("boot", listen=(f"/ip4/{bed.addr('boot')}/tcp/{port}",),
                              bootstrap_only=True)
         boot = NsSwarmProc(boot_cfg, "boot", prefix=tuple(bed.prefix("boot"))).start()
         ps.procs.append(boot)
         pub, *nated = ps.nodes(["pub", *NATED], bootstrap=(boot.addr,))
-        bridges = {p.name: SocketBridge.connect(p.ready["ipc"]) for p in nated}
+        bridges.update({p.name: SocketBridge.connect(p.ready["ipc"]) for p in nated})
         ids = {p.name: p.peer_id for p in nated}
         wait_until(lambda: all(_state(b) == "relayed" for b in bridges.values()),
                    timeout_s=60, what="NATed nodes relayed")
@@ -111,4 +115,7 @@ def test_relays_killed_then_one_returns(bed):
         print(f"relays killed: unreachable after {lost_after:.1f} s; relay back: relayed and "
               f"exchanging again after {time.monotonic() - t:.1f} s")
     finally:
+        for b in bridges.values():
+            b.close()
         ps.stop_all()
+        shutil.rmtree(root, ignore_errors=True)
