@@ -38,13 +38,13 @@ CLI::
     python -m bench.wan up [--tag cli] [--hosts 4 | --names a,b,c] [--rtt-ms 80]
                            [--jitter-ms 0] [--rate-mbit 50] [--nat c] [--mtu 1500]
     python -m bench.wan status
-    python -m bench.wan down [--tag cli | --all]
+    python -m bench.wan down [--tag cli | --stale | --all]
 """
 
 from __future__ import annotations
 
-from .bed import BedError, HostSpec, WanBed, down, hosts, instances
+from .bed import BedError, HostSpec, WanBed, down, hosts, instances, stale
 from .checks import BedUnavailable, ensure_iptables, missing, require
 
 __all__ = ["BedError", "BedUnavailable", "HostSpec", "WanBed", "down", "ensure_iptables",
-           "hosts", "instances", "missing", "require"]
+           "hosts", "instances", "missing", "require", "stale"]

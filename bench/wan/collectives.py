@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import platform
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +68,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/wan_collectives.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the beds' close()
     out = Path(args.out)
     res = {"host": platform.node(), "cpus": os.cpu_count(), "started": time.time(),
            "args": {k: v for k, v in vars(args).items() if k != "out"},
