@@ -18,7 +18,9 @@ Python API (stable; used by tests/wan and the NAT tests)::
         bed.public_addr("nat1")  # '10.213.0.3'  what the others see (the gateway)
         p = bed.run_in("pub", [sys.executable, "-m", "node", ...], stdout=...)  # a Popen
         bed.prefix("pub")        # ['ip', 'netns', 'exec', 'swnw<tag>-pub'] for harnesses
-        bed.ns("pub"), bed.rtt_ms("pub", "nat1"), bed.router_stats(), bed.describe()
+        bed.ns("pub"), bed.rtt_ms("pub", "nat1"), bed.describe()
+        bed.router_stats()       # forwarded, bytes, drops, max_queue, tcp_simultaneous_open
+        bed.router_pid
     # on exit: every run_in process, everything else inside the namespaces, the router
     # and the namespaces are gone.
 

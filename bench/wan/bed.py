@@ -188,6 +188,11 @@ class WanBed:
             return {}
 
     @property
+    def router_pid(self) -> int | None:
+        """Pid of the delay router process (None before ``up`` and after ``close``)."""
+        return self._router.pid if self._router is not None else None
+
+    @property
     def _stats_path(self) -> Path:
         return STATE_DIR / f"{self.tag}.stats.json"
 
