@@ -15,6 +15,7 @@ State of live beds: /tmp/swnwan/T.json (read by ``python -m bench.wan status|dow
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -91,15 +92,17 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return r
 
 
+_B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+_beds_made = itertools.count()
+
+
 def default_tag() -> str:
-    """A tag unique among live processes: the pid in base 36 plus a per-process counter."""
+    """Unique among live processes: the pid in 5 base-36 digits, then a per-process count."""
     n, digits = os.getpid(), ""
-    while n:
+    for _ in range(5):  # pid_max <= 2**22 < 36**5
         n, d = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
-    default_tag.count = getattr(default_tag, "count", -1) + 1  # type: ignore[attr-defined]
-    c = default_tag.count  # type: ignore[attr-defined]
-    return (digits + ("" if c == 0 else "0123456789abcdefghijklmnopqrstuvwxyz"[c % 36]))[-6:]
+        digits = _B36[d] + digits
+    return digits + _B36[next(_beds_made) % 36]
 
 
 class WanBed:
