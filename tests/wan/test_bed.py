@@ -48,8 +48,9 @@ def test_rtt_matches_the_configured_one(bed):
     rtts = probe(bed, "a", "rtt", bed.addr("b"), port, 8)["rtt_ms"]
     med = statistics.median(rtts)
     assert bed.rtt_ms("a", "b") == RTT_MS
-    # the router can only add time; scheduling on a loaded 2-core box adds a little
-    assert RTT_MS * 0.97 <= med <= RTT_MS * 1.3 + 10, rtts
+    # the router never delivers early; scheduling on a loaded 2-core box adds a little, but
+    # twice the delay (each direction counted twice) or none at all both fail
+    assert RTT_MS * 0.97 <= med <= RTT_MS * 1.25 + 20, rtts
 
 
 def test_upload_is_limited_by_tbf(bed):
