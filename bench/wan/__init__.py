@@ -18,7 +18,9 @@ Python API (stable; used by tests/wan and the NAT tests)::
         bed.public_addr("nat1")  # '10.213.0.3'  what the others see (the gateway)
         p = bed.run_in("pub", [sys.executable, "-m", "node", ...], stdout=...)  # a Popen
         bed.prefix("pub")        # ['ip', 'netns', 'exec', 'swnw<tag>-pub'] for harnesses
-        bed.ns("pub"), bed.rtt_ms("pub", "nat1"), bed.router_stats(), bed.describe()
+        bed.ns("pub"), bed.rtt_ms("pub", "nat1"), bed.describe()
+        bed.router_stats()       # forwarded, bytes, drops, max_queue, tcp_simultaneous_open
+        bed.router_pid
     # on exit: every run_in process, everything else inside the namespaces, the router
     # and the namespaces are gone.
 
@@ -38,13 +40,13 @@ CLI::
     python -m bench.wan up [--tag cli] [--hosts 4 | --names a,b,c] [--rtt-ms 80]
                            [--jitter-ms 0] [--rate-mbit 50] [--nat c] [--mtu 1500]
     python -m bench.wan status
-    python -m bench.wan down [--tag cli | --all]
+    python -m bench.wan down [--tag cli | --stale | --all]
 """
 
 from __future__ import annotations
 
-from .bed import BedError, HostSpec, WanBed, down, hosts, instances
+from .bed import BedError, HostSpec, WanBed, down, hosts, instances, stale
 from .checks import BedUnavailable, ensure_iptables, missing, require
 
 __all__ = ["BedError", "BedUnavailable", "HostSpec", "WanBed", "down", "ensure_iptables",
-           "hosts", "instances", "missing", "require"]
+           "hosts", "instances", "missing", "require", "stale"]

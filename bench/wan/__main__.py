@@ -25,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--mtu", type=int, default=1500)
     dn = sub.add_parser("down", help="remove a bed (or all beds) and everything inside")
     dn.add_argument("--tag", default="cli")
-    dn.add_argument("--all", action="store_true", help="every swnw* bed on this machine")
+    dn.add_argument("--stale", action="store_true",
+                    help="every bed whose router is gone (its owner crashed)")
+    dn.add_argument("--all", action="store_true",
+                    help="every swnw* bed on this machine, other users' running tests included")
     sub.add_parser("status", help="beds on this machine and what is missing to build one")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -34,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"missing": missing(nat=True), "beds": wan.instances()}, indent=1))
         return 0
     if args.cmd == "down":
-        tags = list(wan.instances()) if args.all else [args.tag]
+        tags = list(wan.instances()) if args.all else wan.stale() if args.stale else [args.tag]
         for tag in tags:
             print(f"{tag}: removed {wan.down(tag)}")
         return 0

@@ -15,6 +15,7 @@ State of live beds: /tmp/swnwan/T.json (read by ``python -m bench.wan status|dow
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -91,19 +92,28 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return r
 
 
+_B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+_beds_made = itertools.count()
+
+
 def default_tag() -> str:
-    """A tag unique among live processes: the pid in base 36 plus a per-process counter."""
+    """Unique among live processes: the pid in 5 base-36 digits, then a per-process count."""
     n, digits = os.getpid(), ""
-    while n:
+    for _ in range(5):  # pid_max <= 2**22 < 36**5
         n, d = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
-    default_tag.count = getattr(default_tag, "count", -1) + 1  # type: ignore[attr-defined]
-    c = default_tag.count  # type: ignore[attr-defined]
-    return (digits + ("" if c == 0 else "0123456789abcdefghijklmnopqrstuvwxyz"[c % 36]))[-6:]
+        digits = _B36[d] + digits
+    return digits + _B36[next(_beds_made) % 36]
 
 
 class WanBed:
-    """A running WAN bed; use as a context manager (or ``up()`` then ``close()``)."""
+    """A WAN bed; use as a context manager (or ``up()`` then ``close()``).
+
+    specs: the hosts. tag: names are ``swnw<tag>-*`` (default: unique per process).
+    mtu: of every link (1500 as on the internet). subnet: two octets; hosts get
+    ``<subnet>.0.<i+1>``. tbf_latency_ms: how long tbf queues before it drops.
+    seed: of the jitter. owner_pid: the router exits once this process is gone (default:
+    the caller; None: never, for ``python -m bench.wan up``).
+    """
 
     def __init__(self, specs: Sequence[HostSpec], *, tag: str | None = None, mtu: int = 1500,
                  subnet: str = "10.213", tbf_latency_ms: float = 50.0, seed: int = 0,
@@ -145,9 +155,7 @@ class WanBed:
 
     def public_addr(self, name: str) -> str:
         """Address the others reach this host by: its own, or its NAT gateway's."""
-        self._spec(name)
-        k = self._index[name] + 1
-        return f"{self.subnet}.{k // 250}.{k % 250 or 250}" if k >= 250 else f"{self.subnet}.0.{k}"
+        return f"{self.subnet}.0.{self._index[self._spec(name).name] + 1}"
 
     def prefix(self, name: str) -> list[str]:
         """Command prefix that runs a program inside host ``name``."""
@@ -181,6 +189,11 @@ class WanBed:
             return json.loads(self._stats_path.read_text())
         except (OSError, ValueError):
             return {}
+
+    @property
+    def router_pid(self) -> int | None:
+        """Pid of the delay router process (None before ``up`` and after ``close``)."""
+        return self._router.pid if self._router is not None else None
 
     @property
     def _stats_path(self) -> Path:
@@ -299,14 +312,10 @@ def _stop(p: subprocess.Popen[Any], grace_s: float = 3.0) -> None:
             f.close()
 
 
-def _kill_pid(pid: int, *, must_contain: str | None = None) -> None:
+def _kill_pid(pid: int) -> None:
     try:
-        if must_contain is not None:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if must_contain not in cmd:
-                return
         os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError):
+    except OSError:
         pass
 
 
@@ -323,8 +332,23 @@ def instances() -> dict[str, dict[str, Any]]:
     for ns in _namespaces():
         m = re.match(rf"^{PREFIX}([a-z0-9]+)-", ns)
         if m:
-            out.setdefault(m.group(1), {"tag": m.group(1)}).setdefault("leftover", []).append(ns)
+            out.setdefault(m.group(1), {"tag": m.group(1)}).setdefault("present", []).append(ns)
+    for info in out.values():
+        router = info.get("router_pid")
+        info["router_alive"] = bool(router) and _is_router(int(router))
     return out
+
+
+def _is_router(pid: int) -> bool:
+    try:
+        return b"bench.wan.router" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def stale() -> list[str]:
+    """Tags of beds whose delay router is gone (their owner crashed): safe to ``down``."""
+    return [tag for tag, info in instances().items() if not info["router_alive"]]
 
 
 def _namespaces() -> list[str]:
@@ -344,8 +368,8 @@ def down(tag: str) -> list[str]:
         router_pid = json.loads(state_file.read_text()).get("router_pid")
     except (OSError, ValueError):
         router_pid = None
-    if router_pid:
-        _kill_pid(int(router_pid), must_contain="bench.wan.router")
+    if router_pid and _is_router(int(router_pid)):  # never a recycled pid
+        _kill_pid(int(router_pid))
     ours = [ns for ns in _namespaces() if ns.startswith(f"{PREFIX}{tag}-")]
     for ns in ours:
         for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():

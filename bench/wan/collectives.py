@@ -6,7 +6,13 @@ For each RTT, builds a bed of --peers hosts (every pair at that RTT, each upload
 path; ``ratio_vs_raw_tcp`` = raw TCP seconds / all-reduce seconds. Needs root. Never fails
 for slowness; writes bench/results/wan_collectives.json atomically.
 
-    PYTHONPATH=$PWD python -m bench.wan.collectives --rtt-ms 0 50 150 --size 2500000
+``--reuseport default false`` runs each RTT twice: as shipped, and with the peers' p2pd
+started with LIBP2P_TCP_REUSEPORT=false. With reuse (go-libp2p's default) two peers that
+dial each other at once from their listening ports make one TCP connection with two
+initiators (the router's ``tcp_simultaneous_open``), the security handshake fails, and that
+peer misses the step; at 0 RTT the window is too short to hit.
+
+    PYTHONPATH=$PWD python -m bench.wan.collectives --rtt-ms 0 50 150 --reuseport default false
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import json
 import logging
 import os
 import platform
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -55,22 +63,33 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rate-mbit", type=float, default=50.0)
     ap.add_argument("--deadline", type=float, default=120.0)
+    ap.add_argument("--reuseport", nargs="+", default=["default"], choices=["default", "false"],
+                    help="LIBP2P_TCP_REUSEPORT for the peers' p2pd: as shipped, or false")
     ap.add_argument("--out", default="bench/results/wan_collectives.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the beds' close()
     out = Path(args.out)
     res = {"host": platform.node(), "cpus": os.cpu_count(), "started": time.time(),
            "args": {k: v for k, v in vars(args).items() if k != "out"},
            "note": "step_s_median: outer step seconds; ratio_vs_raw_tcp: raw TCP seconds for "
                    "the same bytes on the same path / all-reduce seconds",
            "runs": []}
+    shipped = os.environ.get("LIBP2P_TCP_REUSEPORT")
     for rtt in args.rtt_ms:
-        r = run_at(rtt, peers=args.peers, size=args.size, codec=args.codec, steps=args.steps,
-                   rate_mbit=args.rate_mbit, deadline=args.deadline)
-        log.info("%s", json.dumps(r))
-        res["runs"].append(r)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(out, json.dumps(res, indent=1).encode())
+        for reuse in args.reuseport:
+            value = shipped if reuse == "default" else reuse
+            if value is None:
+                os.environ.pop("LIBP2P_TCP_REUSEPORT", None)
+            else:
+                os.environ["LIBP2P_TCP_REUSEPORT"] = value
+            r = run_at(rtt, peers=args.peers, size=args.size, codec=args.codec,
+                       steps=args.steps, rate_mbit=args.rate_mbit, deadline=args.deadline)
+            r["libp2p_tcp_reuseport"] = os.environ.get("LIBP2P_TCP_REUSEPORT", "default")
+            log.info("%s", json.dumps(r))
+            res["runs"].append(r)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(out, json.dumps(res, indent=1).encode())
     log.info("wrote %s", out)
 
 

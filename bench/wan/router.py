@@ -83,8 +83,9 @@ class Router:
         self._heap: list[tuple[float, int, int, bytes]] = []
         self._last: dict[tuple[int, int], float] = {}
         self._seq = 0
+        self._syns: dict[bytes, float] = {}
         self.stats = {"forwarded": 0, "bytes": 0, "dropped_no_route": 0, "dropped_not_ipv4": 0,
-                      "write_errors": 0, "max_queue": 0}
+                      "write_errors": 0, "max_queue": 0, "tcp_simultaneous_open": 0}
 
     def _delay(self, src: Port, dst: Port) -> float:
         d = src.delay_s + dst.delay_s
@@ -108,6 +109,8 @@ class Router:
             if out is None:
                 self.stats["dropped_no_route"] += 1
                 continue
+            if pkt[9] == 6:  # TCP
+                self._watch_syn(pkt, now)
             key = (fd, out)
             t = max(now + self._delay(src, self._ports[out]), self._last.get(key, 0.0))
             self._last[key] = t
@@ -115,6 +118,23 @@ class Router:
             heapq.heappush(self._heap, (t, self._seq, out, pkt))
         if len(self._heap) > self.stats["max_queue"]:
             self.stats["max_queue"] = len(self._heap)
+
+    def _watch_syn(self, pkt: bytes, now: float) -> None:
+        """Count SYNs that cross a SYN of the reverse 4-tuple (TCP simultaneous open).
+
+        Two peers dialling each other from their listening ports (SO_REUSEPORT) at the same
+        moment make one TCP connection with two initiators; libp2p's security handshake
+        then fails. Visible only with latency: on loopback the window is microseconds.
+        """
+        ihl = (pkt[0] & 0x0F) * 4
+        if len(pkt) < ihl + 14 or pkt[ihl + 13] & 0x12 != 0x02:  # SYN without ACK only
+            return
+        src, dst = pkt[12:16] + pkt[ihl:ihl + 2], pkt[16:20] + pkt[ihl + 2:ihl + 4]
+        if self._syns.get(dst + src, -1e9) > now - 3.0:
+            self.stats["tcp_simultaneous_open"] += 1
+        if len(self._syns) > 4096:
+            self._syns = {k: t for k, t in self._syns.items() if t > now - 3.0}
+        self._syns[src + dst] = now
 
     def deliver_due(self, now: float) -> float | None:
         """Write every packet whose time has come; return seconds until the next one."""

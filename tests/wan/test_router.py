@@ -12,10 +12,15 @@ import pytest
 from bench.wan.router import Port, Router
 
 
-def ipv4(dst: str, payload: bytes = b"") -> bytes:
-    """A minimal IPv4 header (only version and destination matter to the router)."""
-    return struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 0, 0, 64, 6, 0,
-                       socket.inet_aton("10.0.0.9"), socket.inet_aton(dst)) + payload
+def ipv4(dst: str, payload: bytes = b"", src: str = "10.0.0.9", proto: int = 17) -> bytes:
+    """A minimal IPv4 header (the router reads version, protocol, addresses)."""
+    return struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 0, 0, 64, proto, 0,
+                       socket.inet_aton(src), socket.inet_aton(dst)) + payload
+
+
+def syn(src: str, sport: int, dst: str, dport: int, *, ack: bool = False) -> bytes:
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, 0, 0, 5 << 4, 0x12 if ack else 0x02, 1000, 0, 0)
+    return ipv4(dst, tcp, src=src, proto=6)
 
 
 @pytest.fixture
@@ -82,3 +87,15 @@ def test_write_error_counts_a_loss_and_the_router_goes_on(wires):
     r.receive(a_in.fileno(), time.monotonic())
     r.deliver_due(time.monotonic() + 1)
     assert r.stats["forwarded"] == 1
+
+
+def test_crossing_syns_are_counted_as_simultaneous_open(wires):
+    r = make(wires)
+    (a_in, a_out), (b_in, b_out) = wires
+    a_out.send(syn("10.0.0.1", 4001, "10.0.0.2", 4002))
+    a_out.send(syn("10.0.0.1", 5555, "10.0.0.2", 4002))  # an ordinary dial
+    r.receive(a_in.fileno(), time.monotonic())
+    b_out.send(syn("10.0.0.2", 4002, "10.0.0.1", 5555, ack=True))  # its SYN-ACK: normal
+    b_out.send(syn("10.0.0.2", 4002, "10.0.0.1", 4001))  # b dials a from the same ports
+    r.receive(b_in.fileno(), time.monotonic())
+    assert r.stats["tcp_simultaneous_open"] == 1 and r.stats["forwarded"] == 0
