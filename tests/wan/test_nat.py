@@ -53,7 +53,7 @@ def bed():
     reason = ensure_iptables()
     if reason:
         pytest.skip(f"NAT needs iptables: {reason}")
-    with WanBed(hosts(NAMES, rtt_ms=80, rate_mbit=50, nat=NATED), tag="natt") as b:
+    with WanBed(hosts(NAMES, rtt_ms=80, rate_mbit=50, nat=NATED)) as b:
         yield b
 
 

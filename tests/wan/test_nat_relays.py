@@ -37,8 +37,7 @@ def bed():
     reason = ensure_iptables()
     if reason:
         pytest.skip(f"NAT needs iptables: {reason}")
-    with WanBed(hosts(["boot", "pub", *NATED], rtt_ms=80, rate_mbit=50, nat=list(NATED)),
-                tag="natr") as b:
+    with WanBed(hosts(["boot", "pub", *NATED], rtt_ms=80, rate_mbit=50, nat=list(NATED))) as b:
         yield b
 
 
