@@ -118,7 +118,6 @@ class OuterHook:
         self.data_dir = data_dir
         self.learner_config = learner_config
         self.loop: Any = None
-        self._tunnels: dict[str, tuple[str, int]] = {}
 
     def _genesis(self, model: Any) -> Any:
         """θ of the base model (flat): the outer state's version 0, the same on every node of
@@ -152,13 +151,11 @@ class OuterHook:
     def _tunnelled(self, peer_id: str) -> list[str]:
         """The collective address of a peer reachable only through relays: a local port the
         swarm process tunnels to it (swarm.tunnel)."""
-        if peer_id not in self._tunnels:
-            try:
-                self._tunnels[peer_id] = self.bridge.tunnel(peer_id)
-            except Exception as e:  # noqa: BLE001 - old swarm process, refused: skip the peer
-                log.warning("no collective tunnel to %s: %s", peer_id, e)
-                return []
-        host, port = self._tunnels[peer_id]
+        try:  # the swarm process keeps the listener; asking again is cheap
+            host, port = self.bridge.tunnel(peer_id)
+        except Exception as e:  # noqa: BLE001 - refused or too many: skip the peer this time
+            log.warning("no collective tunnel to %s: %s", peer_id, e)
+            return []
         return [f"/ip4/{host}/tcp/{port}/p2p/{peer_id}"]
 
     def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:

@@ -52,8 +52,8 @@ class TunnelHub:
     """Connect to a peer (directly or through a relay) if not connected yet."""
     bind_host: str = "127.0.0.1"
     nursery: trio.Nursery | None = None
-    listeners: dict[str, int] = field(default_factory=dict)
-    """Peer id -> local port of its tunnel listener."""
+    listeners: dict[str, tuple[int, trio.CancelScope]] = field(default_factory=dict)
+    """Peer id -> local port of its tunnel listener and the scope that serves it."""
     opened: int = 0
     refused: int = 0
     _inbound: dict[ID, int] = field(default_factory=dict)
@@ -102,18 +102,19 @@ class TunnelHub:
     async def port_for(self, peer_id: str) -> int:
         """A local TCP port whose connections are tunnelled to ``peer_id``'s p2pd."""
         if peer_id in self.listeners:
-            return self.listeners[peer_id]
+            return self.listeners[peer_id][0]
         if self.nursery is None:
             raise RuntimeError("TunnelHub.install was not called")
         if len(self.listeners) >= MAX_LISTENERS:
-            raise ValueError(f"at most {MAX_LISTENERS} tunnel listeners")
+            self._evict()
         try:
             peer = ID.from_base58(peer_id)
         except Exception:  # noqa: BLE001 - base58/multihash errors of several types
             raise ValueError(f"not a peer id: {peer_id[:64]!r}") from None
         listeners = await trio.open_tcp_listeners(0, host=self.bind_host)
         port = listeners[0].socket.getsockname()[1]
-        self.listeners[peer_id] = port
+        scope = trio.CancelScope()
+        self.listeners[peer_id] = (port, scope)
 
         async def handle(tcp: trio.SocketStream) -> None:
             try:
@@ -127,9 +128,23 @@ class TunnelHub:
                 return
             await _pipe(tcp, stream)
 
-        self.nursery.start_soon(trio.serve_listeners, handle, listeners)
+        async def serve() -> None:
+            with scope:
+                await trio.serve_listeners(handle, listeners)
+
+        self.nursery.start_soon(serve)
         logger.info("collective tunnel to %s on %s:%d", peer_id, self.bind_host, port)
         return port
+
+    def _evict(self) -> None:
+        """Close the listener of a peer we are no longer connected to (oldest first)."""
+        connected = {str(p) for p in self.host.get_connected_peers()}
+        for peer_id, (_, scope) in list(self.listeners.items()):
+            if peer_id not in connected:
+                scope.cancel()
+                del self.listeners[peer_id]
+                return
+        raise ValueError(f"{MAX_LISTENERS} tunnel listeners to connected peers already")
 
 
 def p2pd_target(collective_addrs: tuple[str, ...] | list[str]) -> tuple[str, int] | None:
