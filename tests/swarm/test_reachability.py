@@ -9,7 +9,18 @@ import sys
 
 import pytest
 
+from swarm.config import GossipConfig
+
 REACHED, FAILED, REFUSED = 0, 1, 2
+
+
+def test_relay_config_is_validated() -> None:
+    c = GossipConfig.from_json(GossipConfig(data_dir="/d", relay_reservations=1).to_json())
+    assert c.relay_service and c.relay_reservations == 1
+    for bad in (dict(relay_reservation_ttl_s=60), dict(relay_service="yes"),
+                dict(relay_max_circuits=0), dict(reachability_interval_s=0)):
+        with pytest.raises(ValueError):
+            GossipConfig(data_dir="/d", **bad)
 
 
 def test_verdict_rule() -> None:
