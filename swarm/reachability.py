@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import multiaddr
 import trio
@@ -41,8 +41,8 @@ from libp2p.peer.id import ID
 
 from swarm.ratelimit import TokenBuckets
 
-__all__ = ["DIALBACK_PROTOCOL", "DialBackServer", "Verdict", "ask_dial_back", "decide",
-           "STATES"]
+__all__ = ["DIALBACK_PROTOCOL", "REACHED", "FAILED", "REFUSED", "STATES", "DialBackServer",
+           "Reachability", "Verdict", "ask_dial_back", "decide"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +178,8 @@ class Reachability:
     state: str = "unknown"
     observed_ip: str = ""
     reason: str = "not checked yet"
-    checked_at: float = field(default=0.0)
+    checked_at: float = 0.0
+    """Unix time of the last decided check."""
 
     def stats(self) -> dict[str, int]:
         return {f"reachability_{s}": int(s == self.state) for s in STATES}

@@ -30,7 +30,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-__all__ = ["TUNNEL_PROTOCOL", "TunnelHub"]
+__all__ = ["TUNNEL_PROTOCOL", "TunnelHub", "p2pd_target"]
 
 logger = logging.getLogger(__name__)
 
