@@ -150,8 +150,12 @@ def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
     except PermissionError:
         pass  # alive, owned by another user
     dead = [n for n, c in s.get("children", {}).items() if not c.get("alive")]
+    reach = s.get("reachability") or "unknown"
+    if reach == "unreachable":
+        reach += (" (peers cannot dial this node and no relay took it: forward its two TCP "
+                  "ports and pass --announce; node.log says which)")
     summary = (f"phase={s.get('phase')} round={s.get('round')} peers={s.get('peers')} "
-               f"reachability={s.get('reachability') or 'unknown'} "
-               f"reward={s.get('mean_reward')} children_down={dead or 'none'}")
+               f"reachability={reach} reward={s.get('mean_reward')} "
+               f"children_down={dead or 'none'}")
     healthy = s.get("phase") not in ("failed", "stopped") and not dead
     return healthy, summary
