@@ -92,6 +92,12 @@ class AnnouncingBridge:
                 self._rounds_with_rollouts[sender] = self._rounds_with_rollouts.get(sender, 0) + 1
         return got
 
+    def take_round_senders(self) -> list[str]:
+        """Senders of rollout batches received since the last call (the round record's
+        ``rollouts_from``), at most MAX_PEERS_REPORTED."""
+        out, self.round_senders = sorted(self.round_senders), set()
+        return out
+
     def trusted(self, peer_id: str) -> bool:
         """Whether ``peer_id`` sent us validated rollouts in >= TRUST_AFTER_ROUNDS rounds."""
         return self._rounds_with_rollouts.get(peer_id, 0) >= TRUST_AFTER_ROUNDS
@@ -260,10 +266,8 @@ def _reap_children(timeout_s: float = 5.0) -> None:
 
 
 def _on_round(record: dict[str, Any], bridge: Any) -> None:
-    senders = sorted(getattr(bridge, "round_senders", ()))
-    if hasattr(bridge, "round_senders"):
-        bridge.round_senders = set()
-    emit("round", record={**_with_peers(record, bridge), "rollouts_from": senders})
+    emit("round", record={**_with_peers(record, bridge),
+                          "rollouts_from": bridge.take_round_senders()})
     try:
         peers = bridge.peers()[:MAX_PEERS_REPORTED]
     except Exception:  # the status view must never kill training
