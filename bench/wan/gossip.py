@@ -82,8 +82,12 @@ def main() -> None:
                    "every pair of hosts at rtt_ms; upload limited to rate_mbit per host",
            "runs": []}
     for rtt in ([] if args.no_baseline else [None]) + args.rtt_ms:
-        r = run_at(args.nodes, rtt, rate_mbit=args.rate_mbit, batches=args.batches,
-                   interval_s=args.interval_s, rollouts=args.rollouts)
+        try:
+            r = run_at(args.nodes, rtt, rate_mbit=args.rate_mbit, batches=args.batches,
+                       interval_s=args.interval_s, rollouts=args.rollouts)
+        except (TimeoutError, RuntimeError) as e:  # e.g. no discovery in 60 s on a busy box
+            r = {"rtt_ms": rtt, "error": f"{type(e).__name__}: {e}"[:500],
+                 "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
         log.info("%s", json.dumps(r))
         res["runs"].append(r)
         out.parent.mkdir(parents=True, exist_ok=True)
