@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -64,7 +65,8 @@ def run(rtt_ms: float, rate_mbit: float, mib: float) -> dict:
     specs = hosts(["boot", "pub", "n1", "n2"], rtt_ms=rtt_ms, rate_mbit=rate_mbit,
                   nat=["n1", "n2"])
     with WanBed(specs) as bed:
-        ps = WanProcs(short_tmpdir(), bed)
+        root = short_tmpdir()
+        ps = WanProcs(root, bed)
         bridges: list[SocketBridge] = []
         try:
             boot = ps.nodes(["boot"], learner=False, bootstrap_only=True)[0]
@@ -97,6 +99,7 @@ def run(rtt_ms: float, rate_mbit: float, mib: float) -> dict:
             for x in bridges:
                 x.close()
             ps.stop_all()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
