@@ -2,10 +2,13 @@
 nobody can dial over this swarm's libp2p connection to it, which may be relayed.
 
 Why: a node behind NAT cannot be dialled on its collective port either, and p2pd's own relay
-path did not work in our measurements (hivemind 1.1.12's p2pd: a ``connect`` to a peer's
-``p2p-circuit`` address returned OK, yet ``list_peers`` never showed the peer and every stream
-open failed with "protocols not supported"; tests/wan/test_nat.py's module docstring has the
-run). The swarm process already reaches every peer (directly, or through a circuit relay,
+path did not work in our measurements (hivemind 1.1.12's p2pd on the WAN bed, one public
+relay forced public, the target behind NAT with ``use_auto_relay`` and the relay as trusted
+relay: after 75 s it still advertised no ``p2p-circuit`` address; a ``connect`` to
+``<relay>/p2p-circuit/p2p/<target>`` returned OK in 0.1 s, yet ``list_peers`` never showed the
+target and 15 stream opens over 30 s all failed with "protocols not supported"; the same
+handler answered at once over a direct connection; with ``auto_nat`` (which also turns on
+p2pd's hole punching) on both ends, the same). The swarm process already reaches every peer (directly, or through a circuit relay,
 swarm.relay), so it forwards bytes:
 
     learner's p2pd ──TCP──> 127.0.0.1:P (TunnelHub listener for peer X, in our swarm process)
