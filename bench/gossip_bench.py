@@ -60,8 +60,9 @@ def _load() -> list[float]:
 
 
 def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
-        sources: int) -> dict:
-    procs = Procs(short_tmpdir())
+        sources: int, procs: Procs | None = None) -> dict:
+    """One swarm of ``n`` nodes; ``procs`` starts them (default: on loopback)."""
+    procs = procs or Procs(short_tmpdir())
     load_before = _load()
     wall0 = time.monotonic()
     try:
@@ -142,6 +143,8 @@ def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
         "interval_s": interval_s, "sources": sources if mode == "feeds" else None,
         "startup_s": round(startup_s, 1),
         "delivered": delivered,
+        "latency_ms_min": round(lat[0], 1) if lat else None,
+        "latency_ms_p10": round(lat[int(0.1 * (len(lat) - 1))], 1) if lat else None,
         "latency_ms_p50": round(statistics.median(lat), 1) if lat else None,
         "latency_ms_p99": round(lat[int(0.99 * (len(lat) - 1))], 1) if lat else None,
         "latency_ms_max": round(lat[-1], 1) if lat else None,

@@ -121,6 +121,15 @@ class SocketBridge:
             raise BridgeError("stats: the swarm process sent something else than {str: int}")
         return d
 
+    def tunnel(self, peer_id: str) -> tuple[str, int]:
+        """(host, port) of a local TCP listener the swarm process tunnels to ``peer_id``'s
+        collective (swarm.tunnel): how the collective reaches a peer nobody can dial."""
+        d = self._call("tunnel", {"peer_id": peer_id})
+        if not isinstance(d, dict) or not isinstance(d.get("host"), str) \
+                or type(d.get("port")) is not int or not 0 < d["port"] < 65536:
+            raise BridgeError("tunnel: the swarm process sent something else than {host, port}")
+        return d["host"], d["port"]
+
     def close(self) -> None:
         with self._lock:
             self._sock.close()

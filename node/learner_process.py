@@ -72,12 +72,18 @@ class AnnouncingBridge:
         self.model: str | None = None
         self.collective_addrs: tuple[str, ...] = ()
         self._rounds_with_rollouts: dict[str, int] = {}
+        self.round_senders: set[str] = set()
+        """Senders of the rollout batches received since the last round record."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bridge, name)
 
     def receive(self, type_: str, *, max_items: int = 256) -> list[Any]:
         got = self._bridge.receive(type_, max_items=max_items)
+        if type_ == "rollouts":
+            for r in got:
+                if len(self.round_senders) < MAX_PEERS_REPORTED:
+                    self.round_senders.add(r.sender)
         senders = {r.sender for r in got
                    if getattr(r.message, "model", None) == self.model and self.model}
         for sender in senders:  # one count per receive call (once per round)
@@ -85,6 +91,12 @@ class AnnouncingBridge:
                     or len(self._rounds_with_rollouts) < MAX_TRACKED_SENDERS:
                 self._rounds_with_rollouts[sender] = self._rounds_with_rollouts.get(sender, 0) + 1
         return got
+
+    def take_round_senders(self) -> list[str]:
+        """Senders of rollout batches received since the last call (the round record's
+        ``rollouts_from``), at most MAX_PEERS_REPORTED."""
+        out, self.round_senders = sorted(self.round_senders), set()
+        return out
 
     def trusted(self, peer_id: str) -> bool:
         """Whether ``peer_id`` sent us validated rollouts in >= TRUST_AFTER_ROUNDS rounds."""
@@ -132,8 +144,25 @@ class OuterHook:
             return None
 
     def _discover(self) -> list[str]:
-        return [a for p in self.bridge.peers() if p.model == self.bridge.model
-                for a in p.collective_addrs]
+        out: list[str] = []
+        for p in self.bridge.peers():
+            if p.model != self.bridge.model:
+                continue
+            if p.addrs and all("/p2p-circuit" in a for a in p.addrs):
+                out.extend(self._tunnelled(p.peer_id))  # behind NAT: nobody can dial it
+            else:
+                out.extend(p.collective_addrs)
+        return out
+
+    def _tunnelled(self, peer_id: str) -> list[str]:
+        """The collective address of a peer reachable only through relays: a local port the
+        swarm process tunnels to it (swarm.tunnel)."""
+        try:  # the swarm process keeps the listener; asking again is cheap
+            host, port = self.bridge.tunnel(peer_id)
+        except Exception as e:  # noqa: BLE001 - refused or too many: skip the peer this time
+            log.warning("no collective tunnel to %s: %s", peer_id, e)
+            return []
+        return [f"/ip4/{host}/tcp/{port}/p2p/{peer_id}"]
 
     def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:
         """After every round: never waits for the network. Outer steps start on the clock
@@ -254,7 +283,8 @@ def _reap_children(timeout_s: float = 5.0) -> None:
 
 
 def _on_round(record: dict[str, Any], bridge: Any) -> None:
-    emit("round", record=_with_peers(record, bridge))
+    emit("round", record={**_with_peers(record, bridge),
+                          "rollouts_from": bridge.take_round_senders()})
     try:
         peers = bridge.peers()[:MAX_PEERS_REPORTED]
     except Exception:  # the status view must never kill training
@@ -263,13 +293,22 @@ def _on_round(record: dict[str, Any], bridge: Any) -> None:
                           "capabilities": list(p.capabilities)} for p in peers])
 
 
+def reachability(stats: dict[str, int]) -> str:
+    """The swarm process's verdict (swarm.reachability.STATES): public, relayed, unreachable
+    or unknown; it reports one ``reachability_<state>`` counter set to 1."""
+    for state in ("public", "relayed", "unreachable"):
+        if stats.get(f"reachability_{state}"):
+            return state
+    return "unknown"
+
+
 def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:
     try:
         stats = bridge.stats()
     except Exception:  # the status line must never kill training
         return record
     # the swarm process's counters are totals since it started, not per round
-    return {**record, "peers": stats.get("peers", 0),
+    return {**record, "peers": stats.get("peers", 0), "reachability": reachability(stats),
             "gossip_rejected": {k[len("rejected_"):]: v for k, v in stats.items()
                                 if k.startswith("rejected_") and v}}
 

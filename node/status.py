@@ -9,7 +9,9 @@ Record fields (besides the counters): ``phase`` is the node's state (connecting,
 stopping, stopped, failed, restarting <child>); ``round_phase`` is where the learner is within
 a round (``name``, ``done``/``total`` — total 0 when there is no measure — and ``since``);
 ``peers_seen`` lists peers with the time they were last listed as live; ``reachability`` is
-"unknown" until the swarm process reports it in the round record.
+"unknown" until the swarm process reports it in the round record, then ``public`` (peers
+dialled this node back), ``relayed`` (reachable only through relays) or ``unreachable``
+(swarm.reachability; the swarm process's log says what to do).
 """
 
 from __future__ import annotations
@@ -148,7 +150,12 @@ def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
     except PermissionError:
         pass  # alive, owned by another user
     dead = [n for n, c in s.get("children", {}).items() if not c.get("alive")]
+    reach = s.get("reachability") or "unknown"
+    if reach == "unreachable":
+        reach += (" (peers cannot dial this node and no relay took it: forward its two TCP "
+                  "ports and pass --announce; node.log says which)")
     summary = (f"phase={s.get('phase')} round={s.get('round')} peers={s.get('peers')} "
-               f"reward={s.get('mean_reward')} children_down={dead or 'none'}")
+               f"reachability={reach} reward={s.get('mean_reward')} "
+               f"children_down={dead or 'none'}")
     healthy = s.get("phase") not in ("failed", "stopped") and not dead
     return healthy, summary

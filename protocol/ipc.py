@@ -13,6 +13,7 @@ Ops (``OPS``) and their args / results:
     receive   {type, max_items}                       -> [{sender, type, body, received_ms}]
     peers     {}                                      -> [PeerAnnouncement wire map]
     stats     {}                                      -> {name: int}
+    tunnel    {peer_id}                               -> {host, port}  (swarm.tunnel)
 
 Messages travel as ``{"type": Message.TYPE, "body": message.to_wire()}`` and are checked on
 both sides with the same strict schema as the network (``Message.from_wire``). Decoding errors
@@ -57,7 +58,7 @@ IPC_LIMITS = Limits(max_message_bytes=MAX_FRAME, max_str=1024 * 1024, max_list=M
 RECEIVE_BYTES = MAX_FRAME // 2
 """Gossip bytes one ``receive`` returns at most (the re-encoded deliveries stay well under
 MAX_FRAME: re-encoding a checked message does not grow it by half)."""
-OPS = frozenset({"announce", "publish", "receive", "peers", "stats"})
+OPS = frozenset({"announce", "publish", "receive", "peers", "stats", "tunnel"})
 
 
 class IpcError(DecodeError):

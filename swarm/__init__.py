@@ -11,6 +11,10 @@ Modules, bottom up::
     peers        – PeerTable of signed announcements, with expiry
     host         – host (Noise only, yamux, TCP) + gossipsub with scoring
     discovery    – Dialer: bootstrap with backoff, keep target_peers connections
+    reachability – dial-back protocol: can peers dial us? (public / relayed / unreachable)
+    relay        – circuit relay v2: serve as a relay, hold reservations, dial via relays
+    nat          – NatManager: reachability checks, relay service and reservations, addrs
+    tunnel       – TunnelHub: the collective's TCP to a peer nobody can dial, over libp2p
     ipc_server   – Unix-socket server for node.ipc_client.SocketBridge
     service      – GossipService, serve(), run(): the swarm process
 """

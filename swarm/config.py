@@ -99,6 +99,22 @@ class GossipConfig:
     """Token-bucket capacity of subscription requests per peer."""
     feed_write_timeout_s: float = 10.0
     """A feed whose write stalls this long is ended (the subscriber stopped reading)."""
+    reachability_interval_s: float = 300.0
+    """Re-check reachability (dial-back requests to peers, swarm.reachability) this often."""
+    relay_service: bool = True
+    """Act as a circuit relay for peers behind NAT when reachable (a bootstrap peer always)."""
+    relay_reservations: int = 2
+    """Relays to hold a reservation on when peers cannot dial this node."""
+    relay_max_reservations: int = 32
+    """As a relay: peers that may hold a reservation here at once."""
+    relay_max_circuits: int = 64
+    """As a relay: relayed connections open at once."""
+    relay_circuit_s: float = 3600.0
+    """As a relay: a relayed connection is reset after this long (the dialer re-dials)."""
+    relay_circuit_bytes: int = 1 << 30
+    """As a relay: a relayed connection is reset after this many bytes."""
+    relay_reservation_ttl_s: float = 3600.0
+    """As a relay: reservations expire after this long unless refreshed."""
 
     def __post_init__(self) -> None:
         for name in _TUPLES:
@@ -122,7 +138,10 @@ class GossipConfig:
                     "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s",
                     "feed_sources", "feed_rotate_s", "feed_max_subscribers", "feed_queue",
                     "feed_backfill_s", "feed_cooldown_s", "feed_subscribe_per_s",
-                    "feed_subscribe_burst", "feed_write_timeout_s")
+                    "feed_subscribe_burst", "feed_write_timeout_s",
+                    "reachability_interval_s", "relay_reservations", "relay_max_reservations",
+                    "relay_max_circuits", "relay_circuit_s", "relay_circuit_bytes",
+                    "relay_reservation_ttl_s")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"GossipConfig.{name} must be positive, got {getattr(self, name)}")
@@ -138,6 +157,11 @@ class GossipConfig:
             raise ValueError("GossipConfig.graylist_threshold must be negative")
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"GossipConfig.rollout_mode must be one of {ROLLOUT_MODES}")
+        if not isinstance(self.relay_service, bool):
+            raise ValueError("GossipConfig.relay_service must be a bool")
+        if self.relay_reservation_ttl_s < 120:
+            raise ValueError("GossipConfig.relay_reservation_ttl_s must be >= 120 (refreshed "
+                             "60 s before expiry)")
         if self.peer_ttl_s <= self.announce_interval_s:
             raise ValueError("GossipConfig.peer_ttl_s must exceed announce_interval_s")
 

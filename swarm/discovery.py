@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -45,20 +45,34 @@ class Dialer:
     table: PeerTable
     is_banned: Callable[[ID], bool] = lambda _peer: False
     """Peers not to dial (swarm.pubsub bans graylisted peers)."""
+    relay_dial: Callable[[PeerInfo], Awaitable[None]] | None = None
+    """Dials a peer through its ``p2p-circuit`` addresses (swarm.relay); ``host.connect``
+    drops such addresses in py-libp2p 0.8.1."""
     _retry_at: dict[ID, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def connected(self) -> set[ID]:
         return set(self.host.get_connected_peers())
 
-    async def dial(self, info: PeerInfo) -> bool:
-        """One dial under dial_timeout_s; failures set a per-peer backoff."""
+    async def dial(self, info: PeerInfo, *, force: bool = False) -> bool:
+        """One dial under dial_timeout_s; failures set a per-peer backoff (``force``: dial
+        even while backing off)."""
         now = trio.current_time()
         at, delay = self._retry_at.get(info.peer_id, (0.0, BACKOFF_START_S / 2))
-        if now < at:
+        if now < at and not force:
             return False
         try:
             with trio.fail_after(self.config.dial_timeout_s):
-                await self.host.connect(info)
+                # py-libp2p refuses any dial to a peer for 60 s after one failed (its
+                # negative cache): a restarted relay or bootstrap peer would stay unreachable
+                # that long. Our own per-peer backoff (at most BACKOFF_MAX_S) decides instead.
+                unblock = getattr(self.host.get_network(), "unblock_peer", None)
+                if unblock is not None:
+                    unblock(info.peer_id)
+                direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
+                if direct or self.relay_dial is None:
+                    await self.host.connect(PeerInfo(info.peer_id, direct or info.addrs))
+                else:
+                    await self.relay_dial(info)
         except Exception as e:  # py-libp2p raises many unrelated types for one failed dial
             delay = min(BACKOFF_MAX_S, delay * 2)
             self._retry_at[info.peer_id] = (now + delay * random.uniform(0.8, 1.2), delay)
@@ -116,6 +130,10 @@ class Dialer:
         async with trio.open_nursery() as nursery:
             for info in wanted:
                 nursery.start_soon(self.dial, info)
+
+    def announced(self) -> list[PeerInfo]:
+        """Dialable infos of live announced peers (bootstrap-only peers we know excluded)."""
+        return self._announced()
 
     def _announced(self) -> list[PeerInfo]:
         out = []

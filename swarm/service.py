@@ -15,6 +15,7 @@ Task tree (one nursery, closed on shutdown)::
           │                                  our feed subscribers in feeds mode)
           ├── FeedClient.run                 (feeds mode: k rotating feeds, swarm.feeds)
           ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
+          ├── NatManager.run                 (reachability, relay service and reservations)
           └── Dialer.maintain                (expiry, re-dial, top up to target_peers)
 """
 
@@ -60,11 +61,13 @@ from swarm.errors import ListenError, SwarmError
 from swarm.feeds import FEED_PROTOCOL, FeedClient, FeedServer
 from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_listen, parse_peer_addr
 from swarm.inbox import Delivery, Inbox
+from swarm.nat import NatManager
 from swarm.ipc_server import RequestError, serve_ipc
 from swarm.peers import PeerTable
 from swarm.pubsub import Ignored
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topics
+from swarm.tunnel import TunnelHub, p2pd_target
 from swarm.validation import Rejected, Validator
 
 __all__ = ["Ready", "GossipService", "run", "serve"]
@@ -102,8 +105,15 @@ class GossipService:
             buckets=TokenBuckets(rate=config.rate_per_s, burst=config.rate_burst),
             guard=ReplayGuard(max_age_ms=int(config.replay_window_s * 1000),
                               max_future_ms=int(config.max_future_s * 1000)))
+        self.nat = NatManager(host=stack.host, config=config,
+                              bootstrap=[i.peer_id for i in bootstrap_peers], on_addrs=self._set_addrs)
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
-                             bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned)
+                             bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned,
+                             relay_dial=self.nat.relay.dial)
+        self.tunnels = TunnelHub(host=stack.host, ensure_connected=self._ensure_connected,
+                                 local_target=lambda: p2pd_target(
+                                     self.profile["collective_addrs"]),
+                                 bind_host=_bind_host(config.listen))
         self.topics = topics(config.swarm_id)
         stack.pubsub.topic_labels = {topic: type_ for type_, topic in self.topics.items()}
         self.feeds = config.rollout_mode == "feeds"
@@ -192,6 +202,18 @@ class GossipService:
             version=SOFTWARE_VERSION, collective_addrs=tuple(self.profile["collective_addrs"]),
             bootstrap_only=self.config.bootstrap_only)
 
+    async def _ensure_connected(self, peer: ID) -> bool:
+        """For a tunnel: connect to ``peer`` from its announced addresses if needed."""
+        if peer in self.dialer.connected():
+            return True
+        info = next((i for i in self.dialer.announced() if i.peer_id == peer), None)
+        return info is not None and await self.dialer.dial(info, force=True)
+
+    def _set_addrs(self, addrs: list[str]) -> None:
+        """New addresses to advertise (swarm.nat: relayed, or as peers see us)."""
+        self.addrs = addrs
+        self._announce_now.set()
+
     async def announce_loop(self) -> None:
         while True:
             await self.enqueue(self.announcement())
@@ -222,6 +244,15 @@ class GossipService:
             return [a.to_wire() for a in self.table.live() if a.peer_id != self.identity.peer_id]
         if request.op == "stats":
             return self.stats()
+        if request.op == "tunnel":
+            peer = args.get("peer_id")
+            if not isinstance(peer, str) or not 1 <= len(peer) <= 128:
+                raise RequestError("tunnel needs peer_id: str")
+            try:
+                port = await self.tunnels.port_for(peer)
+            except ValueError as e:
+                raise RequestError(f"tunnel: {e}") from None
+            return {"host": self.tunnels.bind_host, "port": port}
         raise RequestError(f"unknown op {request.op!r}")
 
     def _set_profile(self, args: dict[str, Any]) -> None:
@@ -239,6 +270,8 @@ class GossipService:
         out["banned_peers"] = self.stack.pubsub.banned_peers()
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
+        out.update(self.nat.stats())
+        out.update(self.tunnels.stats())
         for type_ in self.subscribed:
             out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(self.topics[type_], ()))
         if self.feeds:
@@ -272,6 +305,8 @@ async def serve(config: GossipConfig, *,
                     stack.host.set_stream_handler(FEED_PROTOCOL, service.feed_server.handle)
                 nursery.start_soon(service.publish_loop)
                 await service.dialer.bootstrap()
+                await nursery.start(service.nat.run, service.addrs)
+                service.tunnels.install(nursery)
                 if config.ipc_path is not None and not config.bootstrap_only:
                     await nursery.start(serve_ipc, config.ipc_path, service.handle,
                                         service.counters)
@@ -299,6 +334,15 @@ async def _main(config: GossipConfig, out: TextIO) -> None:
         ready = await nursery.start(serve, config)
         out.write(ready.line() + "\n")
         out.flush()
+
+
+def _bind_host(listen: tuple[str, ...]) -> str:
+    """Tunnel listeners bind where the swarm listens (loopback for a wildcard)."""
+    for text in listen:
+        parts = text.split("/")
+        if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0":
+            return parts[2]
+    return "127.0.0.1"
 
 
 if sys.version_info < (3, 11):  # trio depends on the backport there

@@ -1,0 +1,67 @@
+"""What the WAN bed needs from the machine, and a clear sentence for each missing piece."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+
+log = logging.getLogger(__name__)
+
+
+class BedUnavailable(RuntimeError):
+    """The machine lacks something the bed needs; ``missing`` lists each with its fix."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__("WAN bed unavailable: " + "; ".join(missing))
+        self.missing = missing
+
+
+def missing(*, nat: bool = False) -> list[str]:
+    """Everything the bed needs that this machine lacks, each as 'what (how to get it)'."""
+    out = []
+    if os.geteuid() != 0:
+        out.append("root (network namespaces, tc and /dev/net/tun need CAP_NET_ADMIN: run as root)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            out.append(f"{tool} (apt-get install iproute2)")
+    try:
+        os.close(os.open("/dev/net/tun", os.O_RDWR))
+    except OSError as e:
+        out.append(f"/dev/net/tun ({e.strerror}: modprobe tun; in a container run with "
+                   "--device /dev/net/tun --cap-add NET_ADMIN)")
+    if nat and shutil.which("iptables") is None:
+        out.append("iptables, for the NAT gateways (apt-get install iptables)")
+    return out
+
+
+def require(*, nat: bool = False) -> None:
+    """Raise :class:`BedUnavailable` unless everything the bed needs is here."""
+    miss = missing(nat=nat)
+    if miss:
+        raise BedUnavailable(miss)
+
+
+def ensure_iptables(*, timeout_s: float = 300.0) -> str | None:
+    """Install Debian's iptables if it is missing and we are root with apt-get.
+
+    Returns None when iptables is (now) there, else the reason it could not be had.
+    """
+    if shutil.which("iptables") is not None:
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "iptables missing (apt-get install iptables)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "iptables"]
+    for cmds in ([install], [["apt-get", "update"], install]):
+        try:
+            for cmd in cmds:
+                log.info("running %s", " ".join(cmd))
+                subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=timeout_s)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            log.info("%s failed: %s", cmd, e)
+            continue
+        if shutil.which("iptables") is not None:
+            return None
+    return "iptables missing and `apt-get install iptables` failed"

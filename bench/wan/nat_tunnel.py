@@ -1,0 +1,122 @@
+"""What a NATed node's collective traffic costs: bytes through a swarm tunnel over a relayed
+libp2p connection vs raw TCP over the same WAN bed (root only; never fails for slowness).
+
+Bed: boot (public bootstrap, a relay), pub (public), n1 and n2 each behind its own NAT; every
+pair at --rtt-ms, --rate-mbit upload per host. Swarm processes only. Measured, as an echo of
+--mib MiB (so each byte crosses twice):
+- raw:      TCP from pub to an echo server on boot (direct, same RTT);
+- tunnel:   pub -> n2's echo server through pub's swarm tunnel (n2 only reachable relayed);
+- nat2nat:  n1 -> n2's echo server through n1's tunnel (both NATed: via a relay).
+
+    PYTHONPATH=$PWD python -m bench.wan.nat_tunnel --rtt-ms 80 --rate-mbit 50 --mib 2
+Writes bench/results/wan_nat_tunnel.json atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from protocol import atomic_write_bytes
+
+from .bed import WanBed, hosts
+from .procs import WanProcs
+
+_ECHO_SERVER = """
+import socket, sys, threading
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(); print(s.getsockname()[1], flush=True)
+def h(c):
+    while d := c.recv(65536): c.sendall(d)
+    c.close()
+while True:
+    c, _ = s.accept(); threading.Thread(target=h, args=(c,), daemon=True).start()
+"""
+_ECHO_CLIENT = """
+import json, socket, sys, threading, time
+t = time.monotonic(); c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=300)
+data = bytes(range(256)) * (int(sys.argv[3]) // 256)
+threading.Thread(target=c.sendall, args=(data,), daemon=True).start()
+got = 0
+while got < len(data):
+    d = c.recv(65536)
+    if not d: break
+    got += len(d)
+print(json.dumps({"ok": got == len(data), "seconds": time.monotonic() - t}))
+"""
+
+
+def echo(bed: WanBed, src: str, host: str, port: int, nbytes: int) -> dict:
+    out = bed.run(src, [sys.executable, "-c", _ECHO_CLIENT, host, str(port), str(nbytes)],
+                  capture_output=True, text=True, timeout=600)
+    return json.loads(out.stdout) if out.returncode == 0 else {"ok": False, "error": out.stderr[-500:]}
+
+
+def run(rtt_ms: float, rate_mbit: float, mib: float) -> dict:
+    from node.ipc_client import SocketBridge
+    from tests.swarm.procs import short_tmpdir, wait_until
+
+    nbytes = int(mib * (1 << 20))
+    specs = hosts(["boot", "pub", "n1", "n2"], rtt_ms=rtt_ms, rate_mbit=rate_mbit,
+                  nat=["n1", "n2"])
+    with WanBed(specs) as bed:
+        root = short_tmpdir()
+        ps = WanProcs(root, bed)
+        bridges: list[SocketBridge] = []
+        try:
+            boot = ps.nodes(["boot"], learner=False, bootstrap_only=True)[0]
+            pub, n1, n2 = ps.nodes(["pub", "n1", "n2"], bootstrap=(boot.addr,))
+            b = {p.name: SocketBridge.connect(p.ready["ipc"]) for p in (pub, n1, n2)}
+            bridges += b.values()
+            wait_until(lambda: all(x.stats().get("reachability_relayed") for x in (b["n1"], b["n2"])),
+                       timeout_s=60, what="NATed nodes relayed")
+            servers = {}
+            for h in ("boot", "n2"):
+                srv = bed.run_in(h, [sys.executable, "-c", _ECHO_SERVER, bed.addr(h)],
+                                 stdout=subprocess.PIPE, text=True)
+                servers[h] = int(srv.stdout.readline())
+            b["n2"].announce(model="bench", collective_addrs=(
+                f"/ip4/{bed.addr('n2')}/tcp/{servers['n2']}/p2p/{n2.peer_id}",))
+            wait_until(lambda: any(p.peer_id == n2.peer_id and p.collective_addrs
+                                   for p in b["pub"].peers()), timeout_s=30, what="announce")
+            load = os.getloadavg()
+            result = {"raw": echo(bed, "pub", bed.addr("boot"), servers["boot"], nbytes)}
+            for name, src in (("tunnel", "pub"), ("nat2nat", "n1")):
+                host, port = b[src].tunnel(n2.peer_id)
+                result[name] = echo(bed, src, host, port, nbytes)
+            raw = result["raw"].get("seconds")
+            for name in ("tunnel", "nat2nat"):
+                s = result[name].get("seconds")
+                result[name]["fraction_of_raw_tcp"] = raw / s if raw and s else None
+            return {"rtt_ms": rtt_ms, "rate_mbit": rate_mbit, "echo_mib": mib,
+                    "loadavg_before": load, "loadavg_after": os.getloadavg(), **result}
+        finally:
+            for x in bridges:
+                x.close()
+            ps.stop_all()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rtt-ms", type=float, default=80.0)
+    ap.add_argument("--rate-mbit", type=float, default=50.0)
+    ap.add_argument("--mib", type=float, default=2.0)
+    ap.add_argument("--out", default="bench/results/wan_nat_tunnel.json")
+    args = ap.parse_args()
+    t = time.monotonic()
+    result = run(args.rtt_ms, args.rate_mbit, args.mib)
+    result["command"] = " ".join(sys.argv)
+    result["wall_s"] = time.monotonic() - t
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(args.out, (json.dumps(result, indent=2) + "\n").encode())
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
