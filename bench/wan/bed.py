@@ -75,7 +75,8 @@ class HostSpec:
 
 def hosts(names: int | Sequence[str], *, rtt_ms: float = 0.0, jitter_ms: float = 0.0,
           rate_mbit: float | None = None, nat: Sequence[str] = ()) -> list[HostSpec]:
-    """Hosts with the same access link: any two of them see ``rtt_ms`` between them."""
+    """Hosts with the same access link: any two of them see ``rtt_ms`` between them, each
+    packet's one-way delay varying by up to +-``jitter_ms``; ``nat`` names the NATed ones."""
     if isinstance(names, int):
         names = [f"h{i}" for i in range(names)]
     unknown = set(nat) - set(names)
