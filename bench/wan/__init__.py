@@ -39,6 +39,7 @@ CLI::
 
     python -m bench.wan up [--tag cli] [--hosts 4 | --names a,b,c] [--rtt-ms 80]
                            [--jitter-ms 0] [--rate-mbit 50] [--nat c] [--mtu 1500]
+                           [--install]   # apt-get install iptables if NAT needs it
     python -m bench.wan status
     python -m bench.wan down [--tag cli | --stale | --all]
 """

@@ -8,7 +8,7 @@ import logging
 import sys
 
 from . import bed as wan
-from .checks import BedUnavailable, missing
+from .checks import BedUnavailable, ensure_iptables, missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--rate-mbit", type=float, default=None)
     up.add_argument("--nat", default="", help="comma-separated hosts to put behind NAT")
     up.add_argument("--mtu", type=int, default=1500)
+    up.add_argument("--install", action="store_true",
+                    help="apt-get install iptables first if NAT needs it and it is missing")
     dn = sub.add_parser("down", help="remove a bed (or all beds) and everything inside")
     dn.add_argument("--tag", default="cli")
     dn.add_argument("--stale", action="store_true",
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.names.split(",") if n] or args.hosts
     specs = wan.hosts(names, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms,
                       rate_mbit=args.rate_mbit, nat=[n for n in args.nat.split(",") if n])
+    if args.install and any(s.nat for s in specs) and (why := ensure_iptables()):
+        print(why, file=sys.stderr)
+        return 2
     bed = wan.WanBed(specs, tag=args.tag, mtu=args.mtu, owner_pid=None)
     try:
         bed.up()

@@ -75,7 +75,8 @@ class HostSpec:
 
 def hosts(names: int | Sequence[str], *, rtt_ms: float = 0.0, jitter_ms: float = 0.0,
           rate_mbit: float | None = None, nat: Sequence[str] = ()) -> list[HostSpec]:
-    """Hosts with the same access link: any two of them see ``rtt_ms`` between them."""
+    """Hosts with the same access link: any two of them see ``rtt_ms`` between them, each
+    packet's one-way delay varying by up to +-``jitter_ms``; ``nat`` names the NATed ones."""
     if isinstance(names, int):
         names = [f"h{i}" for i in range(names)]
     unknown = set(nat) - set(names)
@@ -243,7 +244,8 @@ class WanBed:
         assert self._router.stdout is not None
         ready, _, _ = select.select([self._router.stdout], [], [], 15.0)
         if not ready or self._router.stdout.readline().strip() != "ready":
-            raise BedError(f"delay router did not start (see {STATE_DIR}/{self.tag}.router.log)")
+            err = (STATE_DIR / f"{self.tag}.router.log").read_text(errors="replace")[-2000:]
+            raise BedError(f"delay router did not start: {err}")
         for i, (name, spec) in enumerate(self.specs.items()):
             outer = self.gateway_ns(name) if spec.nat else self.ns(name)
             sh("ip", "-n", core, "link", "set", f"{TUN}{i}", "netns", outer, "name", TUN)
@@ -376,6 +378,6 @@ def down(tag: str) -> list[str]:
             _kill_pid(int(pid))
     for ns in ours:
         sh("ip", "netns", "del", ns, check=False)
-    for f in (state_file, STATE_DIR / f"{tag}.stats.json"):
-        f.unlink(missing_ok=True)
+    for suffix in (".json", ".stats.json", ".router.log"):
+        (STATE_DIR / f"{tag}{suffix}").unlink(missing_ok=True)
     return ours

@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ def ensure_iptables(*, timeout_s: float = 300.0) -> str | None:
     """Install Debian's iptables if it is missing and we are root with apt-get.
 
     Returns None when iptables is (now) there, else the reason it could not be had.
+    ``timeout_s`` bounds all the apt-get runs together.
     """
     if shutil.which("iptables") is not None:
         return None
@@ -54,11 +56,13 @@ def ensure_iptables(*, timeout_s: float = 300.0) -> str | None:
         return "iptables missing (apt-get install iptables)"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "--no-install-recommends", "iptables"]
+    end = time.monotonic() + timeout_s
     for cmds in ([install], [["apt-get", "update"], install]):
         try:
             for cmd in cmds:
                 log.info("running %s", " ".join(cmd))
-                subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=timeout_s)
+                subprocess.run(cmd, check=True, capture_output=True, env=env,
+                               timeout=max(1.0, end - time.monotonic()))
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             log.info("%s failed: %s", cmd, e)
             continue

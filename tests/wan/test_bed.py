@@ -34,7 +34,7 @@ def server(bed: WanBed, host: str) -> int:
 
 @pytest.fixture(scope="module")
 def bed():
-    reason = ensure_iptables()
+    reason = ensure_iptables(timeout_s=60)  # Debian CI without iptables: install it once
     specs = hosts(["a", "b", "c"], rtt_ms=RTT_MS, rate_mbit=RATE_MBIT,
                   nat=[] if reason else ["c"])
     with WanBed(specs) as b:
