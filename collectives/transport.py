@@ -92,6 +92,12 @@ class Transport:
 
     async def _create_p2p(self) -> P2P:
         cfg = self.config
+        # p2pd inherits our environment. With go-libp2p's default SO_REUSEPORT two peers that dial
+        # each other at once from their listening ports cross SYNs (a TCP simultaneous open) and
+        # both fail "to negotiate security protocol": at 50 ms RTT 6 of 8 outer-step records
+        # failed, 0 of 8 without reuse (bench/wan/collectives.py, wan_collectives_run2.json).
+        # Our collective never hole-punches (NATed peers are tunnelled, swarm/tunnel.py).
+        os.environ.setdefault("LIBP2P_TCP_REUSEPORT", "false")
         return await P2P.create(
             host_maddrs=list(cfg.host_maddrs),
             announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=self._identity_path,
