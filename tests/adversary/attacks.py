@@ -31,14 +31,17 @@ class Attack(str, enum.Enum):
     hijack measure; it sends nothing, so no defence has a reason to shut it out)."""
 
 
+# Rates are set for the honest runs' length: since outer steps run in the background (no
+# join-window stall) 30 rounds take ~3 s on a quiet machine, so a slow attacker would barely
+# reach them; the takeover re-stores its commit often enough to meet the first catch-up.
 DEFAULTS: dict[Attack, dict[str, Any]] = {
-    Attack.CODE_EXEC: {"rate_per_s": 0.5},
-    Attack.DILOCO_TAKEOVER: {"step": 10**6, "restore_every_s": 5.0},
-    Attack.STEERING: {"rate_per_s": 2.0, "group_sizes": [64, 64, 8, 8]},
+    Attack.CODE_EXEC: {"rate_per_s": 1.0},
+    Attack.DILOCO_TAKEOVER: {"step": 10**6, "restore_every_s": 0.5},
+    Attack.STEERING: {"rate_per_s": 4.0, "group_sizes": [64, 64, 8, 8]},
     Attack.CPU_BOMB: {"messages": 2, "specs": 16, "max_n": 20_000_000, "rate_per_s": 0.5},
-    Attack.UNKNOWN_KEYS: {"rate_per_s": 5.0, "objects": 63_000},
+    Attack.UNKNOWN_KEYS: {"rate_per_s": 8.0, "objects": 63_000},
     Attack.BAD_SIGNATURES: {"rate_per_s": 230.0},
-    Attack.SYBIL: {"rate_per_s": 0.5, "identities": 20, "group_sizes": [64, 64, 8, 8]},
+    Attack.SYBIL: {"rate_per_s": 1.0, "identities": 20, "group_sizes": [64, 64, 8, 8]},
     Attack.OBSERVE: {},
 }
 """Per-attack defaults; the JSON argument overrides them."""
