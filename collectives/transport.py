@@ -33,11 +33,12 @@ T = TypeVar("T")
 IDENTITY_FILE = "hivemind_identity.key"
 
 
-async def _ping_peers(_dht: DHT, node: Any, peers: list[str]) -> bool:
-    """Runs inside the DHT process: add ``peers`` to the routing table."""
+async def _ping_peers(_dht: DHT, node: Any, peers: list[str]) -> list[str]:
+    """Runs inside the DHT process: add ``peers`` to the routing table; those that answered."""
     results = await asyncio.gather(*(node.protocol.call_ping(PeerID.from_base58(p))
                                      for p in peers), return_exceptions=True)
-    return any(r is not None and not isinstance(r, BaseException) for r in results)
+    return [p for p, r in zip(peers, results)
+            if r is not None and not isinstance(r, BaseException)]
 
 
 def sanitize_maddrs(maddrs: list[str]) -> list[str]:
@@ -159,9 +160,11 @@ class Transport:
         new = sorted(peers - self._dht_known - {self.peer_id})
         if not new:
             return
-        if self._dht_call("ping", lambda d: d.run_coroutine(partial(_ping_peers, peers=new),
-                                                             return_future=True), timeout):
-            self._dht_known.update(new)
+        answered = self._dht_call("ping", lambda d: d.run_coroutine(
+            partial(_ping_peers, peers=new), return_future=True), timeout)
+        # only peers that answered are known: one not up yet (a DHT starts after its node's
+        # first round) is pinged again next time, or separately started DHTs never merge
+        self._dht_known.update(answered or ())
 
     async def _reachable(self, maddrs: list[str]) -> list[str]:
         """The maddrs of peers we could dial (p2pd refuses to start on dead bootstraps)."""

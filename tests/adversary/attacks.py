@@ -32,14 +32,15 @@ class Attack(str, enum.Enum):
 
 
 # Rates are set for the honest runs' length: since outer steps run in the background (no
-# join-window stall) 30 rounds take ~3 s on a quiet machine, so a slow attacker would barely
+# join-window stall) an attacked run lasts ~8 s on a quiet 2-core machine (CI: code_exec at
+# 0.5/s sent 4 messages, steering at 2/s 18), so a slow attacker would barely
 # reach them; the takeover re-stores its commit often enough to meet the first catch-up.
 DEFAULTS: dict[Attack, dict[str, Any]] = {
-    Attack.CODE_EXEC: {"rate_per_s": 1.0},
+    Attack.CODE_EXEC: {"rate_per_s": 2.0},
     Attack.DILOCO_TAKEOVER: {"step": 10**6, "restore_every_s": 0.5},
-    Attack.STEERING: {"rate_per_s": 4.0, "group_sizes": [64, 64, 8, 8]},
+    Attack.STEERING: {"rate_per_s": 8.0, "group_sizes": [64, 64, 8, 8]},
     Attack.CPU_BOMB: {"messages": 2, "specs": 16, "max_n": 20_000_000, "rate_per_s": 0.5},
-    Attack.UNKNOWN_KEYS: {"rate_per_s": 8.0, "objects": 63_000},
+    Attack.UNKNOWN_KEYS: {"rate_per_s": 10.0, "objects": 63_000},
     Attack.BAD_SIGNATURES: {"rate_per_s": 230.0},
     Attack.SYBIL: {"rate_per_s": 1.0, "identities": 20, "group_sizes": [64, 64, 8, 8]},
     Attack.OBSERVE: {},
