@@ -36,6 +36,7 @@ per-topic subscription channels (32 slots, dropped silently when full) are not f
 from __future__ import annotations
 
 import collections
+import time
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -88,6 +89,11 @@ class GuardedPubsub(Pubsub):
     def __init__(self, host: IHost, router: IPubsubRouter, *,
                  counters: collections.Counter[str], ban_s: float, **kw: Any) -> None:
         super().__init__(host, router, **kw)
+        # py-libp2p starts seqnos at int(time.time()) and adds 1 per publish: a node restarted
+        # with the same key after publishing more messages than seconds elapsed reuses seqnos,
+        # and peers drop its new messages as already seen (msg id = peer + seqno) for the
+        # seen-cache TTL. Nanoseconds leave room for a billion publishes a second.
+        self.counter = time.time_ns()
         self.counters = counters
         self.ban_s = ban_s
         self._records: dict[ID, bytes] = {}  # the last peer record verified, per peer

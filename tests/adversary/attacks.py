@@ -31,10 +31,10 @@ class Attack(str, enum.Enum):
     hijack measure; it sends nothing, so no defence has a reason to shut it out)."""
 
 
-# Rates are set for the honest runs' length: since outer steps run in the background (no
-# join-window stall) an attacked run lasts ~8 s on a quiet 2-core machine (CI: code_exec at
-# 0.5/s sent 4 messages, steering at 2/s 18), so a slow attacker would barely
-# reach them; the takeover re-stores its commit often enough to meet the first catch-up.
+# Rates are set for short honest runs: an attacked run can last ~8 s on a quiet 2-core machine
+# (a CI run measured code_exec at 0.5/s sending 4 messages, steering at 2/s 18), so a slow
+# attacker would barely reach it; the takeover re-stores its commit often enough to meet the
+# first catch-up.
 DEFAULTS: dict[Attack, dict[str, Any]] = {
     Attack.CODE_EXEC: {"rate_per_s": 2.0},
     Attack.DILOCO_TAKEOVER: {"step": 10**6, "restore_every_s": 0.5},

@@ -75,7 +75,7 @@ def test_unreachable_bootstrap_retries_then_exits_nonzero(procs: Procs) -> None:
 
 
 def test_killed_process_restarts_with_same_identity_and_receives_again(procs: Procs) -> None:
-    boot = procs.node("boot", learner=False, bootstrap_only=True)
+    boot = procs.node("boot", learner=False, bootstrap_only=True, rollout_mode="flood")
     a, b = procs.nodes(["a", "b"], bootstrap=(boot.addr,), rollout_mode="flood")  # gossip seqnos
     ba, bb = SocketBridge.connect(a.ready["ipc"]), SocketBridge.connect(b.ready["ipc"])
     wait_until(lambda: any(x.peer_id == b.peer_id for x in ba.peers()), timeout_s=20,
