@@ -67,14 +67,17 @@ def table(tokens: int) -> list[dict[str, object]]:
     return rows
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (VmRSS, VmHWM)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _groups(tok, n_groups: int, n_comp: int, n_tokens: int) -> list[TrainingGroup]:  # type: ignore[no-untyped-def]
+def synthetic_groups(tok, n_groups: int, n_comp: int, n_tokens: int) -> list[TrainingGroup]:  # type: ignore[no-untyped-def]
+    """``n_groups`` chat prompts with ``n_comp`` random completions of >= ``n_tokens`` tokens
+    each (ordinary token ids, decoded: long texts of them), rewards alternating 0/1."""
     rng = random.Random(0)
     learned = len(tok) - 3
     groups = []
@@ -114,7 +117,7 @@ def main() -> None:
     cfg = TrainerConfig(max_completion_tokens=args.tokens, microbatch_tokens=args.microbatch_tokens,
                         logits_chunk_mb=args.chunk_mb)
     trainer = GrpoTrainer(cfg, policy.model, policy.tokenizer, temperature=0.7)
-    groups = _groups(policy.tokenizer, args.groups, args.completions, args.tokens)
+    groups = synthetic_groups(policy.tokenizer, args.groups, args.completions, args.tokens)
     longest = max(len(policy.tokenizer.encode(g.prompt, add_special_tokens=False)) for g in groups) + args.tokens
     if not args.no_warmup:
         trainer.step(groups)
@@ -125,13 +128,13 @@ def main() -> None:
         before = torch.cuda.memory_allocated()
     else:
         Path("/proc/self/clear_refs").write_text("5")
-        before = _status_kib("VmRSS") * 1024
+        before = status_kib("VmRSS") * 1024
     t = time.perf_counter()
     stats = trainer.step(groups)
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t
-    peak = (torch.cuda.max_memory_allocated() if cuda else _status_kib("VmHWM") * 1024) - before
+    peak = (torch.cuda.max_memory_allocated() if cuda else status_kib("VmHWM") * 1024) - before
     est = trainer.estimate(longest)
     result = {
         "shape": args.shape, "device": str(policy.model.device), "dtype": str(policy.model.dtype),

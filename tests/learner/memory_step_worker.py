@@ -8,7 +8,6 @@ The peak is the kernel's resident high-water mark (VmHWM), reset through
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -16,18 +15,12 @@ from pathlib import Path
 import torch
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from node.learner.config import TrainerConfig
-    from node.learner.grpo import GrpoTrainer, TrainingGroup
+    from bench.train_memory import status_kib, synthetic_groups
+    from node.learner.grpo import GrpoTrainer
 
     model_dir, n_groups, n_comp, n_tokens = sys.argv[1], *map(int, sys.argv[2:5])
     torch.set_num_threads(1)
@@ -35,22 +28,14 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = TrainerConfig(max_completion_tokens=n_tokens)
     trainer = GrpoTrainer(cfg, model, tok, temperature=0.7)
-    rng = random.Random(0)
-    learned = len(tok) - 3  # ordinary tokens; decoding random ids gives long texts of them
-    groups = []
-    for g in range(n_groups):
-        prompt = tok.apply_chat_template([{"role": "user", "content": f"Question {g}: what is {g} + {g}?"}],
-                                         tokenize=False, add_generation_prompt=True)
-        texts = tuple(tok.decode([rng.randrange(learned) for _ in range(n_tokens + 16)]) for _ in range(n_comp))
-        groups.append(TrainingGroup(prompt=prompt, completions=texts,
-                                    rewards=tuple(float(i % 2) for i in range(n_comp))))
+    groups = synthetic_groups(tok, n_groups, n_comp, n_tokens)
     longest = max(len(tok.encode(g.prompt, add_special_tokens=False)) for g in groups) + n_tokens
     Path("/proc/self/clear_refs").write_text("5")
-    base_kib = _status_kib("VmRSS")
+    base_kib = status_kib("VmRSS")
     t = time.perf_counter()
     stats = trainer.step(groups)
     seconds = time.perf_counter() - t
-    peak_kib = _status_kib("VmHWM")
+    peak_kib = status_kib("VmHWM")
     est = trainer.estimate(longest)
     print(json.dumps({"step_peak_bytes": (peak_kib - base_kib) * 1024, "base_bytes": base_kib * 1024,
                       "estimate_step_extra": est.step_extra, "estimate_total": est.total,
