@@ -14,7 +14,8 @@ Task tree (one nursery, closed on shutdown)::
           ├── publish loop                   (spaces this peer's publishes; rollouts go to
           │                                  our feed subscribers in feeds mode)
           ├── FeedClient.run                 (feeds mode: k rotating feeds, swarm.feeds)
-          ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
+          ├── announce loop                  (signed PeerAnnouncement; period grows with the
+          │                                  peer table, swarm.peers.announce_interval)
           ├── NatManager.run                 (reachability, relay service and reservations)
           └── Dialer.maintain                (expiry, re-dial, top up to target_peers)
 """
@@ -63,7 +64,7 @@ from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_l
 from swarm.inbox import Delivery, Inbox
 from swarm.nat import NatManager
 from swarm.ipc_server import RequestError, serve_ipc
-from swarm.peers import PeerTable
+from swarm.peers import PeerTable, announce_interval
 from swarm.pubsub import Ignored
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topics
@@ -99,7 +100,7 @@ class GossipService:
         self.self_id = stack.host.get_id()
         self.counters: collections.Counter[str] = stack.counters  # pubsub's drops count here too
         self.inbox = Inbox(size=config.inbox_size, counters=self.counters)
-        self.table = PeerTable(ttl_s=config.peer_ttl_s)
+        self.table = PeerTable(ttl_s=config.peer_ttl_s, max_interval_s=config.announce_interval_max_s)
         self.validator = Validator(
             swarm_id=config.swarm_id, counters=self.counters, log_every_s=config.log_every_s,
             buckets=TokenBuckets(rate=config.rate_per_s, burst=config.rate_burst),
@@ -138,6 +139,8 @@ class GossipService:
             try:
                 from_peer = ID(msg.from_id).to_base58()
                 env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
+                if type_ == "announce":
+                    self._check_announce_gap(from_peer)
             except Rejected as e:
                 if not e.penalise:
                     raise Ignored(e.reason) from None
@@ -145,6 +148,15 @@ class GossipService:
             self._accept(env.type, from_peer, env.message, len(msg.data))
             return True
         return validate
+
+    def _check_announce_gap(self, sender: str) -> None:
+        """An honest peer spaces its announcements by ``announce_min_gap_s``: one arriving
+        within half of that after the sender's previous one is ignored (not relayed), so one
+        key makes the swarm relay at most one announcement per half gap."""
+        last = self.table.last_seen(sender)
+        if last is not None and trio.current_time() - last < self.config.announce_min_gap_s / 2:
+            self.counters["rejected_announce_too_soon"] += 1
+            raise Rejected("announce_too_soon", "announcement sooner than the minimum gap")
 
     def _feed_frame(self, source: ID, data: bytes) -> bool:
         """A frame from a feed we opened: the source must have signed it (it serves only its
@@ -195,12 +207,19 @@ class GossipService:
             await self.stack.pubsub.publish(self.topics[type_], data)
             await trio.sleep(self.config.publish_interval_s)
 
-    def announcement(self) -> PeerAnnouncement:
+    def announce_interval(self) -> float:
+        """This peer's announcement period now (grows with the live table: swarm.peers)."""
+        c = self.config
+        return announce_interval(self.table.on_schedule(trio.current_time()),
+                                 base_s=c.announce_interval_s,
+                                 max_s=c.announce_interval_max_s, rate_per_s=c.announce_rate_per_s)
+
+    def announcement(self, interval_s: float = 0.0) -> PeerAnnouncement:
         return PeerAnnouncement(
             peer_id=self.identity.peer_id, addrs=tuple(self.addrs[:16]),
             model=self.profile["model"], capabilities=tuple(self.profile["capabilities"]),
             version=SOFTWARE_VERSION, collective_addrs=tuple(self.profile["collective_addrs"]),
-            bootstrap_only=self.config.bootstrap_only)
+            bootstrap_only=self.config.bootstrap_only, interval_s=round(interval_s, 3))
 
     async def _ensure_connected(self, peer: ID) -> bool:
         """For a tunnel: connect to ``peer`` from its announced addresses if needed."""
@@ -215,11 +234,16 @@ class GossipService:
         self._announce_now.set()
 
     async def announce_loop(self) -> None:
+        """Announce every ``announce_interval()`` (stated in the announcement), at once when
+        the profile or addresses change, but never twice within ``announce_min_gap_s``."""
         while True:
-            await self.enqueue(self.announcement())
-            with trio.move_on_after(self.config.announce_interval_s):
+            interval = self.announce_interval()
+            await self.enqueue(self.announcement(interval))
+            sent = trio.current_time()
+            with trio.move_on_after(interval):
                 await self._announce_now.wait()
             self._announce_now = trio.Event()
+            await trio.sleep_until(sent + self.config.announce_min_gap_s)
 
     # -- the learner's requests ----------------------------------------------------------
     async def handle(self, request: Request) -> Any:

@@ -40,26 +40,25 @@ def flood_rounds(n: int, rounds: int) -> int:
 
 
 VARIANTS = ("flood", "feeds", "flood_ann", "feeds_ann")
-"""``*_ann``: the peer-announcement interval grown with the swarm (N / 20 s, at least 5 s;
-peer_ttl_s 3 intervals), so announcements cost a node a constant ~20 per second: the follow-up
-swarm/SCALING.md names. With today's 5 s, announcements alone saturate a node's core near
-N = 1,000 whatever the rollout scheme, so only the ``*_ann`` pair compares the rollout schemes
-at that size on latency."""
+"""Plain: peer announcements every 5 s whatever N (the swarm before the follow-up of issue 15:
+O(N) per node; near N = 1,000 they alone saturate a node's core). ``*_ann``: announcements as
+``swarm/peers.py`` builds them (period N / ``announce_rate_per_s`` = N / 4 s within [5, 600] s,
+table TTL scaled with it), about 4 per node and second whatever N; only the ``*_ann`` pair
+compares the rollout schemes at N = 1,000 on latency."""
 
 
 def scheme_for(variant: str, n: int) -> Scheme:
     kind = variant.removesuffix("_ann")
     if variant.endswith("_ann"):
-        interval = max(5.0, n / 20)
-        return Scheme(kind=kind, announce_interval_s=interval, peer_ttl_s=3 * interval)
-    return Scheme(kind=kind)
+        return Scheme(kind=kind)
+    return Scheme(kind=kind, announce_rate_per_s=0.0)
 
 
 def grid(unit_ms: float, *, sizes: list[int], rounds: int, batch_bytes: int,
          churn: float, seed: int, variants: tuple[str, ...] = VARIANTS) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
-        same = max(5.0, n / 20) == Scheme().announce_interval_s  # *_ann is the plain variant
+        same = Scheme().announce_period_s(n) == Scheme().announce_interval_s  # *_ann = plain
         for variant in variants:
             if same and variant.endswith("_ann"):
                 continue  # copied from the plain row below
@@ -103,7 +102,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         axes[0].plot(ns, [r["per_node_rollouts"]["bytes_in_per_s"]["mean"] / 1e3 for r in rs],
                      color=color, marker=marker,
                      label=f"{variant.removesuffix('_ann')}: rollout batches in")
-    for variant, style, label in (("feeds", ":", "every 5 s"), ("feeds_ann", "-.", "every N/20 s")):
+    for variant, style, label in (("feeds", ":", "every 5 s"),
+                                  ("feeds_ann", "-.", "every N/4 s in [5, 600] s")):
         rs = rows(variant)
         ns = [r["n"] for r in rs]
         axes[0].plot(ns, [r["per_node_announcements"]["bytes_in_per_s"] / 1e3 for r in rs],
@@ -133,7 +133,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("bench/sim: flood vs receiver-chosen feeds, WAN model, calibrated costs "
-                 "(rollout rows: announcements every max(5, N/20) s; flood at N=1000: 1 round)",
+                 "(rollout rows: announcements every N/4 s in [5, 600] s; flood at N=1000: 1 round)",
                  fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

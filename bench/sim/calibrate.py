@@ -83,6 +83,8 @@ def _scenario(row: dict[str, Any], unit_ms: float, cores: int, seed: int) -> Sce
         network=Network(mode="testbed", cores=cores, background_load=background(row, cores)),
         # announcements are in the measured idle rate, not modelled again
         scheme=Scheme(kind=row["mode"], connections=4, announce_interval_s=1e9,
+                      announce_rate_per_s=0.0,
+                      feed_make_before_break=row.get("rotation") == "make_before_break",
                       feed_sources=row.get("sources") or 4))
 
 

@@ -138,6 +138,7 @@ def summarize(sim: Sim, *, wall_s: float) -> dict[str, Any]:
             "cpu_ms_per_s": _dist([sim.cpu.cpu_ms[v] / secs[v] for v in nodes], 1),
         },
         "per_node_announcements": {
+            "period_s": round(ann.period_s, 1), "table_ttl_s": round(ann.table_ttl_s),
             "firsts_per_s": round(ann.firsts_per_s, 2), "copies_per_s": round(ann.copies_per_s, 1),
             "cpu_ms_per_s": round(ann.cpu_ms_per_s, 1), "bytes_in_per_s": round(ann.bytes_in_per_s),
         },

@@ -22,7 +22,7 @@ from libp2p.utils.varint import encode_varint_prefixed
 
 from protocol import Identity, PeerAnnouncement, seal
 from swarm.config import GossipConfig
-from swarm.feeds import BUSY, OK, FeedClient, FeedServer, _Feed
+from swarm.feeds import BUSY, LIVE, OK, FeedClient, FeedServer, _Feed
 from swarm.host import build_stack
 from swarm.peers import PeerTable
 from swarm.service import GossipService
@@ -202,10 +202,14 @@ def the_client_holds_k_feeds_and_rotates_the_oldest() -> None:
         c = client(table, feed_sources=3, feed_rotate_s=10.0)
         followed: list[ID] = []
 
+        gate = trio.Event()  # a rotation's replacement opens only when the test says so
+
         async def follow(info: Any, feed: Any) -> None:
             followed.append(info.peer_id)
             with feed.scope:
-                feed.open = True
+                if feed.replaces is not None:
+                    await gate.wait()
+                c._opened(feed)
                 await trio.sleep_forever()
         c._follow = follow  # type: ignore[method-assign]
         me = ID.from_base58(Identity.generate().peer_id)
@@ -219,10 +223,47 @@ def the_client_holds_k_feeds_and_rotates_the_oldest() -> None:
             c._last_rotation -= 10.0
             c._maintain(me, nursery)
             await trio.testing.wait_all_tasks_blocked()
+            # make before break: the replacement is being opened, the oldest still feeds
+            assert len(c._feeds) == 4 and str(first) in c.sources() and len(c.sources()) == 3
+            c._maintain(me, nursery)  # no second rotation nor gap fill meanwhile
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(c._feeds) == 4 and len(set(followed)) == 4
+            gate.set()
+            await trio.testing.wait_all_tasks_blocked()
             assert str(first) not in c.sources() and first in c._rested
-            assert len(c.sources()) == 3 and len(set(followed)) == 4
+            assert len(c.sources()) == 3 and len(c._feeds) == 3 and len(set(followed)) == 4
             assert c.counters["feed_rotated"] == 1
             nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
+@check
+def a_rotation_asks_for_live_batches_only_and_a_gap_fill_for_the_newest() -> None:
+    async def main() -> None:
+        counters: collections.Counter[str] = collections.Counter()
+        server = FeedServer(config=config(), counters=counters)
+        server.publish(b"old-batch")
+        live = FakeStream(peer()[1], encode_varint_prefixed(SWARM.encode() + LIVE))
+        gap = FakeStream(peer()[1], request())
+        bad = FakeStream(peer()[1], encode_varint_prefixed(SWARM.encode() + b"/more"))
+        async with trio.open_nursery() as nursery:
+            for s in (live, gap):
+                nursery.start_soon(server.handle, s)
+            await server.handle(bad)
+            await trio.testing.wait_all_tasks_blocked()
+            server.publish(b"new-batch")
+            await trio.testing.wait_all_tasks_blocked()
+            assert live.frames() == [OK, b"new-batch"], live.frames()
+            assert gap.frames() == [OK, b"old-batch", b"new-batch"], gap.frames()
+            nursery.cancel_scope.cancel()
+        assert bad.was_reset and counters["rejected_feed_bad_request"] == 1
+        assert counters["feed_backfilled"] == 1
+        # the client side: a rotation's replacement sends the /live request
+        stream = FakeStream(peer()[1], encode_varint_prefixed(OK))
+        c = FeedClient(config=config(), host=FakeHost(stream), table=table_of(0)[0],
+                       counters=counters, on_frame=lambda _p, _d: True)
+        assert await c._open(PeerInfo(stream.muxed_conn.peer_id, []), backfill=False) is stream
+        assert stream.frames() == [SWARM.encode() + LIVE]
     trio.run(main)
 
 
