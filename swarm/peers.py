@@ -40,6 +40,7 @@ class _Entry:
     seen: float
     first_seen: float
     ttl_s: float
+    created_ms: int
 
 
 @dataclass(kw_only=True)
@@ -67,8 +68,9 @@ class PeerTable:
         return sum(now_s - e.seen <= ON_SCHEDULE * max(floor, self.period(e.announcement))
                    for e in self._entries.values())
 
-    def update(self, announcement: PeerAnnouncement, now_s: float) -> bool:
-        """Record an announcement; True when the peer was not known before."""
+    def update(self, announcement: PeerAnnouncement, now_s: float, *, created_ms: int = 0) -> bool:
+        """Record an announcement (``created_ms``: its signed creation time); True when the
+        peer was not known before."""
         old = self._entries.get(announcement.peer_id)
         if old is None and len(self._entries) >= self.capacity:
             self.expire(now_s)
@@ -77,17 +79,17 @@ class PeerTable:
                 del self._entries[newest]
         first = now_s if old is None else old.first_seen
         self._entries[announcement.peer_id] = _Entry(announcement, now_s, first,
-                                                     self.entry_ttl(announcement))
+                                                     self.entry_ttl(announcement), created_ms)
         return old is None
 
     def forget(self, peer_id: str) -> None:
         """Drop a peer we found unreachable (its next announcement brings it back)."""
         self._entries.pop(peer_id, None)
 
-    def last_seen(self, peer_id: str) -> float | None:
-        """When the peer's latest announcement was recorded (None: unknown)."""
+    def created_ms(self, peer_id: str) -> int | None:
+        """Signed creation time of the peer's latest recorded announcement (None: unknown)."""
         entry = self._entries.get(peer_id)
-        return None if entry is None else entry.seen
+        return None if entry is None else entry.created_ms
 
     def expire(self, now_s: float) -> list[str]:
         dead = [pid for pid, e in self._entries.items() if now_s - e.seen > e.ttl_s]

@@ -140,22 +140,23 @@ class GossipService:
                 from_peer = ID(msg.from_id).to_base58()
                 env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
                 if type_ == "announce":
-                    self._check_announce_gap(from_peer)
+                    self._check_announce_gap(from_peer, env.created_ms)
             except Rejected as e:
                 if not e.penalise:
                     raise Ignored(e.reason) from None
                 return False
-            self._accept(env.type, from_peer, env.message, len(msg.data))
+            self._accept(env.type, from_peer, env.message, len(msg.data), env.created_ms)
             return True
         return validate
 
-    def _check_announce_gap(self, sender: str) -> None:
-        """An honest peer spaces its announcements by ``announce_min_gap_s``: one arriving
-        within half of that after the sender's previous one is ignored (not relayed), so one
-        key makes the swarm relay at most one announcement per half gap."""
-        last = self.table.last_seen(sender)
-        if last is not None and trio.current_time() - last < self.config.announce_min_gap_s / 2:
-            self.counters["rejected_announce_too_soon"] += 1
+    def _check_announce_gap(self, sender: str, created_ms: int) -> None:
+        """An honest peer spaces its announcements by ``announce_min_gap_s``: one signed less
+        than half of that after the sender's latest recorded one (by the sender's own clock,
+        so network delays do not matter; an older one arriving late included) is ignored, not
+        relayed, so one key makes the swarm relay at most one announcement per half gap."""
+        last = self.table.created_ms(sender)
+        if last is not None and created_ms - last < 500 * self.config.announce_min_gap_s:
+            self.counters["ignored_announce_too_soon"] += 1
             raise Rejected("announce_too_soon", "announcement sooner than the minimum gap")
 
     def _feed_frame(self, source: ID, data: bytes) -> bool:
@@ -166,15 +167,16 @@ class GossipService:
             env = self.validator.check(data, from_peer=sender, expected_type="rollouts")
         except Rejected as e:
             return not e.penalise
-        self._accept(env.type, sender, env.message, len(data))
+        self._accept(env.type, sender, env.message, len(data), env.created_ms)
         return True
 
-    def _accept(self, type_: str, sender: str, message: Message, size: int) -> None:
+    def _accept(self, type_: str, sender: str, message: Message, size: int,
+                created_ms: int) -> None:
         # Delivered here, at validation time, rather than from the subscription channel:
         # pubsub drops silently when that 32-slot channel is full (notes/py-libp2p.md).
         self.counters[f"received_{type_}"] += 1
         if isinstance(message, PeerAnnouncement):
-            if self.table.update(message, trio.current_time()):
+            if self.table.update(message, trio.current_time(), created_ms=created_ms):
                 logger.info("discovered peer %s (%s)", sender,
                             "bootstrap" if message.bootstrap_only else message.model or "no model")
         if type_ in PUBLISHABLE and not self.config.bootstrap_only:

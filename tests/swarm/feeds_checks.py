@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ import trio
 import trio.testing
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed
 
 from protocol import Identity, PeerAnnouncement, seal
@@ -25,6 +27,7 @@ from swarm.config import GossipConfig
 from swarm.feeds import BUSY, LIVE, OK, FeedClient, FeedServer, _Feed
 from swarm.host import build_stack
 from swarm.peers import PeerTable
+from swarm.pubsub import Ignored
 from swarm.service import GossipService
 from tests.swarm.conftest import batch
 
@@ -304,6 +307,38 @@ def an_invalid_frame_closes_the_feed_and_cools_its_source_down() -> None:
         assert counters["feed_closed_invalid"] == 1 and counters["feed_frames"] == 2
         assert c._cooldown[source_id] - trio.current_time() > 59 and not c._feeds
         assert [d.sender for d in service.inbox.take("rollouts", 10)] == [source.peer_id]
+    trio.run(main)
+
+
+@check
+def announcements_signed_closer_than_half_the_min_gap_are_ignored() -> None:
+    """By the sender's own clock (network delays do not matter): the second of two signed
+    0.4 s apart is ignored (not relayed, no penalty), an older one arriving late too, one
+    signed a full gap later is accepted and its stated period recorded."""
+    async def main() -> None:
+        me, sender = Identity.generate(), Identity.generate()
+        cfg = config(announce_min_gap_s=1.0)
+        service = GossipService(cfg, me, build_stack(me, cfg), bootstrap_peers=[])
+        validate = service.make_validator("announce")
+        now = int(time.time() * 1000)
+
+        def msg(at_ms: int) -> rpc_pb2.Message:
+            ann = PeerAnnouncement(peer_id=sender.peer_id, addrs=(), interval_s=42.0)
+            return rpc_pb2.Message(from_id=ID.from_base58(sender.peer_id).to_bytes(),
+                                   data=seal(sender, ann, swarm_id=SWARM, now_ms=at_ms))
+        forwarder = ID.from_base58(Identity.generate().peer_id)
+        assert validate(forwarder, msg(now - 2000)) is True
+        for too_soon in (now - 1600, now - 3000):
+            try:
+                validate(forwarder, msg(too_soon))
+                raise AssertionError("accepted an announcement inside the gap")
+            except Ignored:
+                pass
+        assert validate(forwarder, msg(now - 1000)) is True
+        assert service.counters["ignored_announce_too_soon"] == 2
+        assert service.counters["received_announce"] == 2
+        assert service.table.created_ms(sender.peer_id) == now - 1000
+        assert service.table.entry_ttl(service.table.live()[0]) == 3 * 42.0
     trio.run(main)
 
 

@@ -181,11 +181,11 @@ def test_peer_table_keeps_a_peer_as_long_as_the_period_it_states() -> None:
     honoured only up to max_interval_s; departed peers stop counting towards the swarm size
     after 1.5 periods; a farm filling the table displaces only newcomers."""
     t = PeerTable(ttl_s=30.0, max_interval_s=100.0, capacity=3)
-    t.update(PeerAnnouncement(peer_id="slow", addrs=(), interval_s=50.0), 0.0)
+    t.update(PeerAnnouncement(peer_id="slow", addrs=(), interval_s=50.0), 0.0, created_ms=7)
     t.update(PeerAnnouncement(peer_id="liar", addrs=(), interval_s=86_400.0), 0.0)
     assert t.entry_ttl(PeerAnnouncement(peer_id="x", addrs=(), interval_s=2.0)) == 30.0
     assert t.on_schedule(75.0) == 2 and t.on_schedule(76.0) == 1  # slow: 1.5 x 50 s
-    assert t.expire(149.0) == [] and t.last_seen("slow") == 0.0  # 3 x 50 s
+    assert t.expire(149.0) == [] and t.created_ms("slow") == 7  # 3 x 50 s
     assert t.expire(151.0) == ["slow"]
     assert t.expire(301.0) == ["liar"]  # capped: 3 x 100 s
     for i, now in enumerate((400.0, 401.0)):
