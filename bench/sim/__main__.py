@@ -156,8 +156,18 @@ def calibrate(paths: list[str], quiet_paths: list[str]) -> dict[str, Any]:
              for path in quiet_paths for r in json.loads(Path(path).read_text())["runs"]]
     replays = []
     for row in rows:
-        u = fit_by_sim(row)
+        try:
+            u = fit_by_sim(row)
+        except ValueError as e:
+            log.warning("%s n=%d skipped: %s", row["mode"], row["nodes"], e)
+            replays.append({"nodes": row["nodes"], "mode": row["mode"], "skipped": str(e),
+                            "quiet": False, "relative_error": {}})
+            continue
         rep = replay(row, u)
+        if row["mode"] == "feeds" and row.get("rotation") != "make_before_break":
+            # the same row with today's rotation: what the model predicts the fix does
+            new = replay({**row, "rotation": "make_before_break"}, u)
+            rep["sim_make_before_break"] = new["sim"]
         rep["quiet"] = bool(row.get("quiet_machine")) or row["load_before"][0] < QUIET_LOAD
         log.info("%s n=%d load %.1f: unit %.2f ms, error %s", row["mode"], row["nodes"],
                  row["load_before"][0], u, rep["relative_error"])

@@ -94,6 +94,9 @@ def fit_by_sim(row: dict[str, Any], *, cores: int = 2, start_ms: float = 2.0,
                iterations: int = 4) -> float:
     """The u at which the simulated replay spends the row's measured rollout CPU."""
     want = _rollout_part(row)[0]
+    if want <= 0:
+        raise ValueError("the row's CPU is below its idle rate x window (a loaded box): "
+                         "no cost to fit")
     u = start_ms
     for _ in range(iterations):
         sim = Sim(_scenario(row, u, cores, 0)).run()
