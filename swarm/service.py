@@ -239,12 +239,12 @@ class GossipService:
         """Announce every ``announce_interval()`` (stated in the announcement), at once when
         the profile or addresses change, but never twice within ``announce_min_gap_s``."""
         while True:
+            self._announce_now = trio.Event()  # a change from here on is in the next one
             interval = self.announce_interval()
             await self.enqueue(self.announcement(interval))
             sent = trio.current_time()
             with trio.move_on_after(interval):
                 await self._announce_now.wait()
-            self._announce_now = trio.Event()
             await trio.sleep_until(sent + self.config.announce_min_gap_s)
 
     # -- the learner's requests ----------------------------------------------------------
