@@ -23,6 +23,7 @@ Task tree (one nursery, closed on shutdown)::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import signal
@@ -42,13 +43,16 @@ from protocol import (
     SOFTWARE_VERSION,
     Identity,
     IdentityError,
+    Limits,
     Message,
     PeerAnnouncement,
+    ProtocolError,
     ReplayGuard,
     TooLarge,
     load_or_create_identity,
     seal,
 )
+from protocol.limits import unpackb
 from protocol.ipc import (
     MAX_RECEIVE_ITEMS,
     RECEIVE_BYTES,
@@ -76,6 +80,8 @@ __all__ = ["Ready", "GossipService", "run", "serve"]
 logger = logging.getLogger(__name__)
 
 PUBLISHABLE = ("rollouts", "outer_commit")
+_ENVELOPE_LIMITS = dataclasses.replace(Limits(), max_str=Limits().max_message_bytes)
+"""To read an envelope's outer map (its body is one byte string), as protocol.envelope does."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,9 +144,9 @@ class GossipService:
                 return True  # our own publish
             try:
                 from_peer = ID(msg.from_id).to_base58()
+                if type_ == "announce":  # before validation records the nonce: see below
+                    self._check_announce_gap(from_peer, msg.data)
                 env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
-                if type_ == "announce":
-                    self._check_announce_gap(from_peer, env.created_ms)
             except Rejected as e:
                 if not e.penalise:
                     raise Ignored(e.reason) from None
@@ -149,13 +155,24 @@ class GossipService:
             return True
         return validate
 
-    def _check_announce_gap(self, sender: str, created_ms: int) -> None:
+    def _check_announce_gap(self, sender: str, data: bytes) -> None:
         """An honest peer spaces its announcements by ``announce_min_gap_s``: one signed less
         than half of that after the sender's latest recorded one (by the sender's own clock,
         so network delays do not matter; an older one arriving late included) is ignored, not
-        relayed, so one key makes the swarm relay at most one announcement per half gap."""
+        relayed, so one key makes the swarm relay at most one announcement per half gap.
+        Checked before validation: an ignored message is not marked seen, so its other copies
+        come here again and are ignored again, rather than counted as replays. The creation
+        time is read unverified; the pubsub signature already binds the data to ``sender``,
+        and validation proper follows."""
         last = self.table.created_ms(sender)
-        if last is not None and created_ms - last < 500 * self.config.announce_min_gap_s:
+        if last is None:
+            return
+        try:
+            raw = unpackb(data, _ENVELOPE_LIMITS, check_depth=False)
+        except ProtocolError:
+            return  # validation rejects it
+        created = raw.get("ts") if isinstance(raw, dict) else None
+        if type(created) is int and created - last < 500 * self.config.announce_min_gap_s:
             self.counters["ignored_announce_too_soon"] += 1
             raise Rejected("announce_too_soon", "announcement sooner than the minimum gap")
 
