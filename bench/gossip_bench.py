@@ -9,7 +9,12 @@ on the same (shared, noisy) machine:
 - ``feeds``: each node receives from ``--sources`` peers it picked and rotates (swarm.feeds).
 
 A batch's ``round`` carries its publish time (ms), so latency = receipt time at the swarm
-process − publish time (one clock). ``cpu_ms_per_delivery`` is the CPU time (user + system,
+process − publish time (one clock), over every delivered batch: a batch a new feed backfills
+counts too, with its age when the feed opened (``LATENCY_MEANS``). The tail is split into a
+feed's first batch (the receiver did not get the sender's previous batch: a backfill or the
+first live batch of a new feed) and the rest (``latency_first_on_feed`` /
+``latency_steady``); ``superseded_on_arrival`` counts batches that arrived after their sender
+had published the next one, and the deliveries over 1 s are listed (``slow``). ``cpu_ms_per_delivery`` is the CPU time (user + system,
 from /proc) of the N node processes and the bootstrap from the first publish to the last
 receipt, divided by the deliveries; ``cpu_ms_per_delivery_net`` first subtracts the idle
 CPU rate (measured for ``IDLE_S`` before publishing) over that time.
@@ -47,6 +52,47 @@ IDLE_S = 6.0
 QUIET_S = 3.0
 """Feeds mode: the run ends when no node received anything for this long after the last
 publish (a node receives only its sources' batches, so there is no fixed expected count)."""
+
+
+LATENCY_MEANS = ("receipt at the receiving swarm process minus publish time (one clock), "
+                 "over every delivered batch, backfilled ones included")
+SLOW_MS = 1000.0
+"""Deliveries slower than this are listed in a row's ``slow`` (the issue's p99 bound)."""
+
+
+def _pcts(lat: list[float]) -> dict:
+    lat = sorted(lat)
+    if not lat:
+        return {"count": 0}
+    return {"count": len(lat), "p50": round(statistics.median(lat), 1),
+            "p99": round(lat[int(0.99 * (len(lat) - 1))], 1), "max": round(lat[-1], 1)}
+
+
+def split_latency(records: list[tuple[int, str, int, int]], published: dict[str, list[int]],
+                  start_ms: float) -> dict:
+    """``records``: (receiver, sender's model name, publish ms, receipt ms); ``published``:
+    each sender's publish times in order. A feed's first batch: the receiver did not get the
+    sender's previous batch (a new feed: its backfill or first live batch). ``superseded``:
+    the batch arrived after its sender had published the next one (older than a round)."""
+    first, steady, slow = [], [], []
+    superseded = 0
+    got_set = {(rcv, snd, pub) for rcv, snd, pub, _ in records}
+    index = {(snd, pub): i for snd, pubs in published.items() for i, pub in enumerate(pubs)}
+    for rcv, snd, pub, got in records:
+        i = index.get((snd, pub))
+        pubs = published.get(snd, [])
+        is_first = i is None or i == 0 or (rcv, snd, pubs[i - 1]) not in got_set
+        late = i is not None and i + 1 < len(pubs) and got > pubs[i + 1]
+        superseded += late
+        (first if is_first else steady).append(got - pub)
+        if got - pub > SLOW_MS:
+            slow.append({"receiver": rcv, "sender": snd, "latency_ms": got - pub,
+                         "first_on_feed": is_first, "superseded": late,
+                         "published_s": round((pub - start_ms) / 1000, 2),
+                         "received_s": round((got - start_ms) / 1000, 2)})
+    return {"latency_first_on_feed": _pcts(first), "latency_steady": _pcts(steady),
+            "superseded_on_arrival": superseded,
+            "slow": sorted(slow, key=lambda r: -r["latency_ms"])[:40], "slow_count": len(slow)}
 
 
 def cpu_s(pid: int) -> float:
@@ -99,12 +145,16 @@ def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
         cpu0 = sum(cpu_s(pid) for pid in pids)
         idle_rate = (cpu0 - idle0) / (time.monotonic() - t_idle)  # CPU-s per s with no rollouts
         start_ms = time.time() * 1000
+        published: dict[str, list[int]] = {f"n{i}": [] for i in range(n)}
         for _ in range(batches):
             for i, b in enumerate(bridges):
-                b.publish(batch(f"n{i}", int(time.time() * 1000), n=rollouts))
+                ts = int(time.time() * 1000)
+                published[f"n{i}"].append(ts)
+                b.publish(batch(f"n{i}", ts, n=rollouts))
             time.sleep(interval_s)
         expected = batches * (n - 1)
         lat: list[float] = []
+        records: list[tuple[int, str, int, int]] = []
         counts = [0] * n
         senders: list[set[str]] = [set() for _ in range(n)]
         deadline = time.monotonic() + 60
@@ -120,6 +170,7 @@ def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
                     counts[i] += 1
                     senders[i].add(r.sender)
                     lat.append(r.received_ms - r.message.round)
+                    records.append((i, r.message.model, r.message.round, r.received_ms))
             if sum(counts) > before:
                 last_new, last_new_ms = time.monotonic(), time.time() * 1000
                 cpu_last = sum(cpu_s(pid) for pid in pids)
@@ -141,6 +192,7 @@ def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
     row = {
         "mode": mode, "nodes": n, "batches_per_node": batches, "rollouts_per_batch": rollouts,
         "interval_s": interval_s, "sources": sources if mode == "feeds" else None,
+        "rotation": "make_before_break" if mode == "feeds" else None,
         "startup_s": round(startup_s, 1),
         "delivered": delivered,
         "latency_ms_min": round(lat[0], 1) if lat else None,
@@ -148,6 +200,8 @@ def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
         "latency_ms_p50": round(statistics.median(lat), 1) if lat else None,
         "latency_ms_p99": round(lat[int(0.99 * (len(lat) - 1))], 1) if lat else None,
         "latency_ms_max": round(lat[-1], 1) if lat else None,
+        "latency_means": LATENCY_MEANS,
+        **split_latency(records, published, start_ms),
         "delivered_per_s": round(delivered / ((end_ms - start_ms) / 1000), 1),
         "cpu_ms_per_delivery": round(1000 * cpu / max(1, delivered), 2),
         "cpu_ms_per_delivery_net": round(

@@ -77,6 +77,9 @@ class PeerAnnouncement(Message):
     collective_addrs: tuple[str, ...] = spec(list, max_len=16, item=ADDR, default=())
     """Multiaddrs of the peer's hivemind p2pd, for DiLoCo outer steps."""
     bootstrap_only: bool = spec(bool, default=False)
+    interval_s: float = spec(float, lo=0, hi=86_400, default=0.0)
+    """Seconds until this peer's next announcement at the latest (its period grows with the
+    swarm; receivers keep the entry that much longer: swarm/peers.py). 0: not stated."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,9 +46,21 @@ class GossipConfig:
     dial_timeout_s: float = 10.0
     """Limit for one dial."""
     announce_interval_s: float = 5.0
-    """Period of this peer's signed PeerAnnouncement."""
+    """Shortest period of this peer's signed PeerAnnouncement (used while the swarm is small)."""
+    announce_rate_per_s: float = 4.0
+    """Announcements per second a node should receive from the whole swarm: this peer's period
+    is the number of peers on schedule in its table / this, within [announce_interval_s,
+    announce_interval_max_s] (swarm/peers.py, swarm/SCALING.md), so the announcement traffic
+    per node stays flat as the swarm grows."""
+    announce_interval_max_s: float = 600.0
+    """Longest announcement period, and the longest period honoured when a peer states one (a
+    farm of fresh keys cannot make honest peers announce more rarely than this)."""
+    announce_min_gap_s: float = 1.0
+    """Least spacing of this peer's announcements (profile changes are coalesced); one from a
+    peer less than half of this after its previous one is ignored, not relayed."""
     peer_ttl_s: float = 30.0
-    """Forget a peer whose last announcement is older than this."""
+    """Forget a peer whose last announcement is older than this, or than 3 times the period
+    it states when longer (swarm/peers.py: its period grows with the swarm)."""
     maintain_interval_s: float = 2.0
     """Period of the connection-maintenance loop (dial up to target_peers)."""
     heartbeat_interval_s: int = 1
@@ -133,7 +145,8 @@ class GossipConfig:
         if self.ipc_path is not None and self.bootstrap_only:
             raise ValueError("GossipConfig: a bootstrap_only peer serves no learner (ipc_path)")
         positive = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s",
-                    "announce_interval_s", "peer_ttl_s", "maintain_interval_s",
+                    "announce_interval_s", "announce_rate_per_s", "announce_interval_max_s",
+                    "announce_min_gap_s", "peer_ttl_s", "maintain_interval_s",
                     "heartbeat_interval_s", "gossip_degree", "outbox_size", "inbox_size",
                     "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s",
                     "feed_sources", "feed_rotate_s", "feed_max_subscribers", "feed_queue",
@@ -164,6 +177,11 @@ class GossipConfig:
                              "60 s before expiry)")
         if self.peer_ttl_s <= self.announce_interval_s:
             raise ValueError("GossipConfig.peer_ttl_s must exceed announce_interval_s")
+        if not self.announce_interval_s <= self.announce_interval_max_s <= 86_400:
+            raise ValueError("GossipConfig.announce_interval_max_s must be in "
+                             "[announce_interval_s, 86400]")
+        if self.announce_min_gap_s > self.announce_interval_s:
+            raise ValueError("GossipConfig.announce_min_gap_s must not exceed announce_interval_s")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (tuples become lists)."""

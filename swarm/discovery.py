@@ -109,7 +109,7 @@ class Dialer:
         while True:
             await trio.sleep(self.config.maintain_interval_s)
             for pid in self.table.expire(trio.current_time()):
-                logger.info("forgot peer %s: no announcement for %.0f s", pid, self.config.peer_ttl_s)
+                logger.info("forgot peer %s: no announcement within its TTL", pid)
             await self._top_up(self_id)
 
     async def _top_up(self, self_id: ID) -> None:

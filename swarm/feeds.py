@@ -5,16 +5,22 @@ batch of every peer, plus the mesh's duplicate copies). SAPO needs only a few ex
 per round, so a node subscribes instead to ``feed_sources`` = k peers of its own choosing:
 
 - **Feed** (``FEED_PROTOCOL``): a libp2p stream the *receiver* opens. It sends one frame, the
-  swarm id; the source answers ``OK`` or ``BUSY``, then pushes every rollout batch it
-  publishes itself (the exact sealed envelope, signed once) as one varint-framed message. A
-  source never relays: one hop, no duplicates. On subscribe it first sends its newest batch
-  if younger than ``feed_backfill_s``, so a rotation loses no round.
+  swarm id (with ``/live`` appended when no backfill is wanted); the source answers ``OK`` or
+  ``BUSY``, then pushes every rollout batch it publishes itself (the exact sealed envelope,
+  signed once) as one varint-framed message. A source never relays: one hop, no duplicates.
 - **Choice** (``FeedClient``): sources are picked uniformly at random among live, announced,
   non-bootstrap, non-banned peers that are neither current sources nor cooling down. Every
-  ``feed_rotate_s`` the oldest feed is closed (its source *rests*, i.e. is picked again only
-  when no unrested candidate is left) and another is picked, so a node samples the whole swarm
-  over time and no source is held longer than about k · ``feed_rotate_s``. Peers never
-  suggest sources, and nothing arrives on a feed we did not open.
+  ``feed_rotate_s`` a replacement source is picked and its feed opened *beside* the oldest;
+  the oldest is closed (its source *rests*, i.e. is picked again only when no unrested
+  candidate is left) the moment the replacement is open, so the slot has no gap and a rotation
+  loses no batch without any backfill. A node samples the whole swarm over time and no source
+  is held longer than about k · ``feed_rotate_s``. Peers never suggest sources, and nothing
+  arrives on a feed we did not open.
+- **Backfill**: a subscription asks for the source's newest batch (if younger than
+  ``feed_backfill_s``) only when it fills a gap: at start and after a feed failed. A rotation
+  asks for live batches only (``/live`` after the swarm id): its slot had none missing, and a
+  backfilled batch is up to a round old when it arrives (in gossip_bench, where a round is
+  1 s, those were the whole latency tail: issue 15).
 - **Budgets** (``FeedServer``): at most ``feed_max_subscribers`` feeds served at once, one
   per peer; subscription requests per peer through a token bucket; a queue of ``feed_queue``
   batches per subscriber, dropped from (``dropped_feed_slow``) rather than waited for; a write
@@ -50,15 +56,17 @@ from swarm.config import GossipConfig
 from swarm.peers import PeerTable
 from swarm.ratelimit import TokenBuckets
 
-__all__ = ["BUSY", "FEED_PROTOCOL", "OK", "FeedClient", "FeedServer"]
+__all__ = ["BUSY", "FEED_PROTOCOL", "LIVE", "OK", "FeedClient", "FeedServer"]
 
 logger = logging.getLogger(__name__)
 
 FEED_PROTOCOL = TProtocol("/swarm-node/feed/1.0.0")
 OK = b"ok"
 BUSY = b"busy"
+LIVE = b"/live"
+"""Appended to the swarm id in a request: no backfill (swarm ids contain no '/')."""
 MAX_REQUEST = 128
-"""Bytes of a subscription request (the swarm id, at most 64 characters)."""
+"""Bytes of a subscription request (the swarm id, at most 64 characters, and ``LIVE``)."""
 HANDSHAKE_TIMEOUT_S = 10.0
 """Request and answer of a subscription, once the stream is open (a loaded 2-core box with
 6 node processes took up to 10 s to open a stream: measured)."""
@@ -137,10 +145,12 @@ class FeedServer:
             logger.debug("feed request from %s: %s", peer, e)
             await _close(stream, reset=True)
             return
-        if request != self.config.swarm_id.encode():
+        swarm = self.config.swarm_id.encode()
+        if request not in (swarm, swarm + LIVE):
             self.counters["rejected_feed_bad_request"] += 1
             await _close(stream, reset=True)
             return
+        backfill = request == swarm
         old = self._subs.pop(peer, None)
         if old is not None:  # a re-subscription replaces the peer's previous feed
             old.close()
@@ -156,7 +166,7 @@ class FeedServer:
         self._subs[peer] = send
         self.counters["feed_subscribers_accepted"] += 1
         try:
-            await self._serve(stream, recv)
+            await self._serve(stream, recv, backfill)
         except Exception as e:  # the subscriber left or stalled
             logger.debug("feed to %s ended: %s: %s", peer, type(e).__name__, e)
         finally:
@@ -165,10 +175,11 @@ class FeedServer:
             send.close()
             await _close(stream)
 
-    async def _serve(self, stream: INetStream, recv: trio.MemoryReceiveChannel[bytes]) -> None:
+    async def _serve(self, stream: INetStream, recv: trio.MemoryReceiveChannel[bytes],
+                     backfill: bool) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._until_closed, stream, nursery.cancel_scope)
-            await self._push(stream, recv)
+            await self._push(stream, recv, backfill)
             nursery.cancel_scope.cancel()
 
     async def _until_closed(self, stream: INetStream, scope: trio.CancelScope) -> None:
@@ -180,12 +191,14 @@ class FeedServer:
             logger.debug("feed subscriber closed: %s", e)
         scope.cancel()
 
-    async def _push(self, stream: INetStream, recv: trio.MemoryReceiveChannel[bytes]) -> None:
+    async def _push(self, stream: INetStream, recv: trio.MemoryReceiveChannel[bytes],
+                    backfill: bool) -> None:
         timeout = self.config.feed_write_timeout_s
         with trio.fail_after(timeout):
             await stream.write(encode_varint_prefixed(OK))
         latest = self._latest
-        if latest is not None and trio.current_time() - latest[0] <= self.config.feed_backfill_s:
+        if backfill and latest is not None and \
+                trio.current_time() - latest[0] <= self.config.feed_backfill_s:
             with trio.fail_after(timeout):
                 await stream.write(encode_varint_prefixed(latest[1]))
             self.counters["feed_backfilled"] += 1
@@ -200,6 +213,8 @@ class _Feed:
     started: float
     scope: trio.CancelScope
     open: bool = False
+    replaces: ID | None = None
+    """A rotation's new feed: the feed it closes once open (it asks for no backfill)."""
 
 
 @dataclass(kw_only=True)
@@ -235,25 +250,48 @@ class FeedClient:
         now = trio.current_time()
         self._cooldown = {p: t for p, t in self._cooldown.items() if t > now}
         k = self.config.feed_sources
-        open_ = [f for f in self._feeds.values() if f.open]
+        open_ = [f for f in self._feeds.values() if f.open and f.replaces is None]
+        rotating = any(f.replaces is not None for f in self._feeds.values())
         # rotate only a full set of open feeds: while opens fail (a loaded box), rotating too
-        # would only add dials
-        if len(open_) >= k and now - self._last_rotation >= self.config.feed_rotate_s:
+        # would only add dials. The replacement opens beside the oldest (make before break).
+        if not rotating and len(open_) >= k and \
+                now - self._last_rotation >= self.config.feed_rotate_s:
             oldest = min(open_, key=lambda f: f.started)
-            oldest.scope.cancel()
-            del self._feeds[oldest.peer]
-            self._rested[oldest.peer] = now
-            if len(self._rested) > self.table.capacity:  # bounded: forget the longest rested
-                del self._rested[min(self._rested, key=self._rested.__getitem__)]
-            self._last_rotation = now
-            self.counters["feed_rotated"] += 1
-        for _ in range(min(OPENS_PER_TICK, k - len(self._feeds))):
+            info = self._pick(self_id)
+            if info is not None:
+                self._start(info, nursery, now, replaces=oldest.peer)
+            self._last_rotation = now  # a failed replacement is retried next period
+        # a replacement whose old feed already ended holds that slot itself
+        slots = sum(f.replaces is None or f.replaces not in self._feeds
+                    for f in self._feeds.values())
+        for _ in range(min(OPENS_PER_TICK, k - slots)):
             info = self._pick(self_id)
             if info is None:
                 break
-            feed = _Feed(peer=info.peer_id, started=now, scope=trio.CancelScope())
-            self._feeds[info.peer_id] = feed
-            nursery.start_soon(self._follow, info, feed)
+            self._start(info, nursery, now)
+
+    def _start(self, info: PeerInfo, nursery: trio.Nursery, now: float, *,
+               replaces: ID | None = None) -> None:
+        feed = _Feed(peer=info.peer_id, started=now, scope=trio.CancelScope(), replaces=replaces)
+        self._feeds[info.peer_id] = feed
+        nursery.start_soon(self._follow, info, feed)
+
+    def _opened(self, feed: _Feed) -> None:
+        """``feed`` is open: if it is a rotation's, close the feed it replaces now."""
+        feed.open = True
+        self._failures.pop(feed.peer, None)
+        self.counters["feed_opened"] += 1
+        old_peer, feed.replaces = feed.replaces, None
+        old = self._feeds.get(old_peer) if old_peer is not None else None
+        if old is None or old_peer is None:
+            return
+        old.scope.cancel()
+        del self._feeds[old_peer]
+        now = trio.current_time()
+        self._rested[old_peer] = now
+        if len(self._rested) > self.table.capacity:  # bounded: forget the longest rested
+            del self._rested[min(self._rested, key=self._rested.__getitem__)]
+        self.counters["feed_rotated"] += 1
 
     def _pick(self, self_id: ID) -> PeerInfo | None:
         """A uniform pick among unrested candidates, else among rested ones (least recent
@@ -306,12 +344,10 @@ class FeedClient:
         stream: INetStream | None = None
         try:
             with feed.scope:
-                stream = await self._open(info)
+                stream = await self._open(info, backfill=feed.replaces is None)
                 if stream is None:
                     return
-                feed.open = True
-                self._failures.pop(peer, None)
-                self.counters["feed_opened"] += 1
+                self._opened(feed)
                 while True:
                     data = await read_varint_prefixed_bytes_limited(
                         stream, self.limits.max_message_bytes)
@@ -329,15 +365,24 @@ class FeedClient:
                 with trio.CancelScope(shield=True):
                     await _close(stream)
 
-    async def _open(self, info: PeerInfo) -> INetStream | None:
+    async def _open(self, info: PeerInfo, *, backfill: bool) -> INetStream | None:
         """Dial if needed, open the stream, send the request; None when refused."""
+        if info.peer_id not in self.host.get_connected_peers():
+            try:
+                with trio.fail_after(self.config.dial_timeout_s):
+                    await self.host.connect(info)
+            except Exception:
+                # most likely departed: with long announcement periods (swarm.peers) its entry
+                # would stay for minutes; its next announcement, if any, brings it back
+                self.table.forget(str(info.peer_id))
+                self.counters["feed_forgot_unreachable"] += 1
+                raise
         with trio.fail_after(self.config.dial_timeout_s):
-            if info.peer_id not in self.host.get_connected_peers():
-                await self.host.connect(info)
             stream = await self.host.new_stream(info.peer_id, [FEED_PROTOCOL])
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                await stream.write(encode_varint_prefixed(self.config.swarm_id.encode()))
+                request = self.config.swarm_id.encode() + (b"" if backfill else LIVE)
+                await stream.write(encode_varint_prefixed(request))
                 reply = await read_varint_prefixed_bytes_limited(stream, MAX_REQUEST)
         except BaseException:
             with trio.CancelScope(shield=True):

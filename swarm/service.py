@@ -14,7 +14,8 @@ Task tree (one nursery, closed on shutdown)::
           ├── publish loop                   (spaces this peer's publishes; rollouts go to
           │                                  our feed subscribers in feeds mode)
           ├── FeedClient.run                 (feeds mode: k rotating feeds, swarm.feeds)
-          ├── announce loop                  (signed PeerAnnouncement every announce_interval_s)
+          ├── announce loop                  (signed PeerAnnouncement; period grows with the
+          │                                  peer table, swarm.peers.announce_interval)
           ├── NatManager.run                 (reachability, relay service and reservations)
           └── Dialer.maintain                (expiry, re-dial, top up to target_peers)
 """
@@ -22,6 +23,7 @@ Task tree (one nursery, closed on shutdown)::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import signal
@@ -41,13 +43,16 @@ from protocol import (
     SOFTWARE_VERSION,
     Identity,
     IdentityError,
+    Limits,
     Message,
     PeerAnnouncement,
+    ProtocolError,
     ReplayGuard,
     TooLarge,
     load_or_create_identity,
     seal,
 )
+from protocol.limits import unpackb
 from protocol.ipc import (
     MAX_RECEIVE_ITEMS,
     RECEIVE_BYTES,
@@ -63,7 +68,7 @@ from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_l
 from swarm.inbox import Delivery, Inbox
 from swarm.nat import NatManager
 from swarm.ipc_server import RequestError, serve_ipc
-from swarm.peers import PeerTable
+from swarm.peers import PeerTable, announce_interval
 from swarm.pubsub import Ignored
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topics
@@ -75,6 +80,8 @@ __all__ = ["Ready", "GossipService", "run", "serve"]
 logger = logging.getLogger(__name__)
 
 PUBLISHABLE = ("rollouts", "outer_commit")
+_ENVELOPE_LIMITS = dataclasses.replace(Limits(), max_str=Limits().max_message_bytes)
+"""To read an envelope's outer map (its body is one byte string), as protocol.envelope does."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +106,7 @@ class GossipService:
         self.self_id = stack.host.get_id()
         self.counters: collections.Counter[str] = stack.counters  # pubsub's drops count here too
         self.inbox = Inbox(size=config.inbox_size, counters=self.counters)
-        self.table = PeerTable(ttl_s=config.peer_ttl_s)
+        self.table = PeerTable(ttl_s=config.peer_ttl_s, max_interval_s=config.announce_interval_max_s)
         self.validator = Validator(
             swarm_id=config.swarm_id, counters=self.counters, log_every_s=config.log_every_s,
             buckets=TokenBuckets(rate=config.rate_per_s, burst=config.rate_burst),
@@ -137,14 +144,37 @@ class GossipService:
                 return True  # our own publish
             try:
                 from_peer = ID(msg.from_id).to_base58()
+                if type_ == "announce":  # before validation records the nonce: see below
+                    self._check_announce_gap(from_peer, msg.data)
                 env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
             except Rejected as e:
                 if not e.penalise:
                     raise Ignored(e.reason) from None
                 return False
-            self._accept(env.type, from_peer, env.message, len(msg.data))
+            self._accept(env.type, from_peer, env.message, len(msg.data), env.created_ms)
             return True
         return validate
+
+    def _check_announce_gap(self, sender: str, data: bytes) -> None:
+        """An honest peer spaces its announcements by ``announce_min_gap_s``: one signed less
+        than half of that after the sender's latest recorded one (by the sender's own clock,
+        so network delays do not matter; an older one arriving late included) is ignored, not
+        relayed, so one key makes the swarm relay at most one announcement per half gap.
+        Checked before validation: an ignored message is not marked seen, so its other copies
+        come here again and are ignored again, rather than counted as replays. The creation
+        time is read unverified; the pubsub signature already binds the data to ``sender``,
+        and validation proper follows."""
+        last = self.table.created_ms(sender)
+        if last is None:
+            return
+        try:
+            raw = unpackb(data, _ENVELOPE_LIMITS, check_depth=False)
+        except ProtocolError:
+            return  # validation rejects it
+        created = raw.get("ts") if isinstance(raw, dict) else None
+        if type(created) is int and created - last < 500 * self.config.announce_min_gap_s:
+            self.counters["ignored_announce_too_soon"] += 1
+            raise Rejected("announce_too_soon", "announcement sooner than the minimum gap")
 
     def _feed_frame(self, source: ID, data: bytes) -> bool:
         """A frame from a feed we opened: the source must have signed it (it serves only its
@@ -154,15 +184,16 @@ class GossipService:
             env = self.validator.check(data, from_peer=sender, expected_type="rollouts")
         except Rejected as e:
             return not e.penalise
-        self._accept(env.type, sender, env.message, len(data))
+        self._accept(env.type, sender, env.message, len(data), env.created_ms)
         return True
 
-    def _accept(self, type_: str, sender: str, message: Message, size: int) -> None:
+    def _accept(self, type_: str, sender: str, message: Message, size: int,
+                created_ms: int) -> None:
         # Delivered here, at validation time, rather than from the subscription channel:
         # pubsub drops silently when that 32-slot channel is full (notes/py-libp2p.md).
         self.counters[f"received_{type_}"] += 1
         if isinstance(message, PeerAnnouncement):
-            if self.table.update(message, trio.current_time()):
+            if self.table.update(message, trio.current_time(), created_ms=created_ms):
                 logger.info("discovered peer %s (%s)", sender,
                             "bootstrap" if message.bootstrap_only else message.model or "no model")
         if type_ in PUBLISHABLE and not self.config.bootstrap_only:
@@ -195,12 +226,19 @@ class GossipService:
             await self.stack.pubsub.publish(self.topics[type_], data)
             await trio.sleep(self.config.publish_interval_s)
 
-    def announcement(self) -> PeerAnnouncement:
+    def announce_interval(self) -> float:
+        """This peer's announcement period now (grows with the live table: swarm.peers)."""
+        c = self.config
+        return announce_interval(self.table.on_schedule(trio.current_time()),
+                                 base_s=c.announce_interval_s,
+                                 max_s=c.announce_interval_max_s, rate_per_s=c.announce_rate_per_s)
+
+    def announcement(self, interval_s: float = 0.0) -> PeerAnnouncement:
         return PeerAnnouncement(
             peer_id=self.identity.peer_id, addrs=tuple(self.addrs[:16]),
             model=self.profile["model"], capabilities=tuple(self.profile["capabilities"]),
             version=SOFTWARE_VERSION, collective_addrs=tuple(self.profile["collective_addrs"]),
-            bootstrap_only=self.config.bootstrap_only)
+            bootstrap_only=self.config.bootstrap_only, interval_s=round(interval_s, 3))
 
     async def _ensure_connected(self, peer: ID) -> bool:
         """For a tunnel: connect to ``peer`` from its announced addresses if needed."""
@@ -215,11 +253,16 @@ class GossipService:
         self._announce_now.set()
 
     async def announce_loop(self) -> None:
+        """Announce every ``announce_interval()`` (stated in the announcement), at once when
+        the profile or addresses change, but never twice within ``announce_min_gap_s``."""
         while True:
-            await self.enqueue(self.announcement())
-            with trio.move_on_after(self.config.announce_interval_s):
+            self._announce_now = trio.Event()  # a change from here on is in the next one
+            interval = self.announce_interval()
+            await self.enqueue(self.announcement(interval))
+            sent = trio.current_time()
+            with trio.move_on_after(interval):
                 await self._announce_now.wait()
-            self._announce_now = trio.Event()
+            await trio.sleep_until(sent + self.config.announce_min_gap_s)
 
     # -- the learner's requests ----------------------------------------------------------
     async def handle(self, request: Request) -> Any:

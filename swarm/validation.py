@@ -34,7 +34,7 @@ __all__ = ["IGNORED", "Rejected", "Validator"]
 logger = logging.getLogger(__name__)
 
 
-IGNORED = frozenset({"rate_limited", "stale", "future", "duplicate"})
+IGNORED = frozenset({"rate_limited", "stale", "future", "duplicate", "announce_too_soon"})
 """Reasons that do not show the forwarder misbehaved (a relay's token bucket or clock may
 differ from ours, a copy may race): dropped without a score penalty. Every other reason is
 something an honest relay checks before forwarding, so the forwarder pays P4 for it; without

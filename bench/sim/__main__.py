@@ -1,12 +1,13 @@
 """Run the simulation grid (flood vs feeds, N = 16, 100, 1000, with and without churn), calibrate
 against real runs, write ``bench/results/sim.json`` and ``bench/results/sim.png``.
 
-    PYTHONPATH=$PWD python -m bench.sim calibrate --real bench/sim/data/*.json
+    PYTHONPATH=$PWD python -m bench.sim calibrate \
+        --quiet bench/results/gossip_quiet_16.json bench/results/gossip_quiet_8_32.json
                                                  # -> bench/results/sim_calibration.json
     PYTHONPATH=$PWD python -m bench.sim grid     # -> bench/results/sim.json, sim.png
 
-``--real`` files are ``bench/gossip_bench.py`` outputs (rows of both modes, e.g. from
-``bench/sim/realbench.py``); each row's cost unit is fitted by replaying it
+``--real`` / ``--quiet`` files are ``bench/gossip_bench.py`` outputs (rows of both modes, e.g.
+from ``bench/sim/realbench.py``; ``--quiet``: measured with the machine to themselves); each row's cost unit is fitted by replaying it
 (``bench/sim/calibrate.py``), the replay states the simulation's error, and the flood rows
 measured on a quiet box price the WAN grid.
 """
@@ -17,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,26 +42,25 @@ def flood_rounds(n: int, rounds: int) -> int:
 
 
 VARIANTS = ("flood", "feeds", "flood_ann", "feeds_ann")
-"""``*_ann``: the peer-announcement interval grown with the swarm (N / 20 s, at least 5 s;
-peer_ttl_s 3 intervals), so announcements cost a node a constant ~20 per second: the follow-up
-swarm/SCALING.md names. With today's 5 s, announcements alone saturate a node's core near
-N = 1,000 whatever the rollout scheme, so only the ``*_ann`` pair compares the rollout schemes
-at that size on latency."""
+"""Plain: peer announcements every 5 s whatever N (the swarm before the follow-up of issue 15:
+O(N) per node; near N = 1,000 they alone saturate a node's core). ``*_ann``: announcements as
+``swarm/peers.py`` builds them (period N / ``announce_rate_per_s`` = N / 4 s within [5, 600] s,
+table TTL scaled with it), about 4 per node and second whatever N; only the ``*_ann`` pair
+compares the rollout schemes at N = 1,000 on latency."""
 
 
 def scheme_for(variant: str, n: int) -> Scheme:
     kind = variant.removesuffix("_ann")
     if variant.endswith("_ann"):
-        interval = max(5.0, n / 20)
-        return Scheme(kind=kind, announce_interval_s=interval, peer_ttl_s=3 * interval)
-    return Scheme(kind=kind)
+        return Scheme(kind=kind)
+    return Scheme(kind=kind, announce_rate_per_s=0.0)
 
 
 def grid(unit_ms: float, *, sizes: list[int], rounds: int, batch_bytes: int,
          churn: float, seed: int, variants: tuple[str, ...] = VARIANTS) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
-        same = max(5.0, n / 20) == Scheme().announce_interval_s  # *_ann is the plain variant
+        same = Scheme().announce_period_s(n) == Scheme().announce_interval_s  # *_ann = plain
         for variant in variants:
             if same and variant.endswith("_ann"):
                 continue  # copied from the plain row below
@@ -103,7 +104,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         axes[0].plot(ns, [r["per_node_rollouts"]["bytes_in_per_s"]["mean"] / 1e3 for r in rs],
                      color=color, marker=marker,
                      label=f"{variant.removesuffix('_ann')}: rollout batches in")
-    for variant, style, label in (("feeds", ":", "every 5 s"), ("feeds_ann", "-.", "every N/20 s")):
+    for variant, style, label in (("feeds", ":", "every 5 s"),
+                                  ("feeds_ann", "-.", "every N/4 s in [5, 600] s")):
         rs = rows(variant)
         ns = [r["n"] for r in rs]
         axes[0].plot(ns, [r["per_node_announcements"]["bytes_in_per_s"] / 1e3 for r in rs],
@@ -133,7 +135,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("bench/sim: flood vs receiver-chosen feeds, WAN model, calibrated costs "
-                 "(rollout rows: announcements every max(5, N/20) s; flood at N=1000: 1 round)",
+                 "(rollout rows: announcements every N/4 s in [5, 600] s; flood at N=1000: 1 round)",
                  fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,19 +150,41 @@ WAN grid; rows from a loaded box are replayed, but their CPU per message is infl
 contention (cache, context switches) and would overprice a node that has its core alone."""
 
 
-def calibrate(paths: list[str]) -> dict[str, Any]:
+def calibrate(paths: list[str], quiet_paths: list[str]) -> dict[str, Any]:
     rows = [r for path in paths for r in json.loads(Path(path).read_text())["runs"]]
+    rows += [{**r, "quiet_machine": True}
+             for path in quiet_paths for r in json.loads(Path(path).read_text())["runs"]]
     replays = []
     for row in rows:
-        u = fit_by_sim(row)
+        try:
+            u = fit_by_sim(row)
+        except ValueError as e:
+            log.warning("%s n=%d skipped: %s", row["mode"], row["nodes"], e)
+            replays.append({"nodes": row["nodes"], "mode": row["mode"], "skipped": str(e),
+                            "quiet": False, "relative_error": {}})
+            continue
         rep = replay(row, u)
-        rep["quiet"] = row["load_before"][0] < QUIET_LOAD
+        if row["mode"] == "feeds" and row.get("rotation") != "make_before_break":
+            # the same row with today's rotation: what the model predicts the fix does
+            new = replay({**row, "rotation": "make_before_break"}, u)
+            rep["sim_make_before_break"] = new["sim"]
+        rep["quiet"] = bool(row.get("quiet_machine")) or row["load_before"][0] < QUIET_LOAD
         log.info("%s n=%d load %.1f: unit %.2f ms, error %s", row["mode"], row["nodes"],
                  row["load_before"][0], u, rep["relative_error"])
         replays.append(rep)
     quiet = [r["unit_ms"] for r in replays if r["quiet"] and r["mode"] == "flood"]
     with_dups = [r for r in rows if r.get("duplicates") and r.get("inbound_per_node_round")]
-    return {"real_files": paths, "real_rows": rows, "replays": replays,
+    summary: dict[str, Any] = {}
+    for mode in ("flood", "feeds"):
+        reps = [r for r in replays if r["quiet"] and r["mode"] == mode]
+        keys = sorted({k for r in reps for k in r["relative_error"]})
+        summary[mode] = {k: {"rows": [(r["nodes"], r["relative_error"][k]) for r in reps
+                                      if k in r["relative_error"]],
+                             "mean_abs": round(statistics.fmean(
+                                 abs(r["relative_error"][k]) for r in reps
+                                 if k in r["relative_error"]), 3)} for k in keys}
+    return {"real_files": paths + quiet_paths, "quiet_files": quiet_paths, "real_rows": rows,
+            "replays": replays, "error_summary_quiet": summary,
             "fit_from_duplicate_counters": fit_unit(with_dups) if with_dups else None,
             "wan_unit_ms": round(sum(quiet) / len(quiet), 3) if quiet else None,
             "loadavg": list(os.getloadavg())}
@@ -170,7 +194,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     cal = sub.add_parser("calibrate", help="fit costs on real gossip_bench rows, replay them")
-    cal.add_argument("--real", nargs="+", required=True, help="bench/gossip_bench.py outputs")
+    cal.add_argument("--real", nargs="*", default=[], help="bench/gossip_bench.py outputs")
+    cal.add_argument("--quiet", nargs="*", default=[],
+                     help="outputs measured with the machine to themselves (their load average "
+                          "is the bench's own previous row: no background load)")
     cal.add_argument("--out", default=str(RESULTS / "sim_calibration.json"))
     gr = sub.add_parser("grid", help="the WAN grid: JSON and PNG")
     gr.add_argument("--calibration", default=str(RESULTS / "sim_calibration.json"),
@@ -192,7 +219,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.monotonic()
     if args.command == "calibrate":
-        result = calibrate(args.real)
+        result = calibrate(args.real, args.quiet)
     elif args.command == "combine":
         parts = [json.loads(Path(p).read_text()) for p in args.inputs]
         result = {"parts": [{k: v for k, v in p.items() if k != "runs"} for p in parts],

@@ -112,10 +112,18 @@ class Scheme:
     detect_s: float = 5.0
     """How long until neighbours notice that a peer left (connection closed or timed out)."""
     announce_interval_s: float = 5.0
-    """Period of every peer's signed PeerAnnouncement on gossip (both schemes; O(N) per node,
+    """Shortest period of every peer's signed PeerAnnouncement on gossip (both schemes;
     accounted analytically: see ``bench/sim/announce.py``)."""
+    announce_rate_per_s: float = 4.0
+    """As ``swarm/peers.py``'s ``announce_interval``: the period is N / this, within
+    [announce_interval_s, announce_interval_max_s], so a node receives about this many
+    announcements per second whatever N. 0: a fixed ``announce_interval_s`` (O(N) per node,
+    the swarm before this was built)."""
+    announce_interval_max_s: float = 600.0
+    """Longest announcement period (``GossipConfig.announce_interval_max_s``)."""
     peer_ttl_s: float = 30.0
-    """A departed peer stays in others' tables (and may be picked as a source) this long."""
+    """A departed peer stays in others' tables (and may be picked as a source) this long, or
+    3 announcement periods when longer (swarm/peers.py), unless a failed dial forgets it."""
     feed_sources: int = 4
     """feeds: k, the feeds a node holds."""
     feed_rotate_s: float = 10.0
@@ -124,6 +132,10 @@ class Scheme:
     """feeds: feeds a source serves at once; beyond, it answers busy."""
     feed_backfill_s: float = 30.0
     """feeds: a new subscriber first gets the source's newest batch if younger than this."""
+    feed_make_before_break: bool = True
+    """feeds: a rotation opens the replacement (asking for no backfill) before it closes the
+    oldest (swarm/feeds.py now). False: the oldest is closed first and the replacement asks
+    for a backfill, as the code measured in gossip_quiet_16.json did (to replay such rows)."""
     feed_cooldown_s: float = 60.0
     """feeds: a source that refused or failed is not picked again for this long."""
 
@@ -133,9 +145,27 @@ class Scheme:
         _check_positive(self, "connections", "heartbeat_s", "gossip_window", "detect_s",
                         "announce_interval_s", "peer_ttl_s", "feed_sources", "feed_rotate_s",
                         "feed_max_subscribers")
-        _check_non_negative(self, "gossip_lazy", "feed_backfill_s", "feed_cooldown_s")
+        _check_non_negative(self, "gossip_lazy", "feed_backfill_s", "feed_cooldown_s",
+                            "announce_rate_per_s")
+        if self.announce_rate_per_s > 0 and self.announce_interval_max_s < self.announce_interval_s:
+            raise ValueError("Scheme.announce_interval_max_s must be >= announce_interval_s")
         if self.degree < 3:
             raise ValueError("Scheme.degree must be at least 3")
+
+
+    def announce_period_s(self, counted: float) -> float:
+        """Every peer's announcement period when its table counts ``counted`` peers on
+        schedule (swarm/peers.py; the tables of a swarm agree)."""
+        if self.announce_rate_per_s <= 0:
+            return self.announce_interval_s
+        return min(self.announce_interval_max_s,
+                   max(self.announce_interval_s, counted / self.announce_rate_per_s))
+
+    def table_ttl_s(self, period_s: float) -> float:
+        """How long a departed peer stays in the others' tables (swarm/peers.py TTL_PERIODS)."""
+        if self.announce_rate_per_s <= 0:
+            return self.peer_ttl_s
+        return max(self.peer_ttl_s, 3.0 * period_s)
 
 
 @dataclass(frozen=True, kw_only=True)

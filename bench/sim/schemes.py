@@ -7,6 +7,7 @@ their events (``handle``) and hear when a departed peer is noticed (``on_detect`
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,11 +56,13 @@ class Flood:
 
 class Feeds(Flood):
     """Each node holds ``feed_sources`` feeds to distinct peers it picked uniformly from its
-    peer table and replaces the oldest every ``feed_rotate_s``; a source pushes only its own
-    batches, one hop, to at most ``feed_max_subscribers`` subscribers (beyond: busy, the
-    requester cools it down and picks again); a new subscriber gets the source's newest batch
-    if it is younger than ``feed_backfill_s``. A pick of a departed peer (still in the table for
-    ``peer_ttl_s``) or a source that leaves fails after ``detect_s``; the node picks again."""
+    peer table; every ``feed_rotate_s`` it opens a replacement beside the oldest and closes the
+    oldest when the replacement is open (make before break, swarm/feeds.py); a source pushes
+    only its own batches, one hop, to at most ``feed_max_subscribers`` subscribers (beyond:
+    busy, the requester cools it down and picks again); a subscription that fills a gap (not a
+    rotation's) first gets the source's newest batch if it is younger than ``feed_backfill_s``.
+    A pick of a departed peer (still in the table for ``Scheme.table_ttl_s``) or a source that
+    leaves fails after ``detect_s``; the node picks again."""
 
     graft_connects = False
 
@@ -70,6 +73,8 @@ class Feeds(Flood):
         self.pending: list[set[int]] = []
         self.cooldown: list[dict[int, float]] = []
         self.newest: list[tuple[int, float] | None] = []
+        self.replacing: list[int | None] = []  # a rotation's replacement being opened
+        self.ttl_ms = sim.announce.table_ttl_s * 1000
         self.handshakes = 0
         self.busy_refusals = 0
         self.failed_picks = 0
@@ -83,6 +88,7 @@ class Feeds(Flood):
             self.pending.append(set())
             self.cooldown.append({})
             self.newest.append(None)
+            self.replacing.append(None)
 
     def setup(self) -> None:
         self._grow()
@@ -102,29 +108,38 @@ class Feeds(Flood):
     def _eligible(self, t: float, v: int, s: int) -> bool:
         sim = self.sim
         return (s != v and not sim.is_boot[s] and sim.joined[s] <= t
-                and t <= sim.left[s] + sim.sc.scheme.peer_ttl_s * 1000
+                and t <= sim.left[s] + self.ttl_ms
                 and s not in self.sources[v] and s not in self.pending[v]
                 and self.cooldown[v].get(s, -1.0) <= t)
 
-    def _fill(self, t: float, v: int) -> None:
-        """Pick sources until k are held or asked for."""
+    def _pick(self, t: float, v: int) -> int | None:
         sim = self.sim
-        k = sim.sc.scheme.feed_sources
         n = len(sim.online)
-        while len(self.sources[v]) + len(self.pending[v]) < k:
-            for _ in range(64):  # uniform over the table by rejection
-                s = sim.rng.randrange(n)
-                if self._eligible(t, v, s):
-                    break
-            else:
-                return  # the table has no other eligible peer now; the next rotation retries
-            self.pending[v].add(s)
-            sim.cpu.submit(t, v, sim.sc.costs.handshake_ms)
-            if sim.online[s]:
-                sim.send(t, v, s, sim.sc.costs.control_bytes, SCHEME_EVENT, "sub", v)
-            else:  # a departed peer still in the table: the dial fails after detect_s
-                self.failed_picks += 1
-                sim.push(t + sim.sc.scheme.detect_s * 1000, SCHEME_EVENT, v, "failed", s)
+        for _ in range(64):  # uniform over the table by rejection
+            s = sim.rng.randrange(n)
+            if self._eligible(t, v, s):
+                return s
+        return None  # the table has no other eligible peer now; the next rotation retries
+
+    def _subscribe(self, t: float, v: int, s: int, *, live: bool) -> None:
+        sim = self.sim
+        self.pending[v].add(s)
+        sim.cpu.submit(t, v, sim.sc.costs.handshake_ms)
+        if sim.online[s]:
+            sim.send(t, v, s, sim.sc.costs.control_bytes, SCHEME_EVENT,
+                     "sublive" if live else "sub", v)
+        else:  # a departed peer still in the table: the dial fails after detect_s
+            self.failed_picks += 1
+            sim.push(t + sim.sc.scheme.detect_s * 1000, SCHEME_EVENT, v, "failed", s)
+
+    def _fill(self, t: float, v: int) -> None:
+        """Pick sources until k are held or asked for (a rotation's replacement aside)."""
+        k = self.sim.sc.scheme.feed_sources
+        while len(self.sources[v]) + len(self.pending[v]) - (self.replacing[v] is not None) < k:
+            s = self._pick(t, v)
+            if s is None:
+                return
+            self._subscribe(t, v, s, live=False)
 
     def handle(self, t: float, node: int, a: object, b: object) -> None:
         sim = self.sim
@@ -134,13 +149,18 @@ class Feeds(Flood):
                 return
             self.held += len(self.sources[node])
             self.held_samples += 1
-            if len(self.sources[node]) >= sch.feed_sources:
+            if not sch.feed_make_before_break and len(self.sources[node]) >= sch.feed_sources:
                 oldest = next(iter(self.sources[node]))
                 del self.sources[node][oldest]
                 self.subscribers[oldest].discard(node)
+            elif len(self.sources[node]) >= sch.feed_sources and self.replacing[node] is None:
+                s = self._pick(t, node)
+                if s is not None:  # opened beside the oldest, which closes when it is open
+                    self.replacing[node] = s
+                    self._subscribe(t, node, s, live=True)
             self._fill(t, node)
             sim.push(t + sch.feed_rotate_s * 1000, SCHEME_EVENT, node, "rotate")
-        elif a == "sub":  # at the source
+        elif a in ("sub", "sublive"):  # at the source
             assert isinstance(b, int)
             if not sim.online[node]:
                 return  # the requester notices through ``failed`` (scheduled by detect)
@@ -154,21 +174,31 @@ class Feeds(Flood):
             sim.cpu.submit(t, node, sim.sc.costs.handshake_ms)
             sim.send(t, node, b, sim.sc.costs.control_bytes, SCHEME_EVENT, "ok", node)
             newest = self.newest[node]
-            if newest is not None and t - newest[1] <= sch.feed_backfill_s * 1000:
+            if a == "sub" and newest is not None and t - newest[1] <= sch.feed_backfill_s * 1000:
                 sim.cpu.submit(t, node, sim.sc.costs.send_ms)
                 sim.send(t, node, b, sim.m_bytes[newest[0]], ARRIVE_EVENT, newest[0], node)
         elif a in ("ok", "busy", "failed"):
             assert isinstance(b, int)
             self.pending[node].discard(b)
+            rotation = self.replacing[node] == b
+            if rotation:
+                self.replacing[node] = None
             if not sim.online[node]:
                 return
             if a == "ok" and sim.online[b]:
                 self.sources[node][b] = t
+                while len(self.sources[node]) > sch.feed_sources:  # the replaced (oldest) goes
+                    oldest = next(iter(self.sources[node]))
+                    del self.sources[node][oldest]
+                    self.subscribers[oldest].discard(node)
             else:
                 if a == "ok":  # the source left since it answered
                     self.subscribers[b].discard(node)
                 self.busy_refusals += a == "busy"
-                self.cooldown[node][b] = t + sch.feed_cooldown_s * 1000
+                # a dial that failed (departed) forgets the peer (swarm/feeds.py); it never
+                # announces again
+                gone = a == "failed" and not sim.online[b]
+                self.cooldown[node][b] = math.inf if gone else t + sch.feed_cooldown_s * 1000
                 self._fill(t, node)
 
     def on_detect(self, t: float, v: int) -> None:

@@ -74,7 +74,8 @@ def test_testbed_latency_grows_with_background_load() -> None:
         sc = Scenario(n=12, rounds=4, round_s=1.0, synchronized=True, deadline_rounds=60,
                       costs=costs_from_unit(3.0, batch_bytes=1550),
                       network=Network(mode="testbed", cores=2, background_load=load),
-                      scheme=Scheme(kind="flood", connections=4, announce_interval_s=1e9))
+                      scheme=Scheme(kind="flood", connections=4, announce_interval_s=1e9,
+                                    announce_rate_per_s=0.0))
         return summarize(Sim(sc).run(), wall_s=0.0)["latency_ms"]["p99"]
     assert p99(1.6) > 2 * p99(0.0)
 
@@ -110,6 +111,35 @@ def test_fit_by_sim_finds_the_unit_that_spent_the_cpu() -> None:
     spent = sum(Sim(_scenario(row, 3.0, 2, 0)).run().cpu.cpu_ms) / 1000
     row["cpu_s_total"] = spent + 0.2 * 4.0
     assert fit_by_sim(row, start_ms=1.0) == pytest.approx(3.0, rel=0.05)
+
+
+def test_announcements_per_node_stay_flat_with_the_built_period_and_grow_without() -> None:
+    from bench.sim.announce import announce_load
+    built = {n: announce_load(Scenario(n=n, scheme=Scheme(kind="feeds")), n) for n in
+             (16, 100, 1000, 2400)}
+    fixed = {n: announce_load(Scenario(n=n, scheme=Scheme(kind="feeds", announce_rate_per_s=0.0)), n)
+             for n in (16, 1000)}
+    rate = Scheme().announce_rate_per_s
+    assert all(a.firsts_per_s <= rate for a in built.values())
+    assert built[2400].cpu_ms_per_s / built[16].cpu_ms_per_s < 1.5  # flat up to rate x 600 s
+    assert fixed[1000].firsts_per_s > 40 * rate  # the 5 s period: O(N)
+    assert built[1000].period_s == 250.0 and built[1000].table_ttl_s == 750.0
+    # churn: departed peers still on schedule lengthen the period a little, boundedly
+    churned = announce_load(Scenario(n=1000, churn_per_min=0.1, scheme=Scheme(kind="feeds")), 1000)
+    assert 250.0 < churned.period_s <= 600.0 and churned.firsts_per_s <= rate
+
+
+def test_make_before_break_rotation_keeps_every_slot_and_sends_no_rotation_backfill() -> None:
+    def run(mbb: bool) -> dict:
+        sc = Scenario(n=24, rounds=8, round_s=5.0,
+                      scheme=Scheme(kind="feeds", feed_rotate_s=5.0, feed_make_before_break=mbb))
+        return summarize(Sim(sc).run(), wall_s=0.0)
+    new, old = run(True), run(False)
+    k = Scheme().feed_sources
+    # the old rotation backfilled the newest batch on every replacement: copies beyond k
+    assert inbound(old) > inbound(new)
+    assert new["per_node_per_round"]["first_deliveries"]["mean"] >= 0.97 * k
+    assert inbound(new) <= k + 0.3
 
 
 def test_gini() -> None:

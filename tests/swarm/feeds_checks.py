@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -18,13 +19,15 @@ import trio
 import trio.testing
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed
 
 from protocol import Identity, PeerAnnouncement, seal
 from swarm.config import GossipConfig
-from swarm.feeds import BUSY, OK, FeedClient, FeedServer, _Feed
+from swarm.feeds import BUSY, LIVE, OK, FeedClient, FeedServer, _Feed
 from swarm.host import build_stack
 from swarm.peers import PeerTable
+from swarm.pubsub import Ignored
 from swarm.service import GossipService
 from tests.swarm.conftest import batch
 
@@ -202,10 +205,14 @@ def the_client_holds_k_feeds_and_rotates_the_oldest() -> None:
         c = client(table, feed_sources=3, feed_rotate_s=10.0)
         followed: list[ID] = []
 
+        gate = trio.Event()  # a rotation's replacement opens only when the test says so
+
         async def follow(info: Any, feed: Any) -> None:
             followed.append(info.peer_id)
             with feed.scope:
-                feed.open = True
+                if feed.replaces is not None:
+                    await gate.wait()
+                c._opened(feed)
                 await trio.sleep_forever()
         c._follow = follow  # type: ignore[method-assign]
         me = ID.from_base58(Identity.generate().peer_id)
@@ -219,10 +226,47 @@ def the_client_holds_k_feeds_and_rotates_the_oldest() -> None:
             c._last_rotation -= 10.0
             c._maintain(me, nursery)
             await trio.testing.wait_all_tasks_blocked()
+            # make before break: the replacement is being opened, the oldest still feeds
+            assert len(c._feeds) == 4 and str(first) in c.sources() and len(c.sources()) == 3
+            c._maintain(me, nursery)  # no second rotation nor gap fill meanwhile
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(c._feeds) == 4 and len(set(followed)) == 4
+            gate.set()
+            await trio.testing.wait_all_tasks_blocked()
             assert str(first) not in c.sources() and first in c._rested
-            assert len(c.sources()) == 3 and len(set(followed)) == 4
+            assert len(c.sources()) == 3 and len(c._feeds) == 3 and len(set(followed)) == 4
             assert c.counters["feed_rotated"] == 1
             nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
+@check
+def a_rotation_asks_for_live_batches_only_and_a_gap_fill_for_the_newest() -> None:
+    async def main() -> None:
+        counters: collections.Counter[str] = collections.Counter()
+        server = FeedServer(config=config(), counters=counters)
+        server.publish(b"old-batch")
+        live = FakeStream(peer()[1], encode_varint_prefixed(SWARM.encode() + LIVE))
+        gap = FakeStream(peer()[1], request())
+        bad = FakeStream(peer()[1], encode_varint_prefixed(SWARM.encode() + b"/more"))
+        async with trio.open_nursery() as nursery:
+            for s in (live, gap):
+                nursery.start_soon(server.handle, s)
+            await server.handle(bad)
+            await trio.testing.wait_all_tasks_blocked()
+            server.publish(b"new-batch")
+            await trio.testing.wait_all_tasks_blocked()
+            assert live.frames() == [OK, b"new-batch"], live.frames()
+            assert gap.frames() == [OK, b"old-batch", b"new-batch"], gap.frames()
+            nursery.cancel_scope.cancel()
+        assert bad.was_reset and counters["rejected_feed_bad_request"] == 1
+        assert counters["feed_backfilled"] == 1
+        # the client side: a rotation's replacement sends the /live request
+        stream = FakeStream(peer()[1], encode_varint_prefixed(OK))
+        c = FeedClient(config=config(), host=FakeHost(stream), table=table_of(0)[0],
+                       counters=counters, on_frame=lambda _p, _d: True)
+        assert await c._open(PeerInfo(stream.muxed_conn.peer_id, []), backfill=False) is stream
+        assert stream.frames() == [SWARM.encode() + LIVE]
     trio.run(main)
 
 
@@ -263,6 +307,38 @@ def an_invalid_frame_closes_the_feed_and_cools_its_source_down() -> None:
         assert counters["feed_closed_invalid"] == 1 and counters["feed_frames"] == 2
         assert c._cooldown[source_id] - trio.current_time() > 59 and not c._feeds
         assert [d.sender for d in service.inbox.take("rollouts", 10)] == [source.peer_id]
+    trio.run(main)
+
+
+@check
+def announcements_signed_closer_than_half_the_min_gap_are_ignored() -> None:
+    """By the sender's own clock (network delays do not matter): the second of two signed
+    0.4 s apart is ignored (not relayed, no penalty), an older one arriving late too, one
+    signed a full gap later is accepted and its stated period recorded."""
+    async def main() -> None:
+        me, sender = Identity.generate(), Identity.generate()
+        cfg = config(announce_min_gap_s=1.0)
+        service = GossipService(cfg, me, build_stack(me, cfg), bootstrap_peers=[])
+        validate = service.make_validator("announce")
+        now = int(time.time() * 1000)
+
+        def msg(at_ms: int) -> rpc_pb2.Message:
+            ann = PeerAnnouncement(peer_id=sender.peer_id, addrs=(), interval_s=42.0)
+            return rpc_pb2.Message(from_id=ID.from_base58(sender.peer_id).to_bytes(),
+                                   data=seal(sender, ann, swarm_id=SWARM, now_ms=at_ms))
+        forwarder = ID.from_base58(Identity.generate().peer_id)
+        assert validate(forwarder, msg(now - 2000)) is True
+        for too_soon in (now - 1600, now - 3000):
+            try:
+                validate(forwarder, msg(too_soon))
+                raise AssertionError("accepted an announcement inside the gap")
+            except Ignored:
+                pass
+        assert validate(forwarder, msg(now - 1000)) is True
+        assert service.counters["ignored_announce_too_soon"] == 2
+        assert service.counters["received_announce"] == 2
+        assert service.table.created_ms(sender.peer_id) == now - 1000
+        assert service.table.entry_ttl(service.table.live()[0]) == 3 * 42.0
     trio.run(main)
 
 

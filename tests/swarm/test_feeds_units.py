@@ -19,7 +19,9 @@ NAMES = [
     "a_slow_subscriber_loses_batches_instead_of_blocking_the_source",
     "sources_are_picked_uniformly_and_never_bootstrap_self_banned_or_cooling",
     "the_client_holds_k_feeds_and_rotates_the_oldest",
+    "a_rotation_asks_for_live_batches_only_and_a_gap_fill_for_the_newest",
     "an_invalid_frame_closes_the_feed_and_cools_its_source_down",
+    "announcements_signed_closer_than_half_the_min_gap_are_ignored",
 ]
 
 

@@ -25,7 +25,7 @@ from protocol.limits import packb, unpackb
 from protocol.version import PROTOCOL_VERSION
 from swarm.config import GossipConfig
 from swarm.inbox import Delivery, Inbox
-from swarm.peers import PeerTable
+from swarm.peers import PeerTable, announce_interval
 from swarm.ratelimit import TokenBuckets
 from swarm.topics import topic_for, topics
 from swarm.validation import Rejected, Validator
@@ -170,9 +170,38 @@ def test_peer_table_expires_silent_peers() -> None:
     a = PeerAnnouncement(peer_id="a", addrs=())
     assert t.update(a, 0.0) and not t.update(a, 5.0)
     t.update(PeerAnnouncement(peer_id="b", addrs=()), 6.0)
-    t.update(PeerAnnouncement(peer_id="c", addrs=()), 7.0)  # capacity 2: oldest (a) goes
-    assert {p.peer_id for p in t.live()} == {"b", "c"}
-    assert t.expire(16.5) == ["b"] and [p.peer_id for p in t.live()] == ["c"]
+    t.update(PeerAnnouncement(peer_id="c", addrs=()), 7.0)  # capacity 2: the newest (b) goes
+    assert {p.peer_id for p in t.live()} == {"a", "c"}
+    assert t.expire(15.5) == ["a"] and [p.peer_id for p in t.live()] == ["c"]
+
+
+def test_peer_table_keeps_a_peer_as_long_as_the_period_it_states() -> None:
+    """A peer announcing rarely (its table is large, perhaps inflated by a farm of fresh keys)
+    stays known between its announcements whatever our own table holds; a stated period is
+    honoured only up to max_interval_s; departed peers stop counting towards the swarm size
+    after 1.5 periods; a farm filling the table displaces only newcomers."""
+    t = PeerTable(ttl_s=30.0, max_interval_s=100.0, capacity=3)
+    t.update(PeerAnnouncement(peer_id="slow", addrs=(), interval_s=50.0), 0.0, created_ms=7)
+    t.update(PeerAnnouncement(peer_id="liar", addrs=(), interval_s=86_400.0), 0.0)
+    assert t.entry_ttl(PeerAnnouncement(peer_id="x", addrs=(), interval_s=2.0)) == 30.0
+    assert t.on_schedule(75.0) == 2 and t.on_schedule(76.0) == 1  # slow: 1.5 x 50 s
+    assert t.expire(149.0) == [] and t.created_ms("slow") == 7  # 3 x 50 s
+    assert t.expire(151.0) == ["slow"]
+    assert t.expire(301.0) == ["liar"]  # capped: 3 x 100 s
+    for i, now in enumerate((400.0, 401.0)):
+        t.update(PeerAnnouncement(peer_id=f"est{i}", addrs=(), interval_s=50.0), now)
+    for i in range(20):  # fresh keys at capacity: each displaces the previous newcomer
+        t.update(PeerAnnouncement(peer_id=f"sybil{i}", addrs=()), 410.0 + i)
+    assert {p.peer_id for p in t.live()} == {"est0", "est1", "sybil19"}
+    t.forget("est0")
+    assert {p.peer_id for p in t.live()} == {"est1", "sybil19"}
+
+
+def test_announce_interval_grows_with_the_table_within_bounds() -> None:
+    kw = dict(base_s=5.0, max_s=600.0, rate_per_s=4.0)
+    assert announce_interval(16, **kw) == 5.0
+    assert announce_interval(1000, **kw) == 250.0  # the swarm sends each node ~4/s
+    assert announce_interval(10**6, **kw) == 600.0
 
 
 def test_ipc_frames_round_trip_and_reject_bad_input() -> None:
