@@ -1,0 +1,68 @@
+"""Clock rendezvous and background outer steps: real processes and hivemind on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.collectives.harness import Swarm
+
+pytestmark = pytest.mark.slow
+
+ROUND_S = {"fast": 0.2, "mid": 0.3, "slow": 0.4}
+"""Round times differ by 2x; starts drift by up to 1.3 s (``--delay``)."""
+DELAY = {"fast": 0.0, "mid": 1.3, "slow": 0.6}
+
+
+def test_drifting_peers_meet_on_the_clock_and_keep_the_rounds_made_meanwhile(
+        swarm: Swarm) -> None:
+    names = list(ROUND_S)
+    for k, n in enumerate(names):
+        swarm.spawn(n, seed=k + 1, module="tests.collectives.clock_worker",
+                    round_s=ROUND_S[n], delay=DELAY[n], peers=3, duration=16.0, trust=True)
+    swarm.wait_done(names, timeout=150)
+    recs = {n: list(swarm.records(n).values()) for n in names}
+    stats = {n: json.loads((swarm.root / "out" / f"{n}.json").read_text()) for n in names}
+    by_meet: dict[float, dict[str, dict]] = {}
+    for n in names:
+        for r in recs[n]:
+            assert r["discarded_rounds"] == 0, r
+            by_meet.setdefault(r["meet"], {})[n] = r
+    meets = sorted(by_meet)
+    for n in names:  # every step after a peer's first averaged with others (but the last:
+        # the others may have stopped)
+        for r in recs[n][1:-1]:
+            assert (r["status"], r["peers"] >= 2) == ("ok", True), (n, r)
+    # a peer's first step may find it still in its start-up drift, the last meeting may find
+    # one past its end; every meeting between has all three, at equal hashes
+    settled = max(recs[n][1]["meet"] for n in names)
+    middle = [m for m in meets[:-1] if m >= settled]
+    assert len(middle) >= 2, {m: {n: r["status"] for n, r in g.items()}
+                              for m, g in by_meet.items()}
+    for m in middle:
+        group = by_meet[m]
+        assert set(group) == set(names), (m, {n: r["status"] for n, r in group.items()})
+        for r in group.values():
+            assert (r["status"], r["peers"]) == ("ok", 3), r
+        assert len({r["param_hash"] for r in group.values()}) == 1, group
+        assert len({r["version"] for r in group.values()}) == 1
+    for m in meets:  # meetings are on the ladder: multiples of min_period_s (2 s)
+        assert m % 2.0 == 0, m
+    # rebase: the rounds trained while the exchange ran survive its application exactly:
+    # after − θ_new == before − snapshot (params = θ_new + the work since the snapshot)
+    overlapped = 0
+    for n in names:
+        for r in recs[n]:
+            if r["status"] != "ok" or r["resync_bytes"]:
+                continue
+            z = swarm.arrays(n, r["i"])
+            assert np.allclose(z["after"] - z["theta"], z["before"] - z["snapshot"],
+                               atol=1e-5), (n, r)
+            if r["overlap_rounds"] > 0:
+                assert np.abs(z["before"] - z["snapshot"]).max() > 1e-3  # work was made
+                overlapped += 1
+    assert overlapped >= 2, {n: [r["overlap_rounds"] for r in recs[n]] for n in names}
+    for n in names:  # the round loop never waited for an outer step
+        assert stats[n]["compute_s"] / stats[n]["wall_s"] > 0.9, stats[n]
