@@ -131,8 +131,7 @@ class Committer:
     def _publish(self, version: int, h: str, parent: str, members: tuple[str, ...]) -> None:
         data = self._book.seal(version, h, len(members), parent=parent, members=members)
         ttl = (3 * self.config.deadline_s + 60) * 20
-        timeout = min(5.0, self.config.deadline_s / 4)
-        self._transport.dht_store(self._book.key(version), self.peer_id, data, ttl=ttl,
-                                  timeout=timeout)
-        self._transport.dht_store(self._book.head_key, self.peer_id, data, ttl=ttl,
-                                  timeout=timeout)
+        self._transport.dht_store_many(  # both at once: one DHT round trip
+            [(self._book.key(version), self.peer_id, data),
+             (self._book.head_key, self.peer_id, data)],
+            ttl=ttl, timeout=min(5.0, self.config.deadline_s / 4))

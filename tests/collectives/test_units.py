@@ -92,7 +92,12 @@ def test_state_roundtrip_hash_and_nesterov_matches_torch_sgd() -> None:
     g = torch.Generator().manual_seed(2)
     for _ in range(3):
         grad = torch.randn(300, generator=g)
-        st.apply(grad, lr=0.7, momentum=0.9)
+        pre, pre_hash = st.clone(), st.hash()
+        st, old = st.stepped(grad, lr=0.7, momentum=0.9), st
+        assert old.hash() == pre_hash and torch.equal(old.theta, pre.theta)  # untouched
+        pre.momentum.mul_(0.9).add_(grad)  # the in-place form: the same bits
+        pre.theta.sub_((grad + pre.momentum * 0.9) * 0.7)
+        assert torch.equal(st.theta, pre.theta) and torch.equal(st.momentum, pre.momentum)
         p.grad = grad.clone()
         opt.step()
     assert torch.allclose(st.theta, p.detach(), atol=1e-6)
@@ -259,8 +264,8 @@ def test_state_hash_cache_follows_every_change() -> None:
                           applied=st.applied).hash()
 
     seen = {st.hash()}
-    for change in (lambda: setattr(st, "applied", 7), lambda: st.apply(torch.ones(50), lr=0.5,
-                   momentum=0.9), lambda: st.momentum.add_(1.0), lambda: st.theta.mul_(2.0),
+    for change in (lambda: setattr(st, "applied", 7), lambda: st.theta.__setitem__(3, 1.5),
+                   lambda: st.momentum.add_(1.0), lambda: st.theta.mul_(2.0),
                    lambda: setattr(st, "theta", torch.zeros(50))):
         change()
         assert st.hash() == fresh() and st.hash() not in seen
