@@ -311,7 +311,7 @@ class OuterLoop(Committer, Adopter):
         trained since its snapshot are kept); count what it did to the pending rounds."""
         with self._lock:
             if work.shift is not None:
-                new = flatten(self._params) + work.shift
+                new = flatten(self._params).add_(work.shift)  # in place: no second copy
                 if bool(torch.isfinite(new).all()):
                     unflatten_into(new, self._params)
                 else:  # a non-finite local delta: reducers excluded it, nothing to keep
@@ -376,12 +376,12 @@ class OuterLoop(Committer, Adopter):
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
         read_at = t_join + window if work.meet is None \
             else t_join + max(0.0, work.meet + window - self._now())
-        # on the clock every peer reads at the same time (the meeting + the window): they see
-        # the same set, late joiners included; a meeting now ends its read once every peer
-        # we expect is in (a newcomer that is later than them waits for the next one)
-        holders, early = self._read_group(
-            join_key, v, my_hash, expected if work.meet is None else frozenset(),
-            discovered if work.meet is None else frozenset(), read_at, proposal)
+        # the read ends once every peer we expect (our witnesses, our last group) claims our
+        # hash and every discovered one has joined, else at the window's end (on the clock:
+        # the meeting + the window, the same time for every peer); a newcomer that is later
+        # than the peers that know it waits for the next meeting
+        holders, early = self._read_group(join_key, v, my_hash, expected, discovered,
+                                          read_at, proposal)
         self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
@@ -456,9 +456,9 @@ class OuterLoop(Committer, Adopter):
                 rec["status"] = "minority"
                 rec["error"] = "too few of the current version's contributors took part"
             else:
-                with self._lock:
-                    pre = self._state.clone()
-                    self._state.apply(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+                with self._lock:  # new tensors: the old state is the one to roll back to
+                    pre = self._state
+                    self._state = pre.stepped(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
                     self._rebase(onto=self._state.theta, base=snapshot)
                 rec["status"] = "ok"
         finally:  # record what the exchange did, also when it failed
