@@ -44,6 +44,7 @@ class Adopter:
     _minority_streak: int
     _trust: Callable[[str], bool]
     _rebase: Callable[..., None]
+    _heads_read: set[tuple[str, str, int]]
 
     def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
                   deadline: float) -> None:
@@ -53,6 +54,7 @@ class Adopter:
             self._book.head_key, timeout=max(0.1, deadline - time.monotonic())), step=None,
             kind="version")
         heads.pop(self.peer_id, None)
+        self._heads_read = {(p, c.state_hash, c.step) for p, c in heads.items()}
         with self._lock:
             start = lineage = self._lineage
         target: Candidate | None = None

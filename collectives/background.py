@@ -5,11 +5,15 @@ on the training thread when the attempt is collected)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["Work"]
+from collectives.state import OuterState, flatten, unflatten_into
+
+__all__ = ["Background", "Work"]
 
 
 @dataclass
@@ -25,6 +29,8 @@ class Work:
     """Meeting time (DHT time) on the clock, None for an unscheduled attempt."""
     window: float | None = None
     """Unscheduled: how long to wait for the peers to join (None: ``join_window_s``)."""
+    until: float | None = None
+    """A last step (finish.py): wait for the peers' last steps until then (monotonic)."""
     shift: torch.Tensor | None = None
     """Sum of ``onto − base`` of the rebases so far: params <- params + shift when collected."""
     counted: bool = False
@@ -34,3 +40,40 @@ class Work:
     def params(self) -> torch.Tensor:
         """The params as the attempt sees them: the snapshot with its rebases applied."""
         return self.snapshot if self.shift is None else self.snapshot + self.shift
+
+
+class Background:
+    """Rebasing and collecting attempts (a mixin of ``OuterLoop``, whose attributes these are)."""
+
+    _lock: threading.Lock
+    _params: list[torch.nn.Parameter]
+    _state: OuterState
+    _work: Work | None
+    _rounds_pending: int
+    _discarded_rounds: int
+
+    def _collect(self, work: Work, rec: dict[str, Any]) -> None:
+        """Apply a finished attempt to the live params: params += its shift (the rounds
+        trained since its snapshot are kept); count what it did to the pending rounds."""
+        with self._lock:
+            if work.shift is not None:
+                new = flatten(self._params).add_(work.shift)  # in place: no second copy
+                if bool(torch.isfinite(new).all()):
+                    unflatten_into(new, self._params)
+                else:  # a non-finite local delta: reducers excluded it, nothing to keep
+                    self._discarded_rounds += self._rounds_pending
+                    self._rounds_pending = 0
+                    unflatten_into(self._state.theta, self._params)
+            if work.counted:  # the rounds it spans are in an average now
+                self._rounds_pending = max(0, self._rounds_pending - work.rounds)
+        rec.update(rounds_pending=self._rounds_pending, discarded_rounds=self._discarded_rounds,
+                   overlap_rounds=work.rounds_during)
+
+    def _rebase(self, *, onto: torch.Tensor, base: torch.Tensor) -> None:
+        """params <- onto + (params − base), i.e. params += onto − base: the work done since
+        ``base`` survives. Added to the running attempt's shift (applied when it is
+        collected, on the caller's thread: the attempt never writes the live params)."""
+        work = self._work
+        assert work is not None, "a rebase outside an attempt"
+        step = onto - base
+        work.shift = step if work.shift is None else work.shift + step

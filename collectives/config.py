@@ -32,6 +32,11 @@ class OuterConfig:
     """Shortest adaptive period (the ladder's base: keep it equal across a swarm)."""
     max_period_s: float = 600.0
     """Longest adaptive period (bounds how far a peer's proposal can slow the pace)."""
+    final_wait_s: float = 30.0
+    """``OuterLoop.finish`` (a node's last step, when its run ends): how long it waits for the
+    peers it expects (its version's witnesses, its last group, the peers it discovered) to
+    reach their own last step or announce they left, and, after that step, how long it stays
+    to serve the state to the members of that group that have not taken it yet."""
     min_peers: int = 2
     """Fewest peers (self included) that make a group; fewer means status "alone"."""
     max_peers: int = 64
@@ -87,6 +92,8 @@ class OuterConfig:
             raise ValueError("period_s must be >= 0 (0 = adaptive)")
         if not 0 < self.min_period_s <= self.max_period_s <= 100_000:
             raise ValueError("need 0 < min_period_s <= max_period_s <= 100000")
+        if not (self.final_wait_s > 0 and math.isfinite(self.final_wait_s)):
+            raise ValueError("final_wait_s must be a positive finite number")
         if self.min_peers < 2:
             raise ValueError("min_peers must be >= 2")
         if self.max_peers < self.min_peers:

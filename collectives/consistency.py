@@ -12,7 +12,10 @@ Records (``OuterStepCommit``, sealed with the node identity via ``protocol.seal`
 - ``<gid>/join/<v>[/<meeting>]``  kind "join": "I hold state ``state_hash`` at version v and
   want to average now (at this meeting of the clock, schedule.py)"; ``peers`` carries the
   sender's proposed period in deciseconds. Grouping only: a node groups with peers that
-  claim *its own* hash.
+  claim *its own* hash. Without a meeting: a step now (``outer_step``) or a node's last
+  step (``finish``, finish.py).
+- ``<gid>/left``  kind "join", hash ``finish.LEFT``: "I left at version v before my last
+  step": peers waiting for my last step stop waiting (only ever shortens a bounded wait).
 - ``<gid>/vote/<v>``  kind "vote": a member's result of one attempt from version v: the new
   hash if it applied the average, its unchanged hash if it failed. Members decide together.
 - ``<gid>/commit/<v>`` kind "version", and ``<gid>/head`` (the signer's latest): "version v

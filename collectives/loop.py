@@ -5,6 +5,8 @@ blocks; at the first round boundary after a meeting opens on the clock (schedule
 snapshots the params and starts an attempt on a background thread while inner rounds go on;
 a later call applies the finished attempt and rebases the progress made meanwhile.
 ``outer_step()`` / ``maybe_outer_step(round)`` run one attempt and wait for it (benches).
+``finish()`` (finish.py) is the last step of a run that ended: it waits for the peers'
+last steps, so that nodes ending at different times still end at one state.
 
 One attempt, all under ``deadline_s`` from its start ``t0``:
 
@@ -59,13 +61,15 @@ import torch
 from collectives.adopt import Adopter
 from collectives.commit import Committer
 from collectives.allreduce import AllReduce
-from collectives.background import Work
+from collectives.background import Background, Work
 from collectives.codec import get_codec
 from collectives.config import OuterConfig
 from collectives.consistency import CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
+from collectives.finish import Finisher
+from collectives.join import Joiner
 from collectives.schedule import Clock
-from collectives.state import OuterState, flatten, unflatten_into
+from collectives.state import OuterState, flatten
 from collectives.transport import Transport, sanitize_maddrs
 from protocol import Identity
 
@@ -84,7 +88,7 @@ def _dht_time() -> float:
     return float(get_dht_time())
 
 
-class OuterLoop(Committer, Adopter):
+class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
     """DiLoCo outer steps among the peers that share ``group`` (the model fingerprint).
 
     ``trust(peer_id)``: whether a joiner (no lineage beyond genesis) may adopt a state that
@@ -137,6 +141,12 @@ class OuterLoop(Committer, Adopter):
         self._minority_streak = 0
         self._last_group: frozenset[str] = frozenset()
         """Members of our last group: with our witnesses, the peers a join read waits for."""
+        self._heads_read: set[tuple[str, str, int]] = set()
+        """(peer, hash, version) of the heads our last catch-up read (finish.py)."""
+        self._finished = False
+        """finish() ran: close() need not tell anyone we left."""
+        self._stop: threading.Event | None = None
+        """finish()'s stop event."""
         self._work: Work | None = None
         """The attempt running on the outer-step thread (only that thread touches it)."""
         self._pending: tuple[Work, Future[dict[str, Any]]] | None = None
@@ -258,6 +268,7 @@ class OuterLoop(Committer, Adopter):
                 self.poll(wait=min(self.config.deadline_s + 5, 30.0))
             except Exception as e:  # noqa: BLE001 - leaving anyway
                 logger.warning("outer step still running at close: %s", e)
+        self._say_left()
         self._pool.shutdown(wait=False)
         self._transport.close()
 
@@ -306,23 +317,6 @@ class OuterLoop(Committer, Adopter):
                    rejected_commits_total=dict(self._book.rejected))
         return rec
 
-    def _collect(self, work: Work, rec: dict[str, Any]) -> None:
-        """Apply a finished attempt to the live params: params += its shift (the rounds
-        trained since its snapshot are kept); count what it did to the pending rounds."""
-        with self._lock:
-            if work.shift is not None:
-                new = flatten(self._params).add_(work.shift)  # in place: no second copy
-                if bool(torch.isfinite(new).all()):
-                    unflatten_into(new, self._params)
-                else:  # a non-finite local delta: reducers excluded it, nothing to keep
-                    self._discarded_rounds += self._rounds_pending
-                    self._rounds_pending = 0
-                    unflatten_into(self._state.theta, self._params)
-            if work.counted:  # the rounds it spans are in an average now
-                self._rounds_pending = max(0, self._rounds_pending - work.rounds)
-        rec.update(rounds_pending=self._rounds_pending, discarded_rounds=self._discarded_rounds,
-                   overlap_rounds=work.rounds_during)
-
     def _mark(self, rec: dict[str, Any], phase: str) -> None:
         """Seconds since the previous phase ended, in the record's ``phase_seconds``."""
         now = time.monotonic()
@@ -346,88 +340,81 @@ class OuterLoop(Committer, Adopter):
         discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
-        try:
-            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
-        except SyncError as e:  # its holders moved on (their step of this meeting applied
-            # while their new head was not yet stored): the heads once more
-            logger.info("catch-up: %s; reading the heads again", e)
-            time.sleep(0.5)
-            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
-        self._mark(rec, "rendezvous")
-        with self._lock:
-            v, my_hash = self._state.version, self._state.hash()
-            snapshot = work.params()
-            delta = self._state.theta - snapshot
-            expected = (self._lineage.witnesses | self._last_group) - {self.peer_id}
-        rec["step"] = v
-        self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
-                                                  numel=delta.numel(), weight=weight,
-                                                  deadline=t0 + 0.7 * cfg.deadline_s), 5)
-        if work.meet is None:
-            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
-        else:
-            window = self.clock.window()
-            rec["window"] = round(window, 3)
-        join_key = self._book.join_key(v, meet=work.meet)
-        proposal = self.clock.proposal_ds()  # what the others read is what we count
-        self._transport.dht_store(join_key, self.peer_id,
-                                  self._book.seal(v, my_hash, proposal, kind="join"),
-                                  ttl=2 * window + 2, timeout=window)
-        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
-        read_at = t_join + window if work.meet is None \
-            else t_join + max(0.0, work.meet + window - self._now())
-        # the read ends once every peer we expect (our witnesses, our last group) claims our
-        # hash and every discovered one has joined, else at the window's end (on the clock:
-        # the meeting + the window, the same time for every peer); a newcomer that is later
-        # than the peers that know it waits for the next meeting
-        holders, early = self._read_group(join_key, v, my_hash, expected, discovered,
-                                          read_at, proposal)
+        while True:  # a last step (finish.py) joins again after catching up with a new version
+            catch_up_by = time.monotonic() + 0.3 * cfg.deadline_s
+            try:
+                self._catch_up(rec, rejected, deadline=catch_up_by)
+            except SyncError as e:  # its holders moved on (their step of this meeting
+                # applied while their new head was not yet stored): the heads once more
+                logger.info("catch-up: %s; reading the heads again", e)
+                time.sleep(0.5)
+                self._catch_up(rec, rejected, deadline=catch_up_by)
+            self._mark(rec, "rendezvous")
+            with self._lock:
+                v, my_hash = self._state.version, self._state.hash()
+                snapshot = work.params()
+                delta = self._state.theta - snapshot
+                expected = (self._lineage.witnesses | self._last_group) - {self.peer_id}
+            rec["step"] = v
+            start = t0 if work.until is None else work.until  # a JOIN may come while we wait
+            self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
+                                                      numel=delta.numel(), weight=weight,
+                                                      deadline=start + 0.7 * cfg.deadline_s), 5)
+            if work.until is not None:
+                window = max(0.0, work.until - time.monotonic())
+            elif work.meet is None:
+                window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+            else:
+                window = self.clock.window()
+            join_key = self._book.join_key(v, meet=work.meet)
+            code = self.clock.code()  # what the others read is what we count
+            self._transport.dht_store(join_key, self.peer_id,
+                                      self._book.seal(v, my_hash, code, kind="join"),
+                                      ttl=2 * window + 2, timeout=max(1.0, min(window, 5.0)))
+            t_join = time.monotonic()  # windows count from here: hashing a big model takes time
+            meet_at = None if work.meet is None else t_join + work.meet - self._now()
+            read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
+            # the read ends once every peer we expect (our witnesses, our last group) claims
+            # our hash and every discovered one has joined (a newcomer later than the peers
+            # that know it waits for the next meeting), else at the window's end: on the
+            # clock the meeting + the window of the longest period among them, the same
+            # time for every peer
+            holders, early = self._read_group(
+                join_key, v, my_hash, expected, discovered, read_at, code,
+                meet_at=meet_at, watch=None if work.until is None else self._watch)
+            if holders is not None:
+                break
+            logger.info("outer step at version %d: a newer version appeared while waiting "
+                        "for the last steps; catching up", v)
         self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
         rec["leader"] = min(holders)
-        freeze_at = time.monotonic() if early \
-            else read_at + (0.5 * window if work.meet is None else min(0.5 * window, 0.5))
-        if work.meet is not None or work.window is not None:
+        if work.meet is not None:
+            window = self.clock.window(self.clock.longest(list(holders.values())))
+            rec["window"] = round(window, 3)
+        grace = min(0.5 * window, 0.5) if work.meet is not None \
+            else 0.5 * (window if work.until is None else cfg.join_window_s)
+        freeze_at = rec["read_at"] + (0.0 if early else grace)
+        if work.meet is not None or work.window is not None or work.until is not None:
             # the deadline's shares count from the read, as if it came join_window_s after
-            # the start (a clock's window is sized by round times, a final step's by the
-            # caller)
+            # the start (a clock's window is sized by round times, a last step's by the
+            # peers it waits for)
             t0 = max(t0, time.monotonic() - cfg.join_window_s)
-        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at,
-                        set(holders))
-
-    def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
-                    discovered: frozenset[str], read_at: float,
-                    proposal: int) -> tuple[dict[str, int], bool]:
-        """Peer -> proposal of the peers that claim our hash (us included), read until
-        ``read_at``, or until every ``expected`` peer claims our hash and every
-        ``discovered`` one has joined at all (if there is anyone to wait for); and whether
-        it ended early."""
-        mine = {self.peer_id: proposal}
-        anyone = (expected | discovered) - {self.peer_id}
-        while True:
-            left = read_at - time.monotonic()
-            signed = self._book.verify(self._transport.dht_get(
-                join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
-                step=v, kind="join")
-            holders = {p: c.peers for p, c in signed.items() if c.state_hash == my_hash} | mine
-            early = bool(anyone) and expected <= set(holders) \
-                and anyone <= set(signed) | set(holders)
-            if early or time.monotonic() >= read_at:
-                self.clock.heard(list(holders.values()))
-                return holders, early
-            time.sleep(min(0.1, max(0.0, read_at - time.monotonic())))
+            self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
+        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)
 
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
                    delta: torch.Tensor, snapshot: torch.Tensor, t0: float, freeze_at: float,
-                   seen: set[str]) -> None:
-        """Form the group, all-reduce, apply, vote, commit."""
+                   seen: dict[str, int]) -> None:
+        """Form the group, all-reduce, apply, vote, commit. ``seen``: the peers whose join
+        records claim our hash -> their clock code."""
         cfg = self.config
         remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
         try:
             members = self._transport.run(
                 self._ar.form_group(leader, freeze_at=freeze_at,
-                                    expected=seen, latest=t0 + 0.35 * cfg.deadline_s),
+                                    expected=set(seen), latest=t0 + 0.35 * cfg.deadline_s),
                 remaining)
         except (StepFailed, TimeoutError) as e:
             # left out (late JOIN, dead leader): if the others step, their version commits
@@ -437,6 +424,9 @@ class OuterLoop(Committer, Adopter):
             return
         self._mark(rec, "group")
         rec["peers"] = len(members)
+        # the next period: the largest proposal of this group's members (every member read
+        # their records, so every member takes the same)
+        self.clock.heard([seen[m] for m in members if m in seen])
         if len(members) < cfg.min_peers:
             rec["status"] = "alone"
             return
@@ -456,8 +446,8 @@ class OuterLoop(Committer, Adopter):
                 rec["status"] = "minority"
                 rec["error"] = "too few of the current version's contributors took part"
             else:
-                with self._lock:  # new tensors: the old state is the one to roll back to
-                    pre = self._state
+                with self._lock:
+                    pre = self._state  # new tensors: the old state is the one to roll back to
                     self._state = pre.stepped(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
                     self._rebase(onto=self._state.theta, base=snapshot)
                 rec["status"] = "ok"
@@ -479,16 +469,7 @@ class OuterLoop(Committer, Adopter):
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
 
-    # --- params ---------------------------------------------------------------------------
-    def _rebase(self, *, onto: torch.Tensor, base: torch.Tensor) -> None:
-        """params <- onto + (params − base), i.e. params += onto − base: the work done since
-        ``base`` survives. Added to the running attempt's shift (applied when it is
-        collected, on the caller's thread: the attempt never writes the live params)."""
-        work = self._work
-        assert work is not None, "a rebase outside an attempt"
-        step = onto - base
-        work.shift = step if work.shift is None else work.shift + step
-
+    # --- state ----------------------------------------------------------------------------
     def _serve_state(self, want: str) -> bytes | None:
         """The serialized state if we hold ``want``: serialized once per hash."""
         with self._cache_lock:

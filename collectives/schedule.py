@@ -9,12 +9,20 @@ soon as every peer it expects has joined).
 The period adapts to the measured round times. Every period is ``min_period_s · 2^j``: on
 this ladder the meetings of a longer period are a subset of those of a shorter one, so two
 peers that momentarily disagree on P still meet at every meeting of the longer one. Each
-peer proposes ``every_rounds ×`` its round time (and enough for its exchange) rounded up the
-ladder, sends the proposal with its join record, and uses the largest proposal of the
-peers that claimed its state at the last meeting: they all read the same records at the same
-time, so they agree on the next period (bounded by ``max_period_s``: a hostile peer can slow
-the pace to that bound, no further). Like hivemind's ``ProgressTracker`` the clock is
-the DHT's; unlike it, nobody has to publish progress for the others to know when to meet.
+peer proposes ``every_rounds ×`` its round time (and enough for its window and exchange)
+rounded up the ladder. Its join record carries ``code()``: the rungs of its proposal and of
+the period in force. After a meeting, every member takes the largest proposal of the
+group's members (``heard``; they all read the same records, so they agree on the next
+period, bounded by ``max_period_s``: a hostile peer can slow the pace to that bound, no
+further). Like hivemind's ``ProgressTracker`` the clock is the DHT's; unlike it, nobody has
+to publish progress for the others to know when to meet.
+
+The window (how long after the meeting the group is read) follows the period, so peers
+that disagree on the period would read at different times and see different groups (seen:
+a fast pair read 2 s after the meeting, a slow newcomer 16 s after; the newcomer led a group
+the others had already left). So the read lasts until the window of the *longest period in
+force among the records that claim our state* (``window(longest(codes))``): everyone who
+meets reads at the same time, whatever period brought them there.
 
 Pure (no I/O): ``OuterLoop`` feeds it round times and proposals, asks it when to meet.
 """
@@ -28,9 +36,9 @@ from collections import deque
 
 __all__ = ["Clock", "ladder"]
 
-DECI = 10
-"""Proposals travel in a join record's ``peers`` field in deciseconds (bounded there by the
-wire schema to 10,000, i.e. 1,000 s)."""
+RUNGS = 64
+"""A join record's ``peers`` field carries ``1 + j_proposal + RUNGS · j_in_force`` (ladder
+rungs; at most 4,096, within the wire schema's 10,000)."""
 ROUNDS_KEPT = 9
 """The round time is the median of this many last rounds (one slow round — a model load, a
 checkpoint — does not stretch the period)."""
@@ -80,10 +88,10 @@ class Clock:
             with self._lock:
                 self._exchange_s = seconds
 
-    def heard(self, proposals: list[int]) -> None:
-        """Proposals (deciseconds) in the join records of the peers we grouped with: the
-        next meetings use the largest (bounded by ``max_period_s``)."""
-        ok = [p / DECI for p in proposals if isinstance(p, int) and p > 0]
+    def heard(self, codes: list[int]) -> None:
+        """The ``code()`` of the peers we grouped with: the next meetings use the largest
+        proposal (bounded by ``max_period_s``)."""
+        ok = [self._decode(c)[0] for c in codes if isinstance(c, int) and c > 0]
         with self._lock:
             self._heard = min(max(ok, default=0.0), self.max_period_s)
 
@@ -95,17 +103,43 @@ class Clock:
             return statistics.median(self._rounds) if self._rounds else None
 
     def proposal(self) -> float:
-        """The period this peer asks for (seconds, on the ladder)."""
+        """The period this peer asks for (seconds, on the ladder): ``every_rounds`` of its
+        rounds, and room for the window and the last exchange with a quarter to spare (else
+        the next meeting opens while this one still runs, and the peer misses it)."""
         if self.period_s > 0:
             return self.period_s
         round_s = self.round_s
         with self._lock:
-            want = max(self.every_rounds * (round_s or 0.0),
-                       1.25 * (self.min_window_s + self._exchange_s))
-        return ladder(want, base=self.min_period_s, top=self.max_period_s)
+            exchange = self._exchange_s
+        p = ladder(max(self.every_rounds * (round_s or 0.0),
+                       1.25 * (self.min_window_s + exchange)),
+                   base=self.min_period_s, top=self.max_period_s)
+        while 2 * p <= self.max_period_s and p < 1.25 * (self.window(p) + exchange):
+            p *= 2
+        return p
 
-    def proposal_ds(self) -> int:
-        return min(10_000, max(1, round(self.proposal() * DECI)))
+    def code(self) -> int:
+        """What our join record carries: the rungs of our proposal and of the period in
+        force (a fixed ``period_s``: 1, everyone's period is the configured one)."""
+        if self.period_s > 0:
+            return 1
+        return 1 + self._rung(self.proposal()) + RUNGS * self._rung(self.period())
+
+    def longest(self, codes: list[int]) -> float:
+        """The longest period in force among ours and those ``codes`` carry (capped)."""
+        if self.period_s > 0:
+            return self.period_s
+        ok = [self._decode(c)[1] for c in codes if isinstance(c, int) and c > 0]
+        return min(max([self.period(), *ok]), self.max_period_s)
+
+    def _rung(self, period: float) -> int:
+        return max(0, min(RUNGS - 1, round(math.log2(period / self.min_period_s))))
+
+    def _decode(self, code: int) -> tuple[float, float]:
+        """(proposal, period in force) in seconds, each at most ``max_period_s``."""
+        j_p, j_f = (code - 1) % RUNGS, min((code - 1) // RUNGS, RUNGS - 1)
+        return (min(self.min_period_s * 2.0 ** j_p, self.max_period_s),
+                min(self.min_period_s * 2.0 ** j_f, self.max_period_s))
 
     def period(self) -> float:
         """The period in force: the largest proposal heard at our last meeting (every peer

@@ -116,7 +116,7 @@ class OuterHook:
     model fingerprint, known once the learner announced it) and runs its outer steps."""
 
     def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str,
-                 learner_config: Any = None) -> None:
+                 learner_config: Any = None, stop: threading.Event | None = None) -> None:
         from collectives import OuterConfig
 
         self.config = OuterConfig(**outer_cfg)
@@ -124,6 +124,8 @@ class OuterHook:
         self.data_dir = data_dir
         self.learner_config = learner_config
         self.loop: Any = None
+        self.stop = stop
+        """Set on SIGTERM/SIGINT: cuts the last step's wait for the peers short."""
 
     def _genesis(self, model: Any) -> Any:
         """θ of the base model (flat): the outer state's version 0, the same on every node of
@@ -185,8 +187,10 @@ class OuterHook:
 
     def close(self, *, final_step: bool = False) -> None:
         """Collect a step still running (its record is emitted); with ``final_step`` (the
-        run ended by itself, not by a signal) one more step, waited for, so the rounds since
-        the last one join an average with the peers that end with us; then leave."""
+        run ended by itself, not by a signal) the last step (``OuterLoop.finish``: it waits
+        for the peers' last steps, averages with them and serves the result, each bounded by
+        ``final_wait_s``), so the swarm ends at one state; then leave (a node stopped by a
+        signal tells the peers waiting for it that it left)."""
         if self.loop is None:
             return
         try:
@@ -195,10 +199,7 @@ class OuterHook:
                 emit("outer", record=record)
             if final_step:
                 emit("phase", phase="outer", done=0, total=0)
-                # the peers that end with us may be a few rounds behind: wait for them up
-                # to a quarter of the deadline (less once every known peer has joined); a
-                # half made the members read at times too far apart for one group (e2e)
-                emit("outer", record=self.loop.outer_step(window=self.config.deadline_s / 4))
+                emit("outer", record=self.loop.finish(stop=self.stop))
         except Exception as e:  # noqa: BLE001 - leaving anyway
             log.warning("outer step at exit: %s", e)
         self.loop.close()
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
-    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"], config)
+    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"], config, stop)
     from node.learner.errors import LearnerError
 
     finished = False

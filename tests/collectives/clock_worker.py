@@ -10,7 +10,8 @@ the rest of the round) until ``--duration`` seconds after the last address appea
 D/out/<name>.jsonl (each collected record, with ``i``) and D/out/<name>-<i>.npz: the params
 when the attempt started (``snapshot``), just before it was collected (``before``), right
 after (``after``) and θ_global after (``theta``); D/out/<name>.json: compute seconds and wall
-seconds of the round loop.
+seconds of the round loop. ``--finish``: then the last step (``OuterLoop.finish``, its record
+has ``final``) and exit; ``--leave``: exit right away without it (close() says we left).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> None:
     ap.add_argument("--compression", default="none")
     ap.add_argument("--trust", action="store_true", help="a joiner may adopt any peer's head")
     ap.add_argument("--no-save", action="store_true", help="skip the .npz arrays (bench)")
+    ap.add_argument("--finish", action="store_true", help="end with OuterLoop.finish()")
+    ap.add_argument("--leave", action="store_true", help="end with close() right away")
+    ap.add_argument("--final-wait", type=float, default=30.0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s")
@@ -60,7 +64,7 @@ def main() -> None:
     model = make_model(args.numel)
     cfg = OuterConfig(every_rounds=args.every_rounds, compression=args.compression,
                       deadline_s=args.deadline, join_window_s=args.join_window,
-                      min_period_s=args.min_period)
+                      min_period_s=args.min_period, final_wait_s=args.final_wait)
     loop = OuterLoop(cfg, identity=Identity.from_seed(args.seed.to_bytes(32, "little")),
                      group="test-model", params=model, data_dir=str(root / "data" / args.name),
                      discover=lambda: discover(root, args.name),
@@ -109,12 +113,17 @@ def main() -> None:
     rec = loop.poll(wait=None)
     if rec is not None:
         save(rec, before)
+    if args.finish:
+        snapshot = before = flat(model)
+        rec = loop.finish()
+        save({**rec, "final": True}, before)
     atomic_write_bytes(root / "out" / f"{args.name}.json", json.dumps(
         {"compute_s": compute, "wall_s": wall, "rounds": r,
          "round_s": args.round_s, "period_s": loop.clock.period()}).encode())
     (root / "out" / f"{args.name}.done").touch()
     end = time.monotonic() + 60  # stay reachable as a state holder until told to stop
-    while not (root / "stop").exists() and time.monotonic() < end:
+    while not (args.finish or args.leave) and not (root / "stop").exists() \
+            and time.monotonic() < end:
         time.sleep(0.1)
     loop.close()
 

@@ -36,10 +36,27 @@ def test_peers_that_disagree_on_the_period_still_meet_at_the_longer_ones() -> No
     f = {t for t in range(0, 200) if fast.due(float(t)) is not None}
     s = {t for t in range(0, 200) if slow.due(float(t)) is not None}
     assert s and s <= f  # every meeting of the slower is one of the faster's
-    fast.heard([80, 40])  # the group's largest proposal: 8 s (deciseconds)
+    fast.heard([slow.code(), fast.code()])  # the group's largest proposal: 8 s
     assert fast.period() == 8.0 and fast.proposal() == 4.0
     fast.heard([10**7])  # a hostile proposal is capped at max_period_s
     assert fast.period() == 64.0
+
+
+def test_peers_that_came_with_different_periods_read_the_group_at_the_same_time() -> None:
+    """The window follows the longest period in force among the join records, so a peer
+    whose own period is shorter reads as late as the others (schedule.py)."""
+    fast, slow = clock(), clock()
+    for _ in range(5):
+        fast.observe_round(0.9)
+        slow.observe_round(1.8)
+    assert fast.window() < slow.window()
+    codes = [fast.code(), slow.code()]
+    assert fast.window(fast.longest(codes)) == slow.window(slow.longest(codes)) \
+        == slow.window()
+    assert fast.longest([fast.code()]) == 4.0  # alone: its own
+    assert fast.longest([10**7, -1, "x"]) <= 64.0  # type: ignore[list-item]
+    fixed = clock(period_s=10.0)
+    assert fixed.longest([slow.code()]) == 10.0  # a configured period is everyone's
 
 
 def test_a_peer_joins_the_meeting_that_opened_during_its_round_not_a_stale_one() -> None:
@@ -71,7 +88,7 @@ def test_the_period_holds_a_window_and_the_last_exchange() -> None:
     assert c.period() == 2.0
     c.observe_exchange(3.0)  # 1.25 x (0.5 + 3.0) = 4.375 -> 8
     assert c.period() == 8.0
-    assert c.proposal_ds() == 80
+    assert c.code() == 1 + 2 + 64 * 2  # proposal and period in force: rung 2 (8 s)
 
 
 def _loop(params: list[torch.nn.Parameter]) -> OuterLoop:
