@@ -152,8 +152,11 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
     swarm = Swarm(root)
     names = [f"b{i}" for i in range(peers)]
     clock = args.mode == "clock"
+    # trust: a peer that missed a meeting adopts the others' version (as a node adopts
+    # peers it exchanged rollouts with) instead of staying alone at genesis
     opts: dict = dict(clock=True, round_s=args.round_s, every_rounds=args.every_rounds,
-                      period=args.period, duration=steps * (args.deadline + 10) + 60) \
+                      period=args.period, duration=steps * (args.deadline + 10) + 60,
+                      trust="all") \
         if clock else dict(barrier_timeout=600)
     try:
         for i, n in enumerate(names):

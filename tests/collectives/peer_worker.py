@@ -238,20 +238,21 @@ def finish(loop: OuterLoop, root: Path, name: str) -> None:
 
 def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, root: Path,
                  args: argparse.Namespace) -> None:
-    """Train like a node and meet on the clock until ``--steps`` steps formed a group.
+    """Train like a node and meet on the clock until ``--steps`` steps formed a group (or
+    every other peer is done).
 
     Waits until ``--peers`` peers wrote their addresses, then runs inner rounds: a sleep of
-    ``--round-s`` and ``after_round`` (which starts an attempt at the first round boundary
-    after a meeting opens and collects it at the first boundary after it finished). The
-    params drift (the same seeded noise x 0.01 each time) once between two attempts, never while one runs: every
+    ``--round-s``, ``poll`` (collects a finished attempt) and ``after_round`` (starts one at
+    the first round boundary after a meeting opens). The params drift (the same seeded
+    noise x 0.01 each time) after each collection, never while an attempt runs: every
     step averages a non-zero delta and the bench times the step, not contention with
     training. Every collected record gets, besides ``i``:
 
     - ``done_at``: DHT time at which the attempt finished (committed, its shift ready);
-    - ``apply_s``: seconds ``after_round`` took to apply it to the params (the rebase);
+    - ``apply_s``: seconds ``poll`` took to apply it to the params (the rebase);
     - ``step_s``: ``done_at - meet + apply_s``: from the meeting opening to the applied
       result, without the wait for the next round boundary (training goes on meanwhile);
-    - ``collected_at``: DHT time when ``after_round`` returned it.
+    - ``collected_at``: DHT time when ``poll`` returned it.
     """
     from hivemind.utils import get_dht_time
 
@@ -259,24 +260,22 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, root: Path,
     noise = [torch.randn(p.shape, generator=gen) * 0.01 for p in model]  # drawn once
     while len(list((root / "addrs").glob("*.txt"))) < args.peers:
         time.sleep(0.05)
-    loop.clock.skip_until(get_dht_time())  # a meeting that opened before we ran is not ours
+    # every peer lets the same meetings pass: those before the last peer was up (+ 0.5 s)
+    loop.clock.skip_until(max(f.stat().st_mtime for f in (root / "addrs").glob("*.txt")) + 0.5)
     out = root / "out" / f"{args.name}.jsonl"
+    others = [f.stem for f in (root / "addrs").glob("*.txt") if f.stem != args.name]
     done_at: dict[int, float] = {}
     grouped = i = r = 0
+    k_started = -1
     drift = True
     end = time.monotonic() + args.duration
     while grouped < args.steps and time.monotonic() < end:
-        if drift and not loop.in_flight:
-            with torch.no_grad():
-                for p, z in zip(model, noise):
-                    p.add_(z)
-            drift = False
+        if not loop.in_flight and all((root / "out" / f"{n}.done").exists() for n in others):
+            break  # nobody left to meet
         time.sleep(args.round_s)
-        was = loop.in_flight
         t = time.monotonic()
-        rec = loop.after_round(r, seconds=args.round_s)
-        apply_s = time.monotonic() - t
-        r += 1
+        rec = loop.poll()  # what after_round does first; here so that we drift before the
+        apply_s = time.monotonic() - t  # next attempt's snapshot, which it may take at once
         if rec is not None:
             rec.update(i=i, done_at=done_at.pop(i, None), apply_s=round(apply_s, 4),
                        collected_at=get_dht_time())
@@ -287,10 +286,17 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, root: Path,
             grouped += rec["peers"] >= 2
             i += 1
             drift = True
-        if loop.in_flight and (not was or rec is not None):  # an attempt started
-            k = i
+        if drift and not loop.in_flight:
+            with torch.no_grad():
+                for p, z in zip(model, noise):
+                    p.add_(z)
+            drift = False
+        loop.after_round(r, seconds=args.round_s)  # collects nothing: may start an attempt
+        r += 1
+        if loop.in_flight and k_started != i:  # an attempt started: note when it ends
+            k_started = i
             loop._pending[1].add_done_callback(  # type: ignore[index]
-                lambda _f, k=k: done_at.__setitem__(k, get_dht_time()))
+                lambda _f, k=i: done_at.__setitem__(k, get_dht_time()))
     finish(loop, root, args.name)
 
 
