@@ -42,6 +42,22 @@ class Work:
         return self.snapshot if self.shift is None else self.snapshot + self.shift
 
 
+def _add_in_place(params: list[torch.nn.Parameter], shift: torch.Tensor) -> bool:
+    """``params += shift`` in place when every param is a contiguous fp32 CPU tensor (the
+    same fp32 additions as flatten + add + copy back, without the two copies); False,
+    nothing written, otherwise."""
+    if not all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
+               for p in params):
+        return False
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.view(-1).add_(shift[offset : offset + n])
+            offset += n
+    return True
+
+
 class Background:
     """Rebasing and collecting attempts (a mixin of ``OuterLoop``, whose attributes these are)."""
 
@@ -57,10 +73,14 @@ class Background:
         trained since its snapshot are kept); count what it did to the pending rounds."""
         with self._lock:
             if work.shift is not None:
-                new = flatten(self._params).add_(work.shift)  # in place: no second copy
-                if bool(torch.isfinite(new).all()):
-                    unflatten_into(new, self._params)
-                else:  # a non-finite local delta: reducers excluded it, nothing to keep
+                if _add_in_place(self._params, work.shift):
+                    ok = all(bool(torch.isfinite(p).all()) for p in self._params)
+                else:
+                    new = flatten(self._params).add_(work.shift)
+                    ok = bool(torch.isfinite(new).all())
+                    if ok:
+                        unflatten_into(new, self._params)
+                if not ok:  # a non-finite local delta: reducers excluded it, nothing to keep
                     self._discarded_rounds += self._rounds_pending
                     self._rounds_pending = 0
                     unflatten_into(self._state.theta, self._params)

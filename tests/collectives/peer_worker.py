@@ -188,10 +188,13 @@ def main() -> None:
                      data_dir=str(root / "data" / args.name),
                      discover=lambda: discover(root, args.name),
                      **({"trust": trust} if trust else {}))
+    if args.clock:  # the drift is drawn before we say we are up (100M values take seconds)
+        gen = torch.Generator().manual_seed(args.seed)
+        noise = [torch.randn(p.shape, generator=gen) * 0.01 for p in model]
     atomic_write_bytes(root / "addrs" / f"{args.name}.txt",
                        "\n".join(loop.collective_addrs()).encode())
     if args.clock:
-        run_on_clock(loop, model, root, args)
+        run_on_clock(loop, model, noise, root, args)
         return
     gen = torch.Generator().manual_seed(args.seed)
     for i in range(args.start_step, args.start_step + args.steps):
@@ -236,15 +239,15 @@ def finish(loop: OuterLoop, root: Path, name: str) -> None:
     loop.close()
 
 
-def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, root: Path,
-                 args: argparse.Namespace) -> None:
+def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[torch.Tensor],
+                 root: Path, args: argparse.Namespace) -> None:
     """Train like a node and meet on the clock until ``--steps`` steps formed a group (or
     every other peer is done).
 
     Waits until ``--peers`` peers wrote their addresses, then runs inner rounds: a sleep of
     ``--round-s``, ``poll`` (collects a finished attempt) and ``after_round`` (starts one at
-    the first round boundary after a meeting opens). The params drift (the same seeded
-    noise x 0.01 each time) after each collection, never while an attempt runs: every
+    the first round boundary after a meeting opens). The params drift (``noise``, the
+    same each time) after each collection, never while an attempt runs: every
     step averages a non-zero delta and the bench times the step, not contention with
     training. Every collected record gets, besides ``i``:
 
@@ -256,8 +259,6 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, root: Path,
     """
     from hivemind.utils import get_dht_time
 
-    gen = torch.Generator().manual_seed(args.seed)
-    noise = [torch.randn(p.shape, generator=gen) * 0.01 for p in model]  # drawn once
     while len(list((root / "addrs").glob("*.txt"))) < args.peers:
         time.sleep(0.05)
     # every peer lets the same meetings pass: those before the last peer was up (+ 0.5 s)

@@ -335,3 +335,19 @@ def test_streamed_verdict_agrees_with_whole_shard_reduction(case: str) -> None:
     expected = len(whole.accepted) == n and not whole.clipped
     assert holds == expected
     assert expected == (case in ("honest2", "honest4"))
+
+
+def test_in_place_collect_adds_the_same_bits_as_flatten_add_copy() -> None:
+    from collectives.background import _add_in_place
+
+    g = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(30, 7, generator=g)),
+              torch.nn.Parameter(torch.randn(11, generator=g))]
+    shift = torch.randn(221, generator=g) * 1e-3
+    expected = flatten(params) + shift
+    assert _add_in_place(params, shift)
+    assert torch.equal(flatten(params), expected)
+    half = [torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))]
+    assert not _add_in_place(half, torch.ones(4)) and torch.equal(
+        half[0].detach(), torch.ones(4, dtype=torch.bfloat16))  # not written: the caller
+    # falls back to flatten + add + copy
