@@ -89,11 +89,13 @@ class Background:
         rec.update(rounds_pending=self._rounds_pending, discarded_rounds=self._discarded_rounds,
                    overlap_rounds=work.rounds_during)
 
-    def _rebase(self, *, onto: torch.Tensor, base: torch.Tensor) -> None:
+    def _rebase(self, *, onto: torch.Tensor, base: torch.Tensor,
+                out: torch.Tensor | None = None) -> None:
         """params <- onto + (params − base), i.e. params += onto − base: the work done since
         ``base`` survives. Added to the running attempt's shift (applied when it is
-        collected, on the caller's thread: the attempt never writes the live params)."""
+        collected, on the caller's thread: the attempt never writes the live params).
+        ``out``: a dead buffer (aliasing neither) to hold ``onto − base``."""
         work = self._work
         assert work is not None, "a rebase outside an attempt"
-        step = onto - base
+        step = onto - base if out is None else torch.sub(onto, base, out=out)
         work.shift = step if work.shift is None else work.shift + step

@@ -446,10 +446,12 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
                 rec["status"] = "minority"
                 rec["error"] = "too few of the current version's contributors took part"
             else:
-                with self._lock:
-                    pre = self._state  # new tensors: the old state is the one to roll back to
-                    self._state = pre.stepped(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
-                    self._rebase(onto=self._state.theta, base=snapshot)
+                with self._lock:  # the old state is the one to roll back to; the new θ
+                    # and the shift go into the buffers of delta and avg, dead from here on
+                    pre = self._state
+                    self._state = pre.stepped(avg, lr=cfg.outer_lr,
+                                              momentum=cfg.outer_momentum, out=delta)
+                    self._rebase(onto=self._state.theta, base=snapshot, out=avg)
                 rec["status"] = "ok"
         finally:  # record what the exchange did, also when it failed
             s = self._ar.session

@@ -95,18 +95,22 @@ class OuterState:
         h.update(_le_f32(self.momentum))
         return h.hexdigest()
 
-    def stepped(self, avg_pseudo_grad: torch.Tensor, *, lr: float,
-                momentum: float) -> OuterState:
+    def stepped(self, avg_pseudo_grad: torch.Tensor, *, lr: float, momentum: float,
+                out: torch.Tensor | None = None) -> OuterState:
         """The state after one outer Nesterov SGD step (as torch.optim.SGD(nesterov=True)),
         in new tensors: ``self`` stays as it was (the state to roll back to, without a copy).
         Explicit elementwise fp32 ops with the bits of ``m = mu m + g; θ -= lr (g + mu m)``,
-        in two allocations (a fresh large tensor costs more in page faults than an op)."""
+        in one allocation with ``out`` (a dead buffer of θ's size, aliasing nothing here,
+        that becomes the new θ), two without (a fresh large tensor costs more in page faults
+        than an op)."""
         g = avg_pseudo_grad
+        if out is None:
+            out = torch.empty_like(self.theta)
         if momentum > 0:
             m = torch.mul(self.momentum, momentum).add_(g)
-            update = torch.mul(m, momentum).add_(g)  # g + mu m: IEEE addition commutes
+            update = torch.mul(m, momentum, out=out).add_(g)  # g + mu m: IEEE addition commutes
         else:
-            m, update = self.momentum, g.clone()  # the momentum stays as it is (never written)
+            m, update = self.momentum, out.copy_(g)  # the momentum stays (never written)
         update.mul_(lr)
         theta = torch.sub(self.theta, update, out=update)
         return OuterState(theta=theta, momentum=m, applied=self.applied + 1)

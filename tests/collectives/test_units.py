@@ -93,7 +93,10 @@ def test_state_roundtrip_hash_and_nesterov_matches_torch_sgd() -> None:
     for _ in range(3):
         grad = torch.randn(300, generator=g)
         pre, pre_hash = st.clone(), st.hash()
-        st, old = st.stepped(grad, lr=0.7, momentum=0.9), st
+        buf = torch.full((300,), float("nan"))  # a dead buffer becomes the new θ
+        again = st.stepped(grad, lr=0.7, momentum=0.9)
+        st, old = st.stepped(grad, lr=0.7, momentum=0.9, out=buf), st
+        assert st.theta.data_ptr() == buf.data_ptr() and again.hash() == st.hash()
         assert old.hash() == pre_hash and torch.equal(old.theta, pre.theta)  # untouched
         pre.momentum.mul_(0.9).add_(grad)  # the in-place form: the same bits
         pre.theta.sub_((grad + pre.momentum * 0.9) * 0.7)
