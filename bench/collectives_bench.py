@@ -11,7 +11,8 @@ What "whole step" means depends on ``--mode`` (STEP_DEFINITION, also in the JSON
 
 - ``clock`` (default; how nodes run it): each peer trains in inner rounds of ``--round-s``
   (sleeps) and calls ``OuterLoop.after_round``; the peers meet on the clock (schedule.py;
-  ``--period`` 0 adapts it as nodes do). A step counts from the meeting's opening (DHT time)
+  by default at a fixed period longer than a step, ``fixed_period``; ``--period 0`` adapts
+  it as nodes do, which lets the second meeting open before the first step ends). A step counts from the meeting's opening (DHT time)
   to the result applied to that peer's params: rendezvous, exchange, apply, vote, commit
   and the rebase; not the wait for the next round boundary after it finished (training goes
   on meanwhile). The first meeting also dials peers and warms the DHT
@@ -141,6 +142,22 @@ STEP_DEFINITION = {
 }
 
 
+BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "int8": 1.004}
+
+
+def fixed_period(size: int, peers: int, codec: str, netns: bool) -> float:
+    """A period on the clock's ladder (2 s x 2^j) at least 1.5 x the step's expected time:
+    the wire time of the payload at 100 Mbit/s (12 MB/s) + 2 s. With the adaptive period
+    the second meeting of a run can open while the first step still runs (the period learns
+    the exchange time from that step), and a peer that finishes it later than the window
+    joins the next meeting alone: a start-up effect of the schedule, not a step's cost."""
+    wire = 2 * (peers - 1) / peers * size * BYTES_PER_VALUE[codec] / (12e6 if netns else 1e9)
+    period = 2.0
+    while period < 1.5 * (wire + 2.0):
+        period *= 2
+    return period
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -154,8 +171,10 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
     clock = args.mode == "clock"
     # trust: a peer that missed a meeting adopts the others' version (as a node adopts
     # peers it exchanged rollouts with) instead of staying alone at genesis
+    period = fixed_period(size, peers, codec, bool(netns)) if args.period == "fixed" \
+        else float(args.period)
     opts: dict = dict(clock=True, round_s=args.round_s, every_rounds=args.every_rounds,
-                      period=args.period, duration=steps * (args.deadline + 10) + 60,
+                      period=period, duration=steps * (args.deadline + 10) + 60,
                       trust="all") \
         if clock else dict(barrier_timeout=600)
     try:
@@ -183,7 +202,7 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
            "load_before": load_before}
     if clock:
         out.update(round_s=args.round_s, every_rounds=args.every_rounds,
-                   period_s=args.period or "adaptive",
+                   period_s=period or "adaptive",
                    windows_s=sorted({r.get("window") for r in ok if r.get("window")}))
     if ok:
         step_of = (lambda r: r["step_s"]) if clock else (lambda r: r["seconds"])
@@ -224,7 +243,8 @@ def main() -> None:
     ap.add_argument("--round-s", type=float, default=0.05, help="clock: inner round time")
     ap.add_argument("--every-rounds", type=int, default=20,
                     help="clock: H (with --round-s it sets the period the peers propose)")
-    ap.add_argument("--period", type=float, default=0.0, help="clock: period_s (0: adapt)")
+    ap.add_argument("--period", default="fixed", help="clock: period_s; 0: adaptive (as "
+                    "nodes), 'fixed': a period longer than the step (fixed_period)")
     ap.add_argument("--deadline", type=float, default=120.0)
     ap.add_argument("--join-window", type=float, default=3.0)
     ap.add_argument("--ns-prefix", default="coll", help="names of our namespaces/links")
