@@ -42,6 +42,13 @@ class Work:
         return self.snapshot if self.shift is None else self.snapshot + self.shift
 
 
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite: its max and min are (both propagate NaN).
+    ``torch.isfinite(t).all()`` allocates temporaries of t's size: 1-3 s at 100M values
+    on a loaded machine, against 0.07 s for the two reductions."""
+    return t.numel() == 0 or bool(torch.isfinite(t.amax()) and torch.isfinite(t.amin()))
+
+
 def _add_in_place(params: list[torch.nn.Parameter], shift: torch.Tensor) -> bool:
     """``params += shift`` in place when every param is a contiguous fp32 CPU tensor (the
     same fp32 additions as flatten + add + copy back, without the two copies); False,
@@ -74,10 +81,10 @@ class Background:
         with self._lock:
             if work.shift is not None:
                 if _add_in_place(self._params, work.shift):
-                    ok = all(bool(torch.isfinite(p).all()) for p in self._params)
+                    ok = all(_finite(p.detach()) for p in self._params)
                 else:
                     new = flatten(self._params).add_(work.shift)
-                    ok = bool(torch.isfinite(new).all())
+                    ok = _finite(new)
                     if ok:
                         unflatten_into(new, self._params)
                 if not ok:  # a non-finite local delta: reducers excluded it, nothing to keep

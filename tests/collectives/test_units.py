@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -354,3 +355,15 @@ def test_in_place_collect_adds_the_same_bits_as_flatten_add_copy() -> None:
     assert not _add_in_place(half, torch.ones(4)) and torch.equal(
         half[0].detach(), torch.ones(4, dtype=torch.bfloat16))  # not written: the caller
     # falls back to flatten + add + copy
+
+
+def test_finite_check_by_max_and_min_catches_every_non_finite_value() -> None:
+    from collectives.background import _finite
+
+    g = torch.Generator().manual_seed(7)
+    assert _finite(torch.randn(70_001, generator=g) * 1e30) and _finite(torch.zeros(0))
+    for bad in (math.nan, math.inf, -math.inf):
+        for pos in (0, 1, 4095, 70_000):  # inside and at the ends of vectorised blocks
+            x = torch.randn(70_001, generator=g)
+            x[pos] = bad
+            assert not _finite(x), (bad, pos)
