@@ -200,7 +200,9 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             rec = None  # no step: a meeting of a period we no longer hold (see _attempt)
         if self._pending is None and self.clock.round_s is not None:  # a pace to propose
             meet = self.clock.due(self._now())
-            if meet is not None:
+            # with no peer known (none discovered, none met) nobody can come: no attempt
+            if meet is not None and (self._lineage.witnesses or self._last_group
+                                     or self._safe_discover()):
                 self.start(meet=meet, weight=weight)
         return rec
 
@@ -337,6 +339,7 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._stage("rendezvous")
         found = self._safe_discover()
         discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
+        rec["discovered"] = len(discovered)
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
         try:
