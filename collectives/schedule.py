@@ -24,6 +24,11 @@ the others had already left). So the read lasts until the window of the *longest
 force among the records that claim our state* (``window(longest(codes))``): everyone who
 meets reads at the same time, whatever period brought them there.
 
+A peer whose run ended (``finish``, finish.py) attends every meeting of the ladder's base and
+says so in its code (FINISHED, and PENDING while it has rounds no average counted). A version
+commit carries the period its group agreed on (``agreed_code``): a peer that adopts it
+without having met them (``adopt``) goes to their meetings, not to ones nobody attends.
+
 Pure (no I/O): ``OuterLoop`` feeds it round times and proposals, asks it when to meet.
 """
 
