@@ -311,6 +311,8 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         read_at = rec.pop("read_at", None)
         if read_at is not None and rec["status"] == "ok":
             self.clock.observe_exchange(time.monotonic() - read_at)
+            if work.meet is not None:
+                self.clock.observe_step(self._now() - work.meet)
         rec.update(dht_restarts=self._transport.dht_restarts,
                    dht_failures=self._transport.dht_failures,
                    invalid_commits=self._book.invalid, rejected_streams=self._ar.rejected,
