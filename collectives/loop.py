@@ -196,8 +196,12 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         if self._pending is not None:
             self._pending[0].rounds_during += 1
         rec = self.poll()
-        if rec is not None and rec["status"] == "skipped":
-            rec = None  # no step: a meeting of a period we no longer hold (see _attempt)
+        if rec is not None:
+            # a meeting that opened while this attempt ran is let pass: its group was busy
+            # too (members end together), so whoever went would go alone
+            self.clock.skip_until(rec["ended_at"])
+            if rec["status"] == "skipped":
+                rec = None  # no step: a meeting of a period we no longer hold (_attempt)
         if self._pending is None and self.clock.round_s is not None:  # a pace to propose
             meet = self.clock.due(self._now())
             # with no peer known (none discovered, none met) nobody can come: no attempt
@@ -236,7 +240,7 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             logger.exception("outer step crashed")
             rec = {"step": self._state.version, "status": "failed", "peers": 1,
                    "error": f"crashed: {e!r}"[:500], "param_hash": self.state_hash(),
-                   "seconds": 0.0, "bytes_sent": 0}
+                   "seconds": 0.0, "bytes_sent": 0, "ended_at": self._now()}
         self._pending = None
         self._collect(work, rec)
         return rec
@@ -308,11 +312,10 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             rec["param_hash"] = self._state.hash()
             rec["version"] = rec["applied"] = self._state.version
         rec["seconds"] = round(time.monotonic() - t0, 4)
+        rec["ended_at"] = self._now()
         read_at = rec.pop("read_at", None)
         if read_at is not None and rec["status"] == "ok":
             self.clock.observe_exchange(time.monotonic() - read_at)
-            if work.meet is not None:
-                self.clock.observe_step(self._now() - work.meet)
         rec.update(dht_restarts=self._transport.dht_restarts,
                    dht_failures=self._transport.dht_failures,
                    invalid_commits=self._book.invalid, rejected_streams=self._ar.rejected,

@@ -76,7 +76,6 @@ class Clock:
         self.min_window_s, self.max_window_s = min_window_s, max_window_s
         self._rounds: deque[float] = deque(maxlen=ROUNDS_KEPT)
         self._exchange_s = 0.0
-        self._step_s = 0.0
         self._heard = 0.0
         self._last = -math.inf
         """The latest meeting joined or let pass."""
@@ -97,14 +96,6 @@ class Clock:
         if seconds >= 0 and math.isfinite(seconds):
             with self._lock:
                 self._exchange_s = seconds
-
-    def observe_step(self, seconds: float) -> None:
-        """The last step on the clock took ``seconds`` from its meeting's opening to its end
-        (the window actually read, which is the longest in force among the attendees, and
-        the exchange): a period must hold that too."""
-        if seconds >= 0 and math.isfinite(seconds):
-            with self._lock:
-                self._step_s = seconds
 
     def heard(self, codes: list[int]) -> None:
         """The ``code()`` of the peers we grouped with: the next meetings use the largest
@@ -153,11 +144,11 @@ class Clock:
             return self.period_s
         round_s = self.round_s
         with self._lock:
-            exchange, step = self._exchange_s, self._step_s
+            exchange = self._exchange_s
             if self._finished:
                 return self.min_period_s
         p = ladder(max(self.every_rounds * (round_s or 0.0),
-                       1.25 * (self.min_window_s + exchange), 1.25 * step),
+                       1.25 * (self.min_window_s + exchange)),
                    base=self.min_period_s, top=self.max_period_s)
         while 2 * p <= self.max_period_s and p < 1.25 * (self.window(p) + exchange):
             p *= 2
