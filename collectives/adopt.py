@@ -19,6 +19,7 @@ from collectives.config import OuterConfig
 from collectives.consistency import (Candidate, CommitBook, Lineage, extension,
                                      head_rejections, sibling, trusted_head)
 from collectives.errors import SyncError
+from collectives.schedule import Clock
 from collectives.state import OuterState
 from collectives.transport import Transport
 
@@ -44,7 +45,7 @@ class Adopter:
     _minority_streak: int
     _trust: Callable[[str], bool]
     _rebase: Callable[..., None]
-    _heads_read: set[tuple[str, str, int]]
+    clock: Clock
 
     def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
                   deadline: float) -> None:
@@ -54,7 +55,6 @@ class Adopter:
             self._book.head_key, timeout=max(0.1, deadline - time.monotonic())), step=None,
             kind="version")
         heads.pop(self.peer_id, None)
-        self._heads_read = {(p, c.state_hash, c.step) for p, c in heads.items()}
         with self._lock:
             start = lineage = self._lineage
         target: Candidate | None = None
@@ -115,6 +115,7 @@ class Adopter:
                            dict(Counter(rejected.values())))
         if target is not None:
             self._fetch_adopt(rec, target, end=deadline, lineage=lineage, base=base)
+            self.clock.adopt([c.peers for c in heads.values() if c.state_hash == target.hash])
 
     def _fetch_adopt(self, rec: dict[str, Any], target: Candidate, *, end: float,
                      lineage: Lineage | None = None, base: torch.Tensor | None = None) -> None:

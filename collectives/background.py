@@ -29,8 +29,11 @@ class Work:
     """Meeting time (DHT time) on the clock, None for an unscheduled attempt."""
     window: float | None = None
     """Unscheduled: how long to wait for the peers to join (None: ``join_window_s``)."""
-    until: float | None = None
-    """A last step (finish.py): wait for the peers' last steps until then (monotonic)."""
+    final: bool = False
+    """Our run ended (finish.py): a meeting where every peer present ended too is the last,
+    if nobody we expect is missing (else it is let pass without a step)."""
+    last_call: bool = False
+    """finish()'s wait is over: step with whoever came."""
     shift: torch.Tensor | None = None
     """Sum of ``onto − base`` of the rebases so far: params <- params + shift when collected."""
     counted: bool = False

@@ -17,6 +17,7 @@ import torch
 from collectives.config import OuterConfig
 from collectives.consistency import Candidate, CommitBook, Lineage, decide_votes
 from collectives.errors import SyncError
+from collectives.schedule import Clock
 from collectives.state import OuterState
 from collectives.transport import Transport
 
@@ -41,6 +42,7 @@ class Committer:
     _rebase: Callable[..., None]
     _fetch_adopt: Callable[..., None]
     _mark: Callable[[dict[str, Any], str], None]
+    clock: Clock
 
     def _may_advance(self, contributors: set[str]) -> bool:
         """Whether a group with these contributors may make the next version: it must hold a
@@ -129,7 +131,10 @@ class Committer:
         logger.info("outer step at version %d rolled back: %s", pre.version, why)
 
     def _publish(self, version: int, h: str, parent: str, members: tuple[str, ...]) -> None:
-        data = self._book.seal(version, h, len(members), parent=parent, members=members)
+        # ``peers``: the period the group agreed on (schedule.py): a peer that adopts this
+        # version without us goes to our meetings
+        data = self._book.seal(version, h, self.clock.agreed_code(), parent=parent,
+                               members=members)
         ttl = (3 * self.config.deadline_s + 60) * 20
         self._transport.dht_store_many(  # both at once: one DHT round trip
             [(self._book.key(version), self.peer_id, data),

@@ -33,10 +33,10 @@ class OuterConfig:
     max_period_s: float = 600.0
     """Longest adaptive period (bounds how far a peer's proposal can slow the pace)."""
     final_wait_s: float = 30.0
-    """``OuterLoop.finish`` (a node's last step, when its run ends): how long it waits for the
-    peers it expects (its version's witnesses, its last group, the peers it discovered) to
-    reach their own last step or announce they left, and, after that step, how long it stays
-    to serve the state to the members of that group that have not taken it yet."""
+    """``OuterLoop.finish`` (a node whose run ended keeps attending the meetings until its
+    peers ended too, see finish.py): how long it waits for a peer it expects (its version's
+    witnesses, its last group, the peers it discovered) that neither came to a meeting nor
+    said it left; ``finish`` takes at most about twice this plus ``deadline_s``."""
     min_peers: int = 2
     """Fewest peers (self included) that make a group; fewer means status "alone"."""
     max_peers: int = 64

@@ -6,9 +6,7 @@ meeting's key; the peers that claim the same hash form the group, the smallest i
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Callable
 
 from collectives.config import OuterConfig
 from collectives.consistency import CommitBook
@@ -29,9 +27,7 @@ class Joiner:
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
                     discovered: frozenset[str], read_at: float, code: int, *,
-                    meet_at: float | None = None,
-                    watch: Callable[[int], set[str] | None] | None = None,
-                    ) -> tuple[dict[str, int] | None, bool]:
+                    meet_at: float | None = None) -> tuple[dict[str, int], bool]:
         """Peer -> clock code (schedule.py) of the peers that claim our hash (us included),
         read until ``read_at``, or until every ``expected`` peer claims our hash and every
         ``discovered`` one has joined at all (if there is anyone to wait for); and whether
@@ -39,22 +35,10 @@ class Joiner:
 
         ``meet_at`` (a meeting on the clock, monotonic): the read lasts at least until the
         window of the longest period in force among the holders' codes after it, so peers
-        that came with different periods read at the same time (schedule.py).
-
-        ``watch`` (a last step, finish.py), called once a second: the peers that said they
-        left (they count as in), or None when a newer version appeared: then (None, False).
-        A last step with nobody to wait for does not wait."""
+        that came with different periods read at the same time (schedule.py)."""
         mine = {self.peer_id: code}
         anyone = (expected | discovered) - {self.peer_id}
-        gone: set[str] = set()
-        checked = -math.inf
         while True:
-            if watch is not None and time.monotonic() - checked >= 1.0:
-                checked = time.monotonic()
-                news = watch(v)
-                if news is None:
-                    return None, False
-                gone = news
             left = read_at - time.monotonic()
             signed = self._book.verify(self._transport.dht_get(
                 join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
@@ -63,9 +47,8 @@ class Joiner:
             if meet_at is not None:
                 read_at = max(read_at, meet_at + self.clock.window(
                     self.clock.longest(list(holders.values()))))
-            early = bool(anyone) and expected - gone <= set(holders) \
-                and anyone <= set(signed) | set(holders) | gone \
-                or not anyone and watch is not None
+            early = bool(anyone) and expected <= set(holders) \
+                and anyone <= set(signed) | set(holders)
             if early or time.monotonic() >= read_at:
                 return holders, early
             time.sleep(min(0.1, max(0.0, read_at - time.monotonic())))

@@ -48,6 +48,7 @@ and the rebase resets such params to θ_global).
 from __future__ import annotations
 
 import hashlib
+import math
 import logging
 import threading
 import time
@@ -141,10 +142,6 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._minority_streak = 0
         self._last_group: frozenset[str] = frozenset()
         """Members of our last group: with our witnesses, the peers a join read waits for."""
-        self._heads_read: set[tuple[str, str, int]] = set()
-        """(peer, hash, version) of the heads our last catch-up read (finish.py)."""
-        self._finished = False
-        """finish() ran: close() need not tell anyone we left."""
         self._stop: threading.Event | None = None
         """finish()'s stop event."""
         self._work: Work | None = None
@@ -199,9 +196,17 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         if self._pending is not None:
             self._pending[0].rounds_during += 1
         rec = self.poll()
+        if rec is not None:
+            # a meeting that opened while this attempt ran is let pass: its group was busy
+            # too (members end together), so whoever went would go alone
+            self.clock.skip_until(rec["ended_at"])
+            if rec["status"] == "skipped":
+                rec = None  # no step: a meeting of a period we no longer hold (_attempt)
         if self._pending is None and self.clock.round_s is not None:  # a pace to propose
             meet = self.clock.due(self._now())
-            if meet is not None:
+            # with no peer known (none discovered, none met) nobody can come: no attempt
+            if meet is not None and (self._lineage.witnesses or self._last_group
+                                     or self._safe_discover()):
                 self.start(meet=meet, weight=weight)
         return rec
 
@@ -235,7 +240,7 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             logger.exception("outer step crashed")
             rec = {"step": self._state.version, "status": "failed", "peers": 1,
                    "error": f"crashed: {e!r}"[:500], "param_hash": self.state_hash(),
-                   "seconds": 0.0, "bytes_sent": 0}
+                   "seconds": 0.0, "bytes_sent": 0, "ended_at": self._now()}
         self._pending = None
         self._collect(work, rec)
         return rec
@@ -307,6 +312,7 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             rec["param_hash"] = self._state.hash()
             rec["version"] = rec["applied"] = self._state.version
         rec["seconds"] = round(time.monotonic() - t0, 4)
+        rec["ended_at"] = self._now()
         read_at = rec.pop("read_at", None)
         if read_at is not None and rec["status"] == "ok":
             self.clock.observe_exchange(time.monotonic() - read_at)
@@ -338,54 +344,56 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._stage("rendezvous")
         found = self._safe_discover()
         discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
+        rec["discovered"] = len(discovered)
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
-        while True:  # a last step (finish.py) joins again after catching up with a new version
-            catch_up_by = time.monotonic() + 0.3 * cfg.deadline_s
-            try:
-                self._catch_up(rec, rejected, deadline=catch_up_by)
-            except SyncError as e:  # its holders moved on (their step of this meeting
-                # applied while their new head was not yet stored): the heads once more
-                logger.info("catch-up: %s; reading the heads again", e)
-                time.sleep(0.5)
-                self._catch_up(rec, rejected, deadline=catch_up_by)
-            self._mark(rec, "rendezvous")
-            with self._lock:
-                v, my_hash = self._state.version, self._state.hash()
-                snapshot = work.params()
-                delta = self._state.theta - snapshot
-                expected = (self._lineage.witnesses | self._last_group) - {self.peer_id}
-            rec["step"] = v
-            start = t0 if work.until is None else work.until  # a JOIN may come while we wait
-            self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
-                                                      numel=delta.numel(), weight=weight,
-                                                      deadline=start + 0.7 * cfg.deadline_s), 5)
-            if work.until is not None:
-                window = max(0.0, work.until - time.monotonic())
-            elif work.meet is None:
-                window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
-            else:
-                window = self.clock.window()
-            join_key = self._book.join_key(v, meet=work.meet)
-            code = self.clock.code()  # what the others read is what we count
-            self._transport.dht_store(join_key, self.peer_id,
-                                      self._book.seal(v, my_hash, code, kind="join"),
-                                      ttl=2 * window + 2, timeout=max(1.0, min(window, 5.0)))
-            t_join = time.monotonic()  # windows count from here: hashing a big model takes time
-            meet_at = None if work.meet is None else t_join + work.meet - self._now()
-            read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
-            # the read ends once every peer we expect (our witnesses, our last group) claims
-            # our hash and every discovered one has joined (a newcomer later than the peers
-            # that know it waits for the next meeting), else at the window's end: on the
-            # clock the meeting + the window of the longest period among them, the same
-            # time for every peer
-            holders, early = self._read_group(
-                join_key, v, my_hash, expected, discovered, read_at, code,
-                meet_at=meet_at, watch=None if work.until is None else self._watch)
-            if holders is not None:
-                break
-            logger.info("outer step at version %d: a newer version appeared while waiting "
-                        "for the last steps; catching up", v)
+        try:
+            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        except SyncError as e:  # its holders moved on (their step of this meeting applied
+            # while their new head was not yet stored): the heads once more
+            logger.info("catch-up: %s; reading the heads again", e)
+            time.sleep(0.5)
+            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        self._mark(rec, "rendezvous")
+        if work.meet is not None and abs(math.remainder(work.meet, self.clock.period())) > 1e-3:
+            if rec["status"] != "resynced":  # (an adoption is reported)
+                rec["status"] = "skipped"  # the version we adopted meets on a longer
+            return  # period: not one of its meetings (nobody would come)
+        with self._lock:
+            v, my_hash = self._state.version, self._state.hash()
+            snapshot = work.params()
+            delta = self._state.theta - snapshot
+            if work.final and work.rounds == 0:
+                delta.zero_()  # nothing trained since our delta was counted (exactly zero:
+                # rounding in the rebases must not look like a direction)
+            expected = (self._lineage.witnesses | self._last_group) - {self.peer_id}
+        rec["step"] = v
+        self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
+                                                  numel=delta.numel(), weight=weight,
+                                                  deadline=t0 + 0.7 * cfg.deadline_s), 5)
+        if work.meet is None:
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+        else:
+            window = self.clock.window()
+        join_key = self._book.join_key(v, meet=work.meet)
+        code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
+        self._transport.dht_store(join_key, self.peer_id,
+                                  self._book.seal(v, my_hash, code, kind="join"),
+                                  ttl=2 * window + 2, timeout=window)
+        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
+        meet_at = None if work.meet is None else t_join + work.meet - self._now()
+        read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
+        # the read ends once every peer we expect (our witnesses, our last group) claims our
+        # hash and every discovered one has joined (a newcomer later than the peers that
+        # know it waits for the next meeting), else at the window's end: on the clock the
+        # meeting + the window of the longest period among them, the same time for everyone
+        holders, early = self._read_group(join_key, v, my_hash, expected, discovered, read_at,
+                                          code, meet_at=meet_at)
+        if work.meet is not None:  # finished peers (finish.py): who steps here
+            stepping = self._who_steps(rec, work, holders, expected | discovered)
+            if stepping is None:
+                return
+            holders = stepping
         self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
@@ -393,13 +401,12 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         if work.meet is not None:
             window = self.clock.window(self.clock.longest(list(holders.values())))
             rec["window"] = round(window, 3)
-        grace = min(0.5 * window, 0.5) if work.meet is not None \
-            else 0.5 * (window if work.until is None else cfg.join_window_s)
+        grace = min(0.5 * window, 0.5) if work.meet is not None else 0.5 * window
         freeze_at = rec["read_at"] + (0.0 if early else grace)
-        if work.meet is not None or work.window is not None or work.until is not None:
+        if work.meet is not None or work.window is not None:
             # the deadline's shares count from the read, as if it came join_window_s after
-            # the start (a clock's window is sized by round times, a last step's by the
-            # peers it waits for)
+            # the start (a clock's window is sized by round times, a final step's by the
+            # caller)
             t0 = max(t0, time.monotonic() - cfg.join_window_s)
             self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
         self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)

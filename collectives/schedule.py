@@ -24,6 +24,11 @@ the others had already left). So the read lasts until the window of the *longest
 force among the records that claim our state* (``window(longest(codes))``): everyone who
 meets reads at the same time, whatever period brought them there.
 
+A peer whose run ended (``finish``, finish.py) attends every meeting of the ladder's base and
+says so in its code (FINISHED, and PENDING while it has rounds no average counted). A version
+commit carries the period its group agreed on (``agreed_code``): a peer that adopts it
+without having met them (``adopt``) goes to their meetings, not to ones nobody attends.
+
 Pure (no I/O): ``OuterLoop`` feeds it round times and proposals, asks it when to meet.
 """
 
@@ -36,9 +41,12 @@ from collections import deque
 
 __all__ = ["Clock", "ladder"]
 
-RUNGS = 64
+RUNGS = 32
 """A join record's ``peers`` field carries ``1 + j_proposal + RUNGS · j_in_force`` (ladder
-rungs; at most 4,096, within the wire schema's 10,000)."""
+rungs; at most 1,024), plus FINISHED for a peer whose run ended and PENDING if it still has
+rounds no average counted (at most 7,168, within the wire schema's 10,000)."""
+FINISHED = 2048
+PENDING = 4096
 ROUNDS_KEPT = 9
 """The round time is the median of this many last rounds (one slow round — a model load, a
 checkpoint — does not stretch the period)."""
@@ -71,6 +79,7 @@ class Clock:
         self._heard = 0.0
         self._last = -math.inf
         """The latest meeting joined or let pass."""
+        self._finished = False
         self._lock = threading.Lock()
 
     # --- inputs ---------------------------------------------------------------------------
@@ -95,6 +104,31 @@ class Clock:
         with self._lock:
             self._heard = min(max(ok, default=0.0), self.max_period_s)
 
+    def adopt(self, codes: list[int]) -> None:
+        """The ``agreed_code()`` of the version we just adopted from peers we did not meet
+        (the longest, capped): their period becomes ours until our next meeting, so we go to
+        their meetings, not to ones nobody else attends."""
+        ok = [self._decode(c)[1] for c in codes if isinstance(c, int) and c > 0]
+        if ok:
+            with self._lock:
+                self._heard = min(max(ok), self.max_period_s)
+
+    def finish(self) -> None:
+        """Our run ended (finish.py): from now on we attend every meeting of the ladder's
+        base (a peer still training may meet at any of them), ask for nothing and say so."""
+        with self._lock:
+            self._finished = True
+
+    @staticmethod
+    def finished(code: int) -> bool:
+        """Whether a join record's code comes from a peer whose run ended."""
+        return isinstance(code, int) and code > 0 and bool(code // FINISHED % 2)
+
+    @staticmethod
+    def pending(code: int) -> bool:
+        """Whether a finished peer still has rounds that no average counted."""
+        return isinstance(code, int) and code > 0 and bool(code // PENDING % 2)
+
     # --- outputs --------------------------------------------------------------------------
     @property
     def round_s(self) -> float | None:
@@ -111,6 +145,8 @@ class Clock:
         round_s = self.round_s
         with self._lock:
             exchange = self._exchange_s
+            if self._finished:
+                return self.min_period_s
         p = ladder(max(self.every_rounds * (round_s or 0.0),
                        1.25 * (self.min_window_s + exchange)),
                    base=self.min_period_s, top=self.max_period_s)
@@ -118,12 +154,24 @@ class Clock:
             p *= 2
         return p
 
-    def code(self) -> int:
+    def code(self, *, pending: bool = False) -> int:
         """What our join record carries: the rungs of our proposal and of the period in
-        force (a fixed ``period_s``: 1, everyone's period is the configured one)."""
-        if self.period_s > 0:
-            return 1
-        return 1 + self._rung(self.proposal()) + RUNGS * self._rung(self.period())
+        force (a fixed ``period_s``: 1, everyone's period is the configured one); once
+        finished, FINISHED, and PENDING with ``pending``."""
+        code = 1 if self.period_s > 0 else \
+            1 + self._rung(self.proposal()) + RUNGS * self._rung(self.period())
+        if self._finished:
+            code += FINISHED + (PENDING if pending else 0)
+        return code
+
+    def agreed_code(self) -> int:
+        """What a version commit carries: the period in force agreed by the group that made
+        it (read back with ``adopt``; not ours when finished)."""
+        with self._lock:
+            heard = self._heard
+        p = ladder(heard, base=self.min_period_s, top=self.max_period_s) if heard \
+            else self.period_s or self.proposal()
+        return 1 + RUNGS * self._rung(p)
 
     def longest(self, codes: list[int]) -> float:
         """The longest period in force among ours and those ``codes`` carry (capped)."""
@@ -137,7 +185,8 @@ class Clock:
 
     def _decode(self, code: int) -> tuple[float, float]:
         """(proposal, period in force) in seconds, each at most ``max_period_s``."""
-        j_p, j_f = (code - 1) % RUNGS, min((code - 1) // RUNGS, RUNGS - 1)
+        code %= FINISHED
+        j_p, j_f = (code - 1) % RUNGS, max(0, min((code - 1) // RUNGS, RUNGS - 1))
         return (min(self.min_period_s * 2.0 ** j_p, self.max_period_s),
                 min(self.min_period_s * 2.0 ** j_f, self.max_period_s))
 
@@ -148,7 +197,9 @@ class Clock:
         if self.period_s > 0:
             return self.period_s
         with self._lock:
-            heard = self._heard
+            heard, finished = self._heard, self._finished
+        if finished:
+            return self.min_period_s
         if heard:
             return ladder(heard, base=self.min_period_s, top=self.max_period_s)
         return self.proposal()

@@ -187,10 +187,10 @@ class OuterHook:
 
     def close(self, *, final_step: bool = False) -> None:
         """Collect a step still running (its record is emitted); with ``final_step`` (the
-        run ended by itself, not by a signal) the last step (``OuterLoop.finish``: it waits
-        for the peers' last steps, averages with them and serves the result, each bounded by
-        ``final_wait_s``), so the swarm ends at one state; then leave (a node stopped by a
-        signal tells the peers waiting for it that it left)."""
+        run ended by itself, not by a signal) the last steps (``OuterLoop.finish``: it keeps
+        attending the meetings of the peers still training until they all ended too, steps
+        with them and serves the result, bounded by ``final_wait_s``), so the swarm ends at
+        one state; then leave (telling finished peers not to wait for us)."""
         if self.loop is None:
             return
         try:
@@ -199,7 +199,7 @@ class OuterHook:
                 emit("outer", record=record)
             if final_step:
                 emit("phase", phase="outer", done=0, total=0)
-                emit("outer", record=self.loop.finish(stop=self.stop))
+                self.loop.finish(stop=self.stop, on_record=lambda r: emit("outer", record=r))
         except Exception as e:  # noqa: BLE001 - leaving anyway
             log.warning("outer step at exit: %s", e)
         self.loop.close()

@@ -10,8 +10,8 @@ the rest of the round) until ``--duration`` seconds after the last address appea
 D/out/<name>.jsonl (each collected record, with ``i``) and D/out/<name>-<i>.npz: the params
 when the attempt started (``snapshot``), just before it was collected (``before``), right
 after (``after``) and θ_global after (``theta``); D/out/<name>.json: compute seconds and wall
-seconds of the round loop. ``--finish``: then the last step (``OuterLoop.finish``, its record
-has ``final``) and exit; ``--leave``: exit right away without it (close() says we left).
+seconds of the round loop (and of ``--finish``: then ``OuterLoop.finish``, its steps recorded
+like the others, and exit); ``--leave``: exit right away without it (close() says we left).
 """
 
 from __future__ import annotations
@@ -113,12 +113,14 @@ def main() -> None:
     rec = loop.poll(wait=None)
     if rec is not None:
         save(rec, before)
+    finish_s = None
     if args.finish:
-        snapshot = before = flat(model)
-        rec = loop.finish()
-        save({**rec, "final": True}, before)
+        snapshot = flat(model)
+        t = time.monotonic()
+        loop.finish(on_record=lambda r: save(r, flat(model)))
+        finish_s = time.monotonic() - t
     atomic_write_bytes(root / "out" / f"{args.name}.json", json.dumps(
-        {"compute_s": compute, "wall_s": wall, "rounds": r,
+        {"compute_s": compute, "wall_s": wall, "rounds": r, "finish_s": finish_s,
          "round_s": args.round_s, "period_s": loop.clock.period()}).encode())
     (root / "out" / f"{args.name}.done").touch()
     end = time.monotonic() + 60  # stay reachable as a state holder until told to stop

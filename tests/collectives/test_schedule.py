@@ -88,7 +88,10 @@ def test_the_period_holds_a_window_and_the_last_exchange() -> None:
     assert c.period() == 2.0
     c.observe_exchange(3.0)  # 1.25 x (0.5 + 3.0) = 4.375 -> 8
     assert c.period() == 8.0
-    assert c.code() == 1 + 2 + 64 * 2  # proposal and period in force: rung 2 (8 s)
+    assert c.code() == 1 + 2 + 32 * 2  # proposal and period in force: rung 2 (8 s)
+    c.finish()  # a finished peer asks for nothing, attends every meeting, says so
+    assert c.period() == 2.0 and Clock.finished(c.code()) and not Clock.pending(c.code())
+    assert Clock.pending(c.code(pending=True)) and not Clock.finished(1 + 2 + 32 * 2)
 
 
 def _loop(params: list[torch.nn.Parameter]) -> OuterLoop:
