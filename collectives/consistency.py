@@ -19,7 +19,9 @@ Records (``OuterStepCommit``, sealed with the node identity via ``protocol.seal`
 - ``<gid>/vote/<v>``  kind "vote": a member's result of one attempt from version v: the new
   hash if it applied the average, its unchanged hash if it failed. Members decide together.
 - ``<gid>/commit/<v>`` kind "version", and ``<gid>/head`` (the signer's latest): "version v
-  is ``state_hash``, made from ``parent`` by the contributions of ``members``".
+  is ``state_hash``, made from ``parent`` by the contributions of ``members``"; ``peers``
+  carries the meeting period the group agreed on (``schedule.Clock.agreed_code``), which a
+  peer that adopts the version takes as its own until its next meeting.
 
 Acceptance rules (``Lineage`` = the hash and version we hold, and its ``witnesses``: the
 peers we saw contribute, through our own reducer, in the step that produced it):
