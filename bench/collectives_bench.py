@@ -1,15 +1,30 @@
-"""Outer-step benchmark: time and bytes/s of the all-reduce vs raw TCP of the same bytes.
+"""Outer-step benchmark: the whole step and its all-reduce vs raw TCP of the same bytes.
 
 Runs real peer processes (tests/collectives/peer_worker.py) for each (size, peers, codec)
 config, on loopback and optionally through a rate-limited link (one network namespace per
 peer, veth into a bridge, ``tc qdisc ... tbf rate 100mbit`` on each peer's egress; needs
 root). In the same run it times a raw TCP transfer of the same number of bytes per peer
-over the same path and reports the ratio. Also runs the randomized churn trials.
+over the same path. Per row: ``fraction_of_raw`` = raw TCP s / all-reduce s (medians) and
+``step_overhead_s`` = whole step s − raw TCP s.
+
+What "whole step" means depends on ``--mode`` (STEP_DEFINITION, also in the JSON):
+
+- ``clock`` (default; how nodes run it): each peer trains in inner rounds of ``--round-s``
+  (sleeps) and calls ``OuterLoop.after_round``; the peers meet on the clock (schedule.py;
+  by default at a fixed period longer than a step, ``fixed_period``; ``--period 0`` adapts
+  it as nodes do, which lets the second meeting open before the first step ends). A step counts from the meeting's opening (DHT time)
+  to the result applied to that peer's params: rendezvous, exchange, apply, vote, commit
+  and the rebase; not the wait for the next round boundary after it finished (training goes
+  on meanwhile). The first meeting also dials peers and warms the DHT
+  (``step_s_later_median`` leaves it out). ``--every-rounds`` is large so that the window
+  (1.5 x period / H, at least ``--join-window``) is the join window.
+- ``blocking``: a file barrier, then ``maybe_outer_step`` (the record's ``seconds``).
 
     PYTHONPATH=$PWD python bench/collectives_bench.py --sizes 10000000 --peers 2,4 \\
-        --codecs none,fp16,int8 [--netns] [--churn-trials 50]
+        --codecs none,fp16,int8 [--netns | --netns-only] [--ns-prefix sb] [--churn-trials 50]
 
-Never fails for slowness; writes bench/results/collectives.json.
+Never fails for slowness; writes bench/results/collectives.json (``--out``) atomically, with
+the command, the load average at the start and end and per row, and the wall time.
 """
 
 from __future__ import annotations
@@ -112,41 +127,106 @@ def raw_tcp_seconds(nbytes: int, *, netns: list[str] | None) -> float:
 
 
 # --- one all-reduce config --------------------------------------------------------------
+STEP_DEFINITION = {
+    "clock": "peers train in inner rounds of round_s seconds (sleeps) and meet on the clock "
+             "(OuterLoop.after_round, as nodes do); step_s = from the meeting's opening (DHT "
+             "time) to the result applied to the params on that peer: the wait for the "
+             "group (rendezvous: head read, join record, group read, freeze), the exchange, "
+             "apply, vote, version commit and head stored in the DHT, and the rebase of the "
+             "params (apply_s); it excludes the wait until the peer's next round boundary "
+             "after the attempt finished (training goes on meanwhile). The first meeting "
+             "also dials the peers and warms the DHT; step_s_later_median leaves it out.",
+    "blocking": "peers meet at a file barrier and call maybe_outer_step (waits for the step); "
+                "step_s = the record's seconds: catch-up, join window, freeze, exchange, "
+                "apply, vote, commit.",
+}
+
+
+BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "int8": 1.004}
+
+
+def fixed_period(size: int, peers: int, codec: str, netns: bool) -> float:
+    """A period on the clock's ladder (2 s x 2^j) at least 1.5 x the step's expected time:
+    the wire time of the payload at 100 Mbit/s (12 MB/s) + 2 s. With the adaptive period
+    the second meeting of a run can open while the first step still runs (the period learns
+    the exchange time from that step), and a peer that finishes it later than the window
+    joins the next meeting alone: a start-up effect of the schedule, not a step's cost."""
+    wire = 2 * (peers - 1) / peers * size * BYTES_PER_VALUE[codec] / (12e6 if netns else 1e9)
+    period = 2.0
+    while period < 1.5 * (wire + 2.0):
+        period *= 2
+    return period
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
 def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] | None,
-               deadline: float, join_window: float) -> dict:
+               args: argparse.Namespace) -> dict:
     root = Path(tempfile.mkdtemp(prefix="collbench-"))
     load_before = [round(x, 2) for x in os.getloadavg()]
     swarm = Swarm(root)
     names = [f"b{i}" for i in range(peers)]
+    clock = args.mode == "clock"
+    # trust: a peer that missed a meeting adopts the others' version (as a node adopts
+    # peers it exchanged rollouts with) instead of staying alone at genesis
+    period = fixed_period(size, peers, codec, bool(netns)) if args.period == "fixed" \
+        else float(args.period)
+    opts: dict = dict(clock=True, round_s=args.round_s, every_rounds=args.every_rounds,
+                      period=period, duration=steps * (args.deadline + 10) + 60,
+                      trust="all") \
+        if clock else dict(barrier_timeout=600)
     try:
         for i, n in enumerate(names):
             host = f"/ip4/{SUBNET}.{i + 1}/tcp/0" if netns else "/ip4/127.0.0.1/tcp/0"
             swarm.spawn(n, seed=i + 1, steps=steps, peers=peers, compression=codec,
-                        numel=size, no_save=True, deadline=deadline, join_window=join_window,
-                        barrier_timeout=600, host=host,
-                        prefix=["ip", "netns", "exec", netns[i]] if netns else None)
-        swarm.wait_done(names, timeout=steps * (deadline + 60) + 300)
+                        numel=size, no_save=True, deadline=args.deadline,
+                        join_window=args.join_window, host=host,
+                        prefix=["ip", "netns", "exec", netns[i]] if netns else None, **opts)
+        swarm.wait_done(names, timeout=steps * (args.deadline + 60) + 300)
         recs = [r for n in names for r in swarm.records(n).values()]
     finally:
         swarm.close()
-    ok = [r for r in recs if r["status"] == "ok" and "allreduce_seconds" in r]
-    hashes_equal = all(len({r["param_hash"] for r in recs if r["i"] == i}) == 1
-                       for i in {r["i"] for r in recs})
+    key = "meet" if clock else "i"
+    grouped = [r for r in recs if r["peers"] >= 2]
+    ok = [r for r in grouped if r["status"] == "ok" and "allreduce_seconds" in r
+          and (not clock or r.get("step_s") is not None)]
+    meets = sorted({r[key] for r in grouped})
+    hashes_equal = all(len({r["param_hash"] for r in grouped if r[key] == m}) == 1
+                       for m in meets)
     out = {"size": size, "peers": peers, "codec": codec, "netns": bool(netns),
-           "steps": steps, "ok_records": len(ok), "records": len(recs),
-           "hashes_equal": hashes_equal, "join_window_s": join_window,
+           "mode": args.mode, "steps": steps, "records": len(recs),
+           "grouped_records": len(grouped), "ok_records": len(ok), "meetings": len(meets),
+           "hashes_equal": hashes_equal, "join_window_s": args.join_window,
            "load_before": load_before}
+    if clock:
+        out.update(round_s=args.round_s, every_rounds=args.every_rounds,
+                   period_s=period or "adaptive",
+                   windows_s=sorted({r.get("window") for r in ok if r.get("window")}))
     if ok:
+        step_of = (lambda r: r["step_s"]) if clock else (lambda r: r["seconds"])
         ar = [r["allreduce_seconds"] for r in ok]
         sent = statistics.median(r["bytes_sent"] for r in ok)
         raw = raw_tcp_seconds(int(sent), netns=netns)
-        step = statistics.median(r["seconds"] for r in ok)
+        step = statistics.median(step_of(r) for r in ok)
+        later = [step_of(r) for r in ok if r[key] != meets[0]]
+        phases = sorted({p for r in ok for p in r.get("phase_seconds", {})})
         out.update(allreduce_s_median=statistics.median(ar), allreduce_s_all=ar,
-                   step_s_median=step, bytes_sent_per_peer=sent,
+                   step_s_median=step, step_s_all=[step_of(r) for r in ok],
+                   step_s_later_median=_median(later), bytes_sent_per_peer=sent,
                    achieved_bytes_per_s=sent / statistics.median(ar), raw_tcp_s=raw,
                    raw_tcp_bytes_per_s=sent / raw,
                    fraction_of_raw=round(raw / statistics.median(ar), 3),
-                   step_overhead_s=round(step - raw, 3))
+                   step_overhead_s=round(step - raw, 3),
+                   step_overhead_later_s=None if not later else round(_median(later) - raw, 3),
+                   phase_seconds_median={p: _median([r["phase_seconds"][p] for r in ok
+                                                     if p in r.get("phase_seconds", {})])
+                                         for p in phases})
+        if clock:
+            out.update(apply_s_median=_median([r["apply_s"] for r in ok]),
+                       start_after_meet_s_median=_median(
+                           [r["done_at"] - r["meet"] - r["seconds"] for r in ok]))
     out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
@@ -157,7 +237,14 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000000")
     ap.add_argument("--peers", default="2,4")
     ap.add_argument("--codecs", default="none,fp16,int8")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3, help="grouped steps per config")
+    ap.add_argument("--mode", choices=sorted(STEP_DEFINITION), default="clock",
+                    help="how the peers meet (see STEP_DEFINITION)")
+    ap.add_argument("--round-s", type=float, default=0.05, help="clock: inner round time")
+    ap.add_argument("--every-rounds", type=int, default=20,
+                    help="clock: H (with --round-s it sets the period the peers propose)")
+    ap.add_argument("--period", default="fixed", help="clock: period_s; 0: adaptive (as "
+                    "nodes), 'fixed': a period longer than the step (fixed_period)")
     ap.add_argument("--deadline", type=float, default=120.0)
     ap.add_argument("--join-window", type=float, default=3.0)
     ap.add_argument("--ns-prefix", default="coll", help="names of our namespaces/links")
@@ -169,10 +256,14 @@ def main() -> None:
     args = ap.parse_args()
     PREFIX = args.ns_prefix
     out_path = Path(args.out)
+    t_start = time.monotonic()
     results: dict = {"host": platform.node(), "cpus": os.cpu_count(), "started": time.time(),
                      "allreduce": [], "churn": None}
     if args.append and out_path.exists():
         results = json.loads(out_path.read_text())
+    results.update(command=" ".join(["python", "bench/collectives_bench.py", *sys.argv[1:]]),
+                   step_definition=STEP_DEFINITION[args.mode],
+                   loadavg_start=[round(x, 2) for x in os.getloadavg()])
 
     def save() -> None:
         atomic_write_bytes(out_path, json.dumps(results, indent=1).encode())
@@ -186,14 +277,16 @@ def main() -> None:
                 try:
                     for codec in args.codecs.split(","):
                         t = time.monotonic()
-                        r = run_config(size, peers, codec, args.steps, ns, args.deadline,
-                                       args.join_window)
+                        r = run_config(size, peers, codec, args.steps, ns, args)
                         r["wall_s"] = round(time.monotonic() - t, 1)
                         print(json.dumps(r), flush=True)
-                        key = (size, peers, codec, netns_mode)  # a rerun replaces a row
+                        key = (size, peers, codec, netns_mode, args.mode)  # a rerun replaces it
                         results["allreduce"] = [
                             x for x in results["allreduce"]
-                            if (x["size"], x["peers"], x["codec"], x["netns"]) != key] + [r]
+                            if (x["size"], x["peers"], x["codec"], x["netns"],
+                                x.get("mode", "blocking")) != key] + [r]
+                        results.update(wall_s=round(time.monotonic() - t_start, 1),
+                                       loadavg_end=[round(x, 2) for x in os.getloadavg()])
                         save()
                 finally:
                     if netns_mode:

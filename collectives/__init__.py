@@ -5,14 +5,22 @@ Public surface::
     loop = OuterLoop(OuterConfig(...), identity=..., group=fingerprint, params=model,
                      data_dir=..., discover=lambda: [maddr, ...])
     loop.collective_addrs()          # announce these
-    loop.maybe_outer_step(round)     # None, or the step record (dict)
-    loop.close()
+    loop.after_round(round)          # after every inner round; never blocks: steps meet on
+                                     # the clock (schedule.py) and run in the background;
+                                     # None, or the record of the step it just applied
+    loop.outer_step()                # or: one step now, waited for (benches, tests)
+    loop.finish()                    # the run ended: the last step, with the peers' last
+                                     # steps (waits for them, bounded by final_wait_s)
+    loop.close()                     # (without finish(): tells the waiting peers we left)
 
 Layers, bottom up: ``codec`` (fp32/fp16/int8 strategies) and ``reduce`` (bounded,
 deterministic shard mean) are pure; ``state`` (θ_global, momentum, hash, Nesterov);
 ``streams`` (frames); ``transport`` (p2pd with the node identity, DHT, asyncio thread);
 ``allreduce`` (group formation, reduce-scatter/all-gather with bit-parity);
-``consistency`` (signed commits, canonical state); ``loop`` (OuterLoop).
+``consistency`` (signed commits, canonical state); ``schedule`` (the clock: when to meet);
+``adopt`` (catch-up, state fetches); ``commit`` (vote, commit); ``join`` (the group
+read); ``background`` (attempts off the training thread, rebases); ``finish`` (the last
+step); ``loop`` (OuterLoop).
 """
 
 from __future__ import annotations

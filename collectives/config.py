@@ -24,6 +24,19 @@ class OuterConfig:
     """An outer step attempt never blocks the caller longer than this (plus ~1 s slack)."""
     join_window_s: float = 3.0
     """Time peers wait after announcing themselves for step k before the group is read."""
+    period_s: float = 0.0
+    """Clock rendezvous (``OuterLoop.after_round``): seconds between meetings on DHT time;
+    0 adapts it to ``every_rounds`` x the slowest grouped peer's round time, on the ladder
+    ``min_period_s`` x 2^j (see schedule.py)."""
+    min_period_s: float = 2.0
+    """Shortest adaptive period (the ladder's base: keep it equal across a swarm)."""
+    max_period_s: float = 600.0
+    """Longest adaptive period (bounds how far a peer's proposal can slow the pace)."""
+    final_wait_s: float = 30.0
+    """``OuterLoop.finish`` (a node whose run ended keeps attending the meetings until its
+    peers ended too, see finish.py): how long it waits for a peer it expects (its version's
+    witnesses, its last group, the peers it discovered) that neither came to a meeting nor
+    said it left; ``finish`` takes at most about twice this plus ``deadline_s``."""
     min_peers: int = 2
     """Fewest peers (self included) that make a group; fewer means status "alone"."""
     max_peers: int = 64
@@ -47,7 +60,7 @@ class OuterConfig:
     """Operator-pinned state hash a joiner may adopt from anyone who serves it ("" = none)."""
     state_requests_per_minute: int = 6
     """State transfers this node serves to one peer per minute; more are refused."""
-    dht_min_interval_s: float = 0.25
+    dht_min_interval_s: float = 0.05
     """Throttle: at least this long between two DHT calls of this node."""
     dht_timeout_s: float = 10.0
     """Timeout of one DHT call."""
@@ -75,6 +88,12 @@ class OuterConfig:
             raise ValueError("deadline_s must be > 0")
         if not 0 < self.join_window_s < self.deadline_s / 2:
             raise ValueError("join_window_s must be in (0, deadline_s / 2)")
+        if not (0 <= self.period_s and math.isfinite(self.period_s)):
+            raise ValueError("period_s must be >= 0 (0 = adaptive)")
+        if not 0 < self.min_period_s <= self.max_period_s <= 100_000:
+            raise ValueError("need 0 < min_period_s <= max_period_s <= 100000")
+        if not (self.final_wait_s > 0 and math.isfinite(self.final_wait_s)):
+            raise ValueError("final_wait_s must be a positive finite number")
         if self.min_peers < 2:
             raise ValueError("min_peers must be >= 2")
         if self.max_peers < self.min_peers:

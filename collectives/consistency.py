@@ -9,12 +9,19 @@ it *as seen by the reader*.
 
 Records (``OuterStepCommit``, sealed with the node identity via ``protocol.seal``):
 
-- ``<gid>/join/<v>``  kind "join": "I hold state ``state_hash`` at version v and want to
-  average now". Grouping only: a node groups with peers that claim *its own* hash.
+- ``<gid>/join/<v>[/<meeting>]``  kind "join": "I hold state ``state_hash`` at version v and
+  want to average now (at this meeting of the clock, schedule.py)"; ``peers`` carries the
+  sender's proposed period in deciseconds. Grouping only: a node groups with peers that
+  claim *its own* hash. Without a meeting: a step now (``outer_step``) or a node's last
+  step (``finish``, finish.py).
+- ``<gid>/left``  kind "join", hash ``finish.LEFT``: "I left at version v before my last
+  step": peers waiting for my last step stop waiting (only ever shortens a bounded wait).
 - ``<gid>/vote/<v>``  kind "vote": a member's result of one attempt from version v: the new
   hash if it applied the average, its unchanged hash if it failed. Members decide together.
 - ``<gid>/commit/<v>`` kind "version", and ``<gid>/head`` (the signer's latest): "version v
-  is ``state_hash``, made from ``parent`` by the contributions of ``members``".
+  is ``state_hash``, made from ``parent`` by the contributions of ``members``"; ``peers``
+  carries the meeting period the group agreed on (``schedule.Clock.agreed_code``), which a
+  peer that adopts the version takes as its own until its next meeting.
 
 Acceptance rules (``Lineage`` = the hash and version we hold, and its ``witnesses``: the
 peers we saw contribute, through our own reducer, in the step that produced it):
@@ -214,8 +221,11 @@ class CommitBook:
         """Key of the version commits for version ``step``."""
         return f"{self.gid}/commit/{step}"
 
-    def join_key(self, version: int) -> str:
-        return f"{self.gid}/join/{version}"
+    def join_key(self, version: int, *, meet: float | None = None) -> str:
+        """Join records for ``version``; per meeting (its DHT time) on the clock."""
+        if meet is None:
+            return f"{self.gid}/join/{version}"
+        return f"{self.gid}/join/{version}/{round(meet * 10)}"
 
     def vote_key(self, version: int) -> str:
         return f"{self.gid}/vote/{version}"

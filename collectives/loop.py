@@ -1,14 +1,25 @@
 """OuterLoop: the DiLoCo outer step as the trainer sees it (see collectives/__init__.py).
 
-One attempt (every ``every_rounds`` rounds), all under ``deadline_s`` from its start ``t0``:
+Two ways to drive it. ``after_round(round)`` after every inner round (the learner): never
+blocks; at the first round boundary after a meeting opens on the clock (schedule.py) it
+snapshots the params and starts an attempt on a background thread while inner rounds go on;
+a later call applies the finished attempt and rebases the progress made meanwhile.
+``outer_step()`` / ``maybe_outer_step(round)`` run one attempt and wait for it (benches).
+``finish()`` (finish.py) is the last step of a run that ended: it waits for the peers'
+last steps, so that nodes ending at different times still end at one state.
+
+One attempt, all under ``deadline_s`` from its start ``t0``:
 
     catch-up   walk the version commits that extend our lineage (a quorum of our witnesses
                signed each, consistency.py), after switching to the winning sibling if our
                version lost a fork; a joiner may adopt a trusted or anchored head;
                fetch the end state, verify its hash, adopt it by rebasing (below); everything
                else that claims a newer version is refused and counted, never fetched
-    join       store <gid>/join/<version> = our state hash (signed); after join_window_s
-               read the records that verify; the peers that claim our hash form the group
+    join       store <gid>/join/<version>[/<meeting>] = our state hash (signed); read the
+               records that verify until every peer we expect (our version's witnesses,
+               our last group) claims our hash, at most a window after the meeting opened
+               (join_window_s after our record without a clock); the peers that claim our
+               hash form the group
     group      smallest id among them leads; JOIN / freeze (allreduce.py)
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline;
                every returned shard is checked before it is used
@@ -26,7 +37,10 @@ by the rounds since it was last counted).
 
 Rebase: adopting a state θ_new never overwrites inner work: ``params <- θ_new + (params −
 θ_old)``. After an applied step the counted delta is replaced by the average, so params
-become θ_new plus whatever changed since the delta was taken. ``discarded_rounds`` counts
+become θ_new plus whatever changed since the delta was taken. An attempt never touches the
+params: every rebase adds ``θ_new − θ_old`` to a shift of its own (``Work``), applied to
+the live params on the caller's thread when the attempt is collected; the rounds trained
+while it ran are kept by construction. ``discarded_rounds`` counts
 rounds whose work was dropped anyway (only a non-finite local delta is: reducers exclude it,
 and the rebase resets such params to θ_global).
 """
@@ -34,36 +48,48 @@ and the rebase resets such params to θ_global).
 from __future__ import annotations
 
 import hashlib
+import math
 import logging
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 import torch
 
+from collectives.adopt import Adopter
+from collectives.commit import Committer
 from collectives.allreduce import AllReduce
+from collectives.background import Background, Work
 from collectives.codec import get_codec
 from collectives.config import OuterConfig
-from collectives.consistency import (Candidate, CommitBook, Lineage, decide_votes, extension,
-                                     head_rejections, sibling, trusted_head)
+from collectives.consistency import CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
-from collectives.state import OuterState, flatten, unflatten_into
+from collectives.finish import Finisher
+from collectives.join import Joiner
+from collectives.schedule import Clock
+from collectives.state import OuterState, flatten
 from collectives.transport import Transport, sanitize_maddrs
 from protocol import Identity
 
 __all__ = ["OuterLoop"]
 
 logger = logging.getLogger(__name__)
-MAX_HOPS = 64
-"""Most versions one catch-up walks."""
 
 
 def _trust_nobody(_peer: str) -> bool:
     return False
 
 
-class OuterLoop:
+def _dht_time() -> float:
+    from hivemind.utils import get_dht_time  # the DHT's clock (wall clock)
+
+    return float(get_dht_time())
+
+
+class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
     """DiLoCo outer steps among the peers that share ``group`` (the model fingerprint).
 
     ``trust(peer_id)``: whether a joiner (no lineage beyond genesis) may adopt a state that
@@ -81,7 +107,8 @@ class OuterLoop:
                  discover: Callable[[], list[str]],
                  trust: Callable[[str], bool] = _trust_nobody,
                  genesis: torch.Tensor | None = None,
-                 on_stage: Callable[[str], None] | None = None) -> None:
+                 on_stage: Callable[[str], None] | None = None,
+                 now: Callable[[], float] = _dht_time) -> None:
         if not group:
             raise ValueError("group must be a non-empty string")
         self.config = config
@@ -103,10 +130,25 @@ class OuterLoop:
         self._trust = trust
         self._on_stage = on_stage
         """Told "rendezvous", "exchange" and "commit" as an attempt reaches them (status view)."""
+        self._now = now
+        """DHT time (the meetings' clock; injectable for tests)."""
+        self.clock = Clock(every_rounds=config.every_rounds, period_s=config.period_s,
+                           min_period_s=config.min_period_s, max_period_s=config.max_period_s,
+                           min_window_s=config.join_window_s,
+                           max_window_s=config.max_period_s)
         self._rounds_pending = 0
         """Rounds since our delta was last counted in an applied average."""
         self._discarded_rounds = 0
         self._minority_streak = 0
+        self._last_group: frozenset[str] = frozenset()
+        """Members of our last group: with our witnesses, the peers a join read waits for."""
+        self._stop: threading.Event | None = None
+        """finish()'s stop event."""
+        self._work: Work | None = None
+        """The attempt running on the outer-step thread (only that thread touches it)."""
+        self._pending: tuple[Work, Future[dict[str, Any]]] | None = None
+        self._last_round_end: float | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
         self._cache: tuple[str, bytes] | None = None
         self._cache_lock = threading.Lock()
         gid = hashlib.sha256(group.encode()).hexdigest()[:24]
@@ -131,36 +173,138 @@ class OuterLoop:
         with self._lock:
             return self._state.hash()
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether an attempt runs in the background."""
+        return self._pending is not None
+
+    def after_round(self, round: int, *, seconds: float | None = None,
+                    weight: float | None = None) -> dict[str, Any] | None:
+        """Call after every inner round, on the thread that trains; never blocks on the
+        network. Collects a finished attempt (applies it, rebasing the rounds trained while
+        it ran; returns its record), and at the first round boundary after a meeting opens
+        on the clock starts the next one in the background. ``seconds``: how long this
+        round took (default: the time since the previous call)."""
+        del round  # the clock, not the round number, says when to meet
+        now = time.monotonic()
+        if seconds is None and self._last_round_end is not None:
+            seconds = now - self._last_round_end
+        self._last_round_end = now
+        if seconds is not None:
+            self.clock.observe_round(seconds)
+        self._rounds_pending += 1
+        if self._pending is not None:
+            self._pending[0].rounds_during += 1
+        rec = self.poll()
+        if rec is not None:
+            # a meeting that opened while this attempt ran is let pass: its group was busy
+            # too (members end together), so whoever went would go alone
+            self.clock.skip_until(rec["ended_at"])
+            if rec["status"] == "skipped":
+                rec = None  # no step: a meeting of a period we no longer hold (_attempt)
+        if self._pending is None and self.clock.round_s is not None:  # a pace to propose
+            meet = self.clock.due(self._now())
+            # with no peer known (none discovered, none met) nobody can come: no attempt
+            if meet is not None and (self._lineage.witnesses or self._last_group
+                                     or self._safe_discover()):
+                self.start(meet=meet, weight=weight)
+        return rec
+
+    def start(self, *, meet: float | None = None, weight: float | None = None,
+              window: float | None = None) -> bool:
+        """Snapshot the params and start an attempt in the background (False if one is
+        still running). ``meet``: its meeting time on the clock (None: meet now, reading the
+        group ``window`` (default ``join_window_s``) after our join record, or as soon as
+        every peer we expect or discovered has joined)."""
+        if self._pending is not None:
+            return False
+        work = Work(snapshot=flatten(self._params), rounds=self._rounds_pending,
+                    weight=weight, meet=meet, window=window)
+        self._pending = (work, self._pool.submit(self._run, work))
+        return True
+
+    def poll(self, *, wait: float | None = 0.0) -> dict[str, Any] | None:
+        """The record of a finished attempt, after applying it to the params (on the
+        caller's thread); None while it runs (``wait``: seconds to wait, None = forever)."""
+        if self._pending is None:
+            return None
+        work, fut = self._pending
+        if wait is not None and wait <= 0 and not fut.done():
+            return None
+        try:
+            rec = fut.result(timeout=wait)
+        except FutureTimeout:
+            return None
+        except Exception as e:  # noqa: BLE001 - a bug must not stop training: it is the
+            # step's error; what it did to the state came with its rebases, applied below
+            logger.exception("outer step crashed")
+            rec = {"step": self._state.version, "status": "failed", "peers": 1,
+                   "error": f"crashed: {e!r}"[:500], "param_hash": self.state_hash(),
+                   "seconds": 0.0, "bytes_sent": 0, "ended_at": self._now()}
+        self._pending = None
+        self._collect(work, rec)
+        return rec
+
     def maybe_outer_step(self, round: int, *, weight: float | None = None) -> dict | None:
-        """Count one inner round; after every ``every_rounds`` rounds attempt an outer step
-        and return its record, else None. ``weight``: this contribution's declared weight
-        (default: ``config.weight`` x the rounds since our delta was last counted)."""
+        """Count one inner round; after every ``every_rounds`` rounds run an outer step and
+        wait for it; return its record, else None. ``weight``: this contribution's declared
+        weight (default: ``config.weight`` x the rounds since our delta was last counted)."""
         self._rounds_pending += 1
         if (round + 1) % self.config.every_rounds != 0:
             return None
         return self.outer_step(weight=weight)
 
-    def outer_step(self, *, weight: float | None = None) -> dict[str, Any]:
-        """One outer step attempt now; never raises a CollectiveError, never blocks past
-        ``deadline_s`` (plus the DHT/stream timeouts' slack)."""
+    def outer_step(self, *, weight: float | None = None,
+                   window: float | None = None) -> dict[str, Any]:
+        """One outer step attempt now, waited for (an attempt already running is collected
+        first); never raises a CollectiveError, never blocks past ``deadline_s`` (plus the
+        DHT/stream timeouts' slack). ``window``: see ``start``."""
+        if self._pending is not None:
+            earlier = self.poll(wait=None)
+            logger.info("collected a background step first: %s", earlier and earlier["status"])
+        self.start(weight=weight, window=window)
+        rec = self.poll(wait=None)
+        assert rec is not None
+        return rec
+
+    def close(self) -> None:
+        if self._pending is not None:
+            try:
+                self.poll(wait=min(self.config.deadline_s + 5, 30.0))
+            except Exception as e:  # noqa: BLE001 - leaving anyway
+                logger.warning("outer step still running at close: %s", e)
+        self._say_left()
+        self._pool.shutdown(wait=False)
+        self._transport.close()
+
+    # --- one attempt ----------------------------------------------------------------------
+    def _run(self, work: Work) -> dict[str, Any]:
+        """One attempt on the outer-step thread; never raises a CollectiveError."""
         t0 = time.monotonic()
+        self._work = work
         with self._lock:
             version = self._state.version
         rec: dict[str, Any] = {"step": version, "status": "failed", "peers": 1,
                                "excluded": {}, "resync_bytes": 0, "bytes_sent": 0,
                                "bytes_received": 0, "leader": None, "error": None,
                                "rejected_commits": {}}
+        weight = work.weight
         if weight is None:
-            weight = min(self.config.max_weight,
-                         self.config.weight * max(1, self._rounds_pending))
+            weight = min(self.config.max_weight, self.config.weight * max(1, work.rounds))
         rec["weight"] = weight
+        if work.meet is not None:
+            rec["meet"] = work.meet
         rejected: dict[tuple[str, str, int], str] = {}
+        rec["phase_seconds"] = {}
+        self._mark_t = t0
         try:
             self._attempt(rec, t0, weight, rejected)
         except CollectiveError as e:
             rec["error"] = str(e)[:500]
             logger.warning("outer step at version %s of %s failed: %s", rec["step"],
                            self.peer_id, e)
+        finally:
+            self._work = None
         reasons = Counter(rejected.values())
         self._book.rejected.update(reasons)
         rec["rejected_commits"] = dict(reasons)
@@ -168,19 +312,23 @@ class OuterLoop:
             rec["param_hash"] = self._state.hash()
             rec["version"] = rec["applied"] = self._state.version
         rec["seconds"] = round(time.monotonic() - t0, 4)
+        rec["ended_at"] = self._now()
+        read_at = rec.pop("read_at", None)
+        if read_at is not None and rec["status"] == "ok":
+            self.clock.observe_exchange(time.monotonic() - read_at)
         rec.update(dht_restarts=self._transport.dht_restarts,
                    dht_failures=self._transport.dht_failures,
                    invalid_commits=self._book.invalid, rejected_streams=self._ar.rejected,
                    state_requests_refused=self._ar.state_refused,
-                   rejected_commits_total=dict(self._book.rejected),
-                   rounds_pending=self._rounds_pending,
-                   discarded_rounds=self._discarded_rounds)
+                   rejected_commits_total=dict(self._book.rejected))
         return rec
 
-    def close(self) -> None:
-        self._transport.close()
+    def _mark(self, rec: dict[str, Any], phase: str) -> None:
+        """Seconds since the previous phase ended, in the record's ``phase_seconds``."""
+        now = time.monotonic()
+        rec["phase_seconds"][phase] = round(now - self._mark_t, 4)
+        self._mark_t = now
 
-    # --- one attempt ----------------------------------------------------------------------
     def _stage(self, name: str) -> None:
         if self._on_stage is not None:
             try:
@@ -191,42 +339,89 @@ class OuterLoop:
     def _attempt(self, rec: dict[str, Any], t0: float, weight: float,
                  rejected: dict[tuple[str, str, int], str]) -> None:
         cfg = self.config
+        work = self._work
+        assert work is not None
         self._stage("rendezvous")
         found = self._safe_discover()
+        discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
+        rec["discovered"] = len(discovered)
         self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
         self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
-        self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        try:
+            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        except SyncError as e:  # its holders moved on (their step of this meeting applied
+            # while their new head was not yet stored): the heads once more
+            logger.info("catch-up: %s; reading the heads again", e)
+            time.sleep(0.5)
+            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+        self._mark(rec, "rendezvous")
+        if work.meet is not None and abs(math.remainder(work.meet, self.clock.period())) > 1e-3:
+            if rec["status"] != "resynced":  # (an adoption is reported)
+                rec["status"] = "skipped"  # the version we adopted meets on a longer
+            return  # period: not one of its meetings (nobody would come)
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
-            snapshot = flatten(self._params)
+            snapshot = work.params()
             delta = self._state.theta - snapshot
+            if work.final and work.rounds == 0:
+                delta.zero_()  # nothing trained since our delta was counted (exactly zero:
+                # rounding in the rebases must not look like a direction)
+            expected = (self._lineage.witnesses | self._last_group) - {self.peer_id}
         rec["step"] = v
         self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
                                                   numel=delta.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
-        join_key = self._book.join_key(v)
+        if work.meet is None:
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+        else:
+            window = self.clock.window()
+        join_key = self._book.join_key(v, meet=work.meet)
+        code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
         self._transport.dht_store(join_key, self.peer_id,
-                                  self._book.seal(v, my_hash, 0, kind="join"),
-                                  ttl=2 * cfg.join_window_s + 2, timeout=cfg.join_window_s)
+                                  self._book.seal(v, my_hash, code, kind="join"),
+                                  ttl=2 * window + 2, timeout=window)
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
-        time.sleep(max(0.0, t_join + cfg.join_window_s - time.monotonic()))
-        signed = self._book.verify(self._transport.dht_get(
-            join_key, timeout=cfg.join_window_s / 2), step=v, kind="join")
-        holders = sorted({p for p, c in signed.items() if c.state_hash == my_hash}
-                         | {self.peer_id})
-        rec["leader"] = holders[0]
-        self._run_group(rec, v, my_hash, holders[0], delta, snapshot, t0, t_join, set(holders))
+        meet_at = None if work.meet is None else t_join + work.meet - self._now()
+        read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
+        # the read ends once every peer we expect (our witnesses, our last group) claims our
+        # hash and every discovered one has joined (a newcomer later than the peers that
+        # know it waits for the next meeting), else at the window's end: on the clock the
+        # meeting + the window of the longest period among them, the same time for everyone
+        holders, early = self._read_group(join_key, v, my_hash, expected, discovered, read_at,
+                                          code, meet_at=meet_at)
+        if work.meet is not None:  # finished peers (finish.py): who steps here
+            stepping = self._who_steps(rec, work, holders, expected | discovered)
+            if stepping is None:
+                return
+            holders = stepping
+        self._mark(rec, "join")
+        rec["read_at"] = time.monotonic()
+        rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
+        rec["leader"] = min(holders)
+        if work.meet is not None:
+            window = self.clock.window(self.clock.longest(list(holders.values())))
+            rec["window"] = round(window, 3)
+        grace = min(0.5 * window, 0.5) if work.meet is not None else 0.5 * window
+        freeze_at = rec["read_at"] + (0.0 if early else grace)
+        if work.meet is not None or work.window is not None:
+            # the deadline's shares count from the read, as if it came join_window_s after
+            # the start (a clock's window is sized by round times, a final step's by the
+            # caller)
+            t0 = max(t0, time.monotonic() - cfg.join_window_s)
+            self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
+        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)
 
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
-                   delta: torch.Tensor, snapshot: torch.Tensor, t0: float, t_join: float,
-                   seen: set[str]) -> None:
-        """Form the group, all-reduce, apply, vote, commit."""
+                   delta: torch.Tensor, snapshot: torch.Tensor, t0: float, freeze_at: float,
+                   seen: dict[str, int]) -> None:
+        """Form the group, all-reduce, apply, vote, commit. ``seen``: the peers whose join
+        records claim our hash -> their clock code."""
         cfg = self.config
         remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
         try:
             members = self._transport.run(
-                self._ar.form_group(leader, freeze_at=t_join + 1.5 * cfg.join_window_s,
-                                    expected=seen, latest=t0 + 0.35 * cfg.deadline_s),
+                self._ar.form_group(leader, freeze_at=freeze_at,
+                                    expected=set(seen), latest=t0 + 0.35 * cfg.deadline_s),
                 remaining)
         except (StepFailed, TimeoutError) as e:
             # left out (late JOIN, dead leader): if the others step, their version commits
@@ -234,10 +429,15 @@ class OuterLoop:
             rec["error"] = f"group did not form: {e!r}"[:500]
             logger.info("outer step at version %d: %s", v, rec["error"])
             return
+        self._mark(rec, "group")
         rec["peers"] = len(members)
+        # the next period: the largest proposal of this group's members (every member read
+        # their records, so every member takes the same)
+        self.clock.heard([seen[m] for m in members if m in seen])
         if len(members) < cfg.min_peers:
             rec["status"] = "alone"
             return
+        self._last_group = frozenset(members)
         t_ar = time.monotonic()
         pre: OuterState | None = None
         self._stage("exchange")
@@ -253,10 +453,12 @@ class OuterLoop:
                 rec["status"] = "minority"
                 rec["error"] = "too few of the current version's contributors took part"
             else:
-                with self._lock:
-                    pre = self._state.clone()
-                    self._state.apply(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
-                    self._rebase(onto=self._state.theta, base=snapshot)
+                with self._lock:  # the old state is the one to roll back to; the new θ
+                    # and the shift go into the buffers of delta and avg, dead from here on
+                    pre = self._state
+                    self._state = pre.stepped(avg, lr=cfg.outer_lr,
+                                              momentum=cfg.outer_momentum, out=delta)
+                    self._rebase(onto=self._state.theta, base=snapshot, out=avg)
                 rec["status"] = "ok"
         finally:  # record what the exchange did, also when it failed
             s = self._ar.session
@@ -267,6 +469,7 @@ class OuterLoop:
                     rec["bad_shards"] = dict(s.bad_shards)
                 if s.clipped:
                     rec["clipped"] = list(s.clipped)
+        self._mark(rec, "exchange")
         s = self._ar.session
         assert s is not None
         self._stage("commit")
@@ -275,228 +478,7 @@ class OuterLoop:
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
 
-    def _may_advance(self, contributors: set[str]) -> bool:
-        """Whether a group with these contributors may make the next version: it must hold a
-        strict majority of the current version's witnesses, so that two groups that met in
-        different windows cannot both advance (a fork); the minority keeps its delta and
-        later adopts the majority's version by rule 2. After ``minority_patience``
-        consecutive refusals (the majority stayed away) the group advances anyway."""
-        with self._lock:
-            witnesses = self._lineage.witnesses
-        present = contributors | {self.peer_id}
-        if not witnesses or 2 * len(present & witnesses) > len(witnesses):
-            self._minority_streak = 0
-            return True
-        self._minority_streak += 1
-        if self._minority_streak > self.config.minority_patience:
-            logger.warning("advancing without a majority of the last version's witnesses "
-                           "after %d attempts", self._minority_streak - 1)
-            self._minority_streak = 0
-            return True
-        return False
-
-    def _reconcile(self, rec: dict[str, Any], v: int, parent: str, pre: OuterState | None,
-                   snapshot: torch.Tensor, voters: set[str], expect: set[str],
-                   members: list[str], *, until: float, end: float) -> None:
-        """Vote, gather the votes of the peers we saw contribute, follow their decision.
-
-        ``pre``: the state before we applied this step (None if we did not); ``snapshot``:
-        the params whose delta we contributed."""
-        with self._lock:
-            mine = self._state.hash()
-        self._transport.dht_store(
-            self._book.vote_key(v), self.peer_id,
-            self._book.seal(v + 1, mine, len(members), parent=parent,
-                            members=sorted(voters | {self.peer_id}), kind="vote"),
-            ttl=3 * self.config.deadline_s + 60, timeout=min(5.0, self.config.deadline_s / 4))
-        votes: dict = {}
-        while expect:
-            votes = self._book.verify(self._transport.dht_get(
-                self._book.vote_key(v), timeout=max(0.1, until - time.monotonic())),
-                step=v + 1, kind="vote")
-            if expect <= set(votes) or time.monotonic() + 0.5 > until:
-                break
-            time.sleep(0.5)
-        rec["votes"] = len(votes)
-        decided = decide_votes(votes, mine=mine, parent=parent, voters=voters, me=self.peer_id)
-        if decided == parent and pre is not None:  # we applied, the group did not: undo
-            self._roll_back(rec, pre, snapshot, "most contributors did not apply this step")
-            return
-        witnesses = voters | {self.peer_id}
-        with self._lock:
-            held = self._lineage
-            parent_theta = pre.theta if pre is not None else self._state.theta
-        lineage = Lineage(hash=decided, version=v + 1, witnesses=frozenset(witnesses),
-                          parent=parent, parent_witnesses=held.witnesses)
-        if decided != mine:  # we failed or diverged; the contributors' state wins
-            holders = tuple(sorted(p for p, c in votes.items() if c.state_hash == decided))
-            try:  # we took part: our delta is in their average, as if we had applied it
-                self._fetch_adopt(rec, Candidate(hash=decided, version=v + 1,
-                                                 members=tuple(sorted(witnesses)),
-                                                 holders=holders),
-                                  end=end, lineage=lineage, base=snapshot)
-            except SyncError:
-                if pre is not None:  # keep our lineage: the next catch-up can follow theirs
-                    self._roll_back(rec, pre, snapshot, "the group's state was not served")
-                raise
-        if decided != parent:
-            self._rounds_pending = 0  # our delta is in the average now
-            with self._lock:
-                self._lineage, self._parent_theta = lineage, parent_theta
-            self._publish(v + 1, parent, tuple(sorted(witnesses)))
-
-    def _roll_back(self, rec: dict[str, Any], pre: OuterState, snapshot: torch.Tensor,
-                   why: str) -> None:
-        """Undo an applied step: the state before it, our params as if it never happened."""
-        with self._lock:
-            applied = self._state.theta
-            self._state = pre
-            self._rebase(onto=snapshot, base=applied)
-        rec["status"] = "failed"
-        rec["error"] = f"rolled back: {why}"
-        logger.info("outer step at version %d rolled back: %s", pre.version, why)
-
-    def _publish(self, version: int, parent: str, members: tuple[str, ...]) -> None:
-        with self._lock:
-            h = self._state.hash()
-        data = self._book.seal(version, h, len(members), parent=parent, members=members)
-        ttl = (3 * self.config.deadline_s + 60) * 20
-        timeout = min(5.0, self.config.deadline_s / 4)
-        self._transport.dht_store(self._book.key(version), self.peer_id, data, ttl=ttl,
-                                  timeout=timeout)
-        self._transport.dht_store(self._book.head_key, self.peer_id, data, ttl=ttl,
-                                  timeout=timeout)
-
-    # --- adopting states ------------------------------------------------------------------
-    def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
-                  deadline: float) -> None:
-        """Adopt what extends our lineage, or the winning sibling of a fork, or (joiners) a
-        trusted/anchored head; count and refuse every other newer claim."""
-        heads = self._book.verify(self._transport.dht_get(
-            self._book.head_key, timeout=max(0.1, deadline - time.monotonic())), step=None,
-            kind="version")
-        heads.pop(self.peer_id, None)
-        with self._lock:
-            start = lineage = self._lineage
-        target: Candidate | None = None
-        base: torch.Tensor | None = None  # rebase relative to this θ (None: the θ we hold)
-        if lineage.is_genesis:
-            target = trusted_head(heads, anchor=self.config.anchor, trust=self._trust,
-                                  mine=lineage.hash)
-            if target is not None and target.version <= lineage.version \
-                    and target.hash != self.config.anchor:
-                target = None
-            if target is not None:
-                lineage = Lineage(hash=target.hash, version=target.version,
-                                  witnesses=frozenset(target.members),
-                                  parent=heads[target.holders[0]].parent)
-        elif any(c.step == lineage.version and c.parent == lineage.parent
-                 and c.state_hash != lineage.hash for c in heads.values()):
-            commits = self._book.verify(self._transport.dht_get(
-                self._book.key(lineage.version), timeout=max(0.1, deadline - time.monotonic())),
-                step=lineage.version, kind="version")
-            target = sibling(commits, lineage, self.peer_id)
-            if target is not None:
-                logger.info("fork at version %d: switching to %s… (signed by a majority of "
-                            "the parent's witnesses)", lineage.version, target.hash[:12])
-                with self._lock:
-                    base = self._parent_theta
-                lineage = Lineage(hash=target.hash, version=target.version,
-                                  witnesses=frozenset(target.members), parent=lineage.parent,
-                                  parent_witnesses=lineage.parent_witnesses)
-        hops = 0
-        while any(c.step > lineage.version for c in heads.values()) and hops < MAX_HOPS \
-                and time.monotonic() < deadline:
-            commits = self._book.verify(self._transport.dht_get(
-                self._book.key(lineage.version + 1),
-                timeout=max(0.1, deadline - time.monotonic())), step=lineage.version + 1,
-                kind="version")
-            nxt = extension(commits, lineage, self.peer_id)
-            if nxt is None:
-                for p, c in commits.items():
-                    if c.state_hash != lineage.hash:
-                        rejected[(p, c.state_hash, c.step)] = \
-                            "no_quorum" if c.parent == lineage.hash else "unknown_parent"
-                break
-            heads_holding = tuple(p for p, c in heads.items() if c.state_hash == nxt.hash)
-            target = Candidate(hash=nxt.hash, version=nxt.version, members=nxt.members,
-                               holders=tuple(dict.fromkeys(nxt.holders + heads_holding)))
-            lineage = Lineage(hash=nxt.hash, version=nxt.version,
-                              witnesses=frozenset(nxt.members), parent=lineage.hash,
-                              parent_witnesses=lineage.witnesses)
-            hops += 1
-        for p, c in heads.items():
-            if c.step > lineage.version and c.state_hash != lineage.hash:
-                why = head_rejections({p: c}, lineage if target else start,
-                                      joiner=start.is_genesis and target is None)
-                for reason in why:
-                    rejected.setdefault((p, c.state_hash, c.step), reason)
-        if rejected:
-            logger.warning("refused %d commit(s) claiming newer versions: %s", len(rejected),
-                           dict(Counter(rejected.values())))
-        if target is not None:
-            self._fetch_adopt(rec, target, end=deadline, lineage=lineage, base=base)
-
-    def _fetch_adopt(self, rec: dict[str, Any], target: Candidate, *, end: float,
-                     lineage: Lineage | None = None, base: torch.Tensor | None = None) -> None:
-        """Fetch ``target`` from its holders, verify it, adopt it: params <- θ_new +
-        (params − base), base = the θ we held unless given (our counted snapshot)."""
-        state, size = self._fetch(target.hash, list(target.holders), end=end)
-        if state.version != target.version:
-            raise SyncError(f"state {target.hash[:12]}… is at version {state.version}, "
-                            f"its commits say {target.version}")
-        with self._lock:
-            old, held = self._state.theta, self._lineage
-            self._state = state
-            self._rebase(onto=state.theta, base=old if base is None else base)
-            self._lineage = lineage or Lineage(hash=target.hash, version=target.version,
-                                               witnesses=frozenset(target.members))
-            self._minority_streak = 0
-            if self._lineage.parent == held.hash:
-                self._parent_theta = old
-            elif self._lineage.parent != held.parent:
-                self._parent_theta = None  # a sibling keeps our parent; else it is unknown
-        rec["status"] = "resynced"
-        rec["resync_bytes"] += size
-        logger.info("adopted outer state %s… (version %d)", target.hash[:12], target.version)
-
-    def _fetch(self, want: str, holders: list[str], *, end: float) -> tuple[OuterState, int]:
-        numel = self._state.theta.numel()
-        holders = [p for p in holders if p != self.peer_id]
-        for k, peer in enumerate(holders):
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            budget = min(left, max(1.0, left / (len(holders) - k)))  # a dead one must not
-            # eat it all
-            try:
-                data = self._transport.run(
-                    self._ar.fetch_state(peer, want, budget,
-                                         max_bytes=OuterState.wire_size(numel)), budget + 1)
-                state = OuterState.from_bytes(data, numel=numel)
-            except Exception as e:  # noqa: BLE001 - dial errors, timeouts, bad bytes: next
-                logger.info("state fetch from %s failed: %s: %s", peer, type(e).__name__, e)
-                continue
-            if state.hash() != want:
-                logger.warning("state from %s does not match its commit; ignored", peer)
-                continue
-            if not state.is_finite():
-                logger.warning("state %s… from %s is not finite; ignored", want[:12], peer)
-                continue
-            return state, len(data)
-        raise SyncError(f"no holder of {want[:12]}… served it in time")
-
-    def _rebase(self, *, onto: torch.Tensor, base: torch.Tensor) -> None:
-        """params <- onto + (params − base): the work done since ``base`` survives. Called
-        with ``_lock`` held. A non-finite local difference is dropped (and counted)."""
-        local = flatten(self._params) - base
-        if bool(torch.isfinite(local).all()):
-            unflatten_into(onto + local, self._params)
-        else:
-            self._discarded_rounds += self._rounds_pending
-            self._rounds_pending = 0
-            unflatten_into(onto, self._params)
-
+    # --- state ----------------------------------------------------------------------------
     def _serve_state(self, want: str) -> bytes | None:
         """The serialized state if we hold ``want``: serialized once per hash."""
         with self._cache_lock:

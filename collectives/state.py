@@ -95,16 +95,25 @@ class OuterState:
         h.update(_le_f32(self.momentum))
         return h.hexdigest()
 
-    def apply(self, avg_pseudo_grad: torch.Tensor, *, lr: float, momentum: float) -> None:
-        """Outer Nesterov SGD (as torch.optim.SGD(nesterov=True)), explicit elementwise ops."""
+    def stepped(self, avg_pseudo_grad: torch.Tensor, *, lr: float, momentum: float,
+                out: torch.Tensor | None = None) -> OuterState:
+        """The state after one outer Nesterov SGD step (as torch.optim.SGD(nesterov=True)),
+        in new tensors: ``self`` stays as it was (the state to roll back to, without a copy).
+        Explicit elementwise fp32 ops with the bits of ``m = mu m + g; θ -= lr (g + mu m)``,
+        in one allocation with ``out`` (a dead buffer of θ's size, aliasing nothing here,
+        that becomes the new θ), two without (a fresh large tensor costs more in page faults
+        than an op)."""
         g = avg_pseudo_grad
+        if out is None:
+            out = torch.empty_like(self.theta)
         if momentum > 0:
-            self.momentum.mul_(momentum).add_(g)
-            update = g + self.momentum * momentum
+            m = torch.mul(self.momentum, momentum).add_(g)
+            update = torch.mul(m, momentum, out=out).add_(g)  # g + mu m: IEEE addition commutes
         else:
-            update = g
-        self.theta.sub_(update * lr)
-        self.applied += 1
+            m, update = self.momentum, out.copy_(g)  # the momentum stays (never written)
+        update.mul_(lr)
+        theta = torch.sub(self.theta, update, out=update)
+        return OuterState(theta=theta, momentum=m, applied=self.applied + 1)
 
     def to_bytes(self) -> bytes:
         return packb([_WIRE_VERSION, self.applied, self.theta.numel(),

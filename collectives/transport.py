@@ -41,6 +41,17 @@ async def _ping_peers(_dht: DHT, node: Any, peers: list[str]) -> list[str]:
             if r is not None and not isinstance(r, BaseException)]
 
 
+class _All:
+    """Futures waited for together (``result`` bounds the whole wait by one timeout)."""
+
+    def __init__(self, futs: list[Any]) -> None:
+        self.futs = futs
+
+    def result(self, timeout: float) -> list[Any]:
+        end = time.monotonic() + timeout
+        return [f.result(timeout=max(0.0, end - time.monotonic())) for f in self.futs]
+
+
 def sanitize_maddrs(maddrs: list[str]) -> list[str]:
     """The entries that parse as multiaddrs ending in a valid /p2p/<peer id>; others logged."""
     out = []
@@ -205,10 +216,20 @@ class Transport:
         return self._dht
 
     def dht_store(self, key: str, subkey: str, value: bytes, *, ttl: float, timeout: float) -> bool:
+        return self.dht_store_many([(key, subkey, value)], ttl=ttl, timeout=timeout)
+
+    def dht_store_many(self, items: list[tuple[str, str, bytes]], *, ttl: float,
+                       timeout: float) -> bool:
+        """Store every (key, subkey, value) at once (the DHT process runs them concurrently:
+        one round trip, not one per key); whether all succeeded."""
         exp = get_dht_time() + ttl
-        ok = self._dht_call("store", lambda d: d.store(key, value, exp, subkey=subkey,
-                                                       return_future=True), timeout)
-        return bool(ok)
+
+        def call(d: DHT) -> Any:
+            futs = [d.store(k, v, exp, subkey=sub, return_future=True) for k, sub, v in items]
+            return _All(futs)
+
+        ok = self._dht_call("store", call, timeout)
+        return bool(ok) and all(ok)
 
     def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
         """Subkey -> value of a dictionary key; {} if absent or on failure."""

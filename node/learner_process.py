@@ -116,7 +116,7 @@ class OuterHook:
     model fingerprint, known once the learner announced it) and runs its outer steps."""
 
     def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str,
-                 learner_config: Any = None) -> None:
+                 learner_config: Any = None, stop: threading.Event | None = None) -> None:
         from collectives import OuterConfig
 
         self.config = OuterConfig(**outer_cfg)
@@ -124,6 +124,8 @@ class OuterHook:
         self.data_dir = data_dir
         self.learner_config = learner_config
         self.loop: Any = None
+        self.stop = stop
+        """Set on SIGTERM/SIGINT: cuts the last step's wait for the peers short."""
 
     def _genesis(self, model: Any) -> Any:
         """θ of the base model (flat): the outer state's version 0, the same on every node of
@@ -165,6 +167,9 @@ class OuterHook:
         return [f"/ip4/{host}/tcp/{port}/p2p/{peer_id}"]
 
     def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:
+        """After every round: never waits for the network. Outer steps start on the clock
+        and run in the background while rounds go on (OuterLoop.after_round); a finished
+        one is applied here, between rounds, and its record returned."""
         if self.loop is None:
             from collectives import OuterLoop
             from protocol import load_or_create_identity
@@ -172,21 +177,32 @@ class OuterHook:
             self.loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
                                   group=self.bridge.model or "unknown", params=model,
                                   data_dir=self.data_dir, discover=self._discover,
-                                  trust=self.bridge.trusted, genesis=self._genesis(model),
-                                  on_stage=lambda stage: emit("phase", phase="outer", stage=stage,
-                                                              done=0, total=0))
+                                  trust=self.bridge.trusted, genesis=self._genesis(model))
             self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
             self.bridge.announce(model=self.bridge.model or "unknown")
-        if (round_ + 1) % self.config.every_rounds == 0:  # OuterLoop.maybe_outer_step's rule
-            emit("phase", phase="outer", done=0, total=0, round=round_)
-        record = self.loop.maybe_outer_step(round_)
+        record = self.loop.after_round(round_)
         if record is not None:
             emit("outer", record=record)
         return record
 
-    def close(self) -> None:
-        if self.loop is not None:
-            self.loop.close()
+    def close(self, *, final_step: bool = False) -> None:
+        """Collect a step still running (its record is emitted); with ``final_step`` (the
+        run ended by itself, not by a signal) the last steps (``OuterLoop.finish``: it keeps
+        attending the meetings of the peers still training until they all ended too, steps
+        with them and serves the result, bounded by ``final_wait_s``), so the swarm ends at
+        one state; then leave (telling finished peers not to wait for us)."""
+        if self.loop is None:
+            return
+        try:
+            record = self.loop.poll(wait=min(self.config.deadline_s + 5, 30.0))  # < stop timeout
+            if record is not None:
+                emit("outer", record=record)
+            if final_step:
+                emit("phase", phase="outer", done=0, total=0)
+                self.loop.finish(stop=self.stop, on_record=lambda r: emit("outer", record=r))
+        except Exception as e:  # noqa: BLE001 - leaving anyway
+            log.warning("outer step at exit: %s", e)
+        self.loop.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
 
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
-    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"], config)
+    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"], config, stop)
     from node.learner.errors import LearnerError
 
+    finished = False
     try:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,
                              on_round=lambda rec: _on_round(rec, bridge), outer=outer,
@@ -228,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "phase", phase=name, done=done, total=total),
                              on_checkpoint=lambda r, path, secs: emit(
                                  "checkpoint", round=r, path=str(path), seconds=round(secs, 3)))
+        finished = not stop.is_set()
     except (LearnerError, ValueError) as e:
         log.error("%s", e)
         emit("fatal", error=str(e))
@@ -241,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FATAL
     finally:
         emit("phase", phase="leaving", done=0, total=0)
-        outer.close()
+        outer.close(final_step=finished)
         bridge.close()
         _reap_children()
     emit("done", rounds=len(report.get("rounds", [])))

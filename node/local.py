@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 # A short demo should show every mechanism: outer steps and checkpoints every 2 rounds.
-LOCAL_DEFAULTS = ("[outer]\nevery_rounds = 2\njoin_window_s = 10.0\ndeadline_s = 60.0\n\n"
+LOCAL_DEFAULTS = ("[outer]\nevery_rounds = 2\njoin_window_s = 3.0\ndeadline_s = 60.0\n"
+                  "final_wait_s = 60.0\n\n"
                   "[learner]\ncheckpoint_every = 2\n")
 BOOTSTRAP_TIMEOUT_S = 120.0
 

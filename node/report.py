@@ -15,9 +15,28 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def node_report(*, peer_id: str, model: str | None, rounds: list[dict[str, Any]],
                 outer_steps: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """Contract keys first; ``extra`` for anything useful (restarts, exit reason...)."""
+    """Contract keys first, then ``compute_utilisation`` (time in inner rounds ÷ wall time
+    of the learner's round loop, as of its last round; None before one) and
+    ``discarded_rounds`` (inner rounds whose work an outer step dropped, over all learner
+    runs); ``extra`` for anything useful (restarts, exit reason...)."""
     return {"peer_id": peer_id, "model": model, "rounds": rounds, "outer_steps": outer_steps,
-            **extra}
+            "compute_utilisation": next((r["compute_utilisation"] for r in reversed(rounds)
+                                         if r.get("compute_utilisation") is not None), None),
+            "discarded_rounds": discarded_rounds(outer_steps), **extra}
+
+
+def discarded_rounds(outer_steps: list[dict[str, Any]]) -> int:
+    """Sum of the outer loop's running ``discarded_rounds`` totals (one per learner run: a
+    total that goes down means the learner restarted and counts from 0 again)."""
+    total = last = 0
+    for step in outer_steps:
+        n = step.get("discarded_rounds")
+        if not isinstance(n, int):
+            continue
+        if n < last:
+            total += last
+        last = n
+    return total + last
 
 
 def plot_rewards(nodes: list[dict[str, Any]], path: Path, *, title: str = "") -> None:

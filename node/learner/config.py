@@ -350,6 +350,9 @@ class LearnerConfig:
     """How many good checkpoints to keep (>= 1; the previous one is the fallback)."""
     seed: int = 0
     """Seeds task sampling and generation (mixed with the round number)."""
+    slowdown_for_tests: float = 1.0
+    """Tests and benches only: every round is stretched to this multiple of its duration
+    (a sleep after training, counted as round time: emulates a slower device). 1 = off."""
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -358,6 +361,8 @@ class LearnerConfig:
         _positive(self, "keep_checkpoints")
         if not math.isfinite(self.checkpoint_every_s):
             raise ValueError("LearnerConfig.checkpoint_every_s must be finite")
+        if not (1.0 <= self.slowdown_for_tests <= 100.0):
+            raise ValueError("LearnerConfig.slowdown_for_tests must be in [1, 100]")
         if not math.isfinite(self.seed):
             raise ValueError("LearnerConfig.seed must be finite")
 

@@ -185,6 +185,10 @@ class Learner:
                                  model=self.policy.model.base_model):  # trainer calls the trunk
             train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
+        if cfg.slowdown_for_tests > 1:  # emulate a slower device: this round, stretched
+            extra = (cfg.slowdown_for_tests - 1) * sum(seconds.values())
+            time.sleep(extra)
+            seconds["slowdown"] = extra
         dropped = self.pool.counters - counters_before
         self.signals.observe(
             local_flat=sum(len(set(g.rewards)) == 1 for g in local) / len(local) if local else None,
@@ -276,6 +280,9 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
                 ) -> dict[str, Any]:
     """Run ``rounds`` more SAPO rounds (None: until ``stop`` is set); return the node report.
 
+    Each round record gets ``compute_utilisation``: the time spent in rounds so far ÷ the
+    wall time since the loop started (what outer steps, checkpoints and callbacks cost).
+
     Resumes from the data dir's checkpoint if there is one (the round counter continues),
     announces the model fingerprint, calls ``on_round(record)`` and ``outer(model, round)``
     after every round, ``on_phase(name, done, total)`` within rounds, checkpoints every
@@ -292,6 +299,7 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
     records: list[dict[str, Any]] = []
     outer_steps: list[dict[str, Any]] = []
     start_round = learner.round
+    t_start, compute = time.monotonic(), 0.0
     saver = CheckpointSaver(data_dir=config.data_dir, model=learner.policy.model,
                             optimizer=learner.trainer.optimizer, fingerprint=learner.fingerprint,
                             every_rounds=config.checkpoint_every, every_s=config.checkpoint_every_s,
@@ -302,6 +310,8 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
         if record is None:
             break
         learner.round += 1
+        compute += sum(record["seconds"].values())
+        record["compute_utilisation"] = round(compute / max(1e-9, time.monotonic() - t_start), 4)
         records.append(record)
         log.info("peer %s round %d: reward %.3f, published %d, received %d, external %d, rejected %d",
                  learner.peer_id[:16], record["round"], record["mean_reward"],

@@ -25,7 +25,7 @@ class Swarm:
         """Start a peer; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
         cmd = [*(prefix or []), sys.executable, "-m", module, "--dir", str(self.root),
                "--seed", str(seed)]
-        if module == "tests.collectives.peer_worker":
+        if module in ("tests.collectives.peer_worker", "tests.collectives.clock_worker"):
             cmd += ["--name", name]
         for k, v in opts.items():
             if v is True:

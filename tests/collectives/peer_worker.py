@@ -5,6 +5,10 @@ Usage: python -m tests.collectives.peer_worker --dir D --name NAME --seed S [opt
 Peers find each other through D/addrs/<name>.txt (their collective_addrs), meet at a file
 barrier D/barrier/<i>/ before each outer step, and write per step: D/out/<name>.jsonl (the
 record) and D/out/<name>-<i>.npz (θ_global before, own pseudo-gradient, θ_global after).
+
+``--clock`` (the bench): no barrier and no blocking step; the peer trains like a node
+(``OuterLoop.after_round`` after every inner round of ``--round-s`` seconds) and meets the
+others on the clock, see ``run_on_clock``.
 """
 
 from __future__ import annotations
@@ -156,6 +160,14 @@ def main() -> None:
     ap.add_argument("--weight", type=float, default=None, help="declared weight (hostile)")
     ap.add_argument("--poison-reducer", choices=["none", "nan", "huge"], default="none",
                     help="this peer's reducer returns a poisoned mean shard")
+    ap.add_argument("--clock", action="store_true", help="meet on the clock (run_on_clock): "
+                    "--steps grouped steps, then stop")
+    ap.add_argument("--round-s", type=float, default=0.05, help="--clock: inner round time")
+    ap.add_argument("--every-rounds", type=int, default=2)
+    ap.add_argument("--period", type=float, default=0.0, help="--clock: period_s (0: adapt)")
+    ap.add_argument("--min-period", type=float, default=2.0)
+    ap.add_argument("--duration", type=float, default=300.0,
+                    help="--clock: stop after this many seconds anyway")
     args = ap.parse_args()
     install_fault(Fault(args.fault), args.fault_step, args.fault_after)
     poison_reducer(args.poison_reducer)
@@ -167,15 +179,23 @@ def main() -> None:
     (root / "addrs").mkdir(parents=True, exist_ok=True)
     identity = Identity.from_seed(args.seed.to_bytes(32, "little"))
     model = make_model(args.numel)
-    cfg = OuterConfig(every_rounds=2, compression=args.compression, deadline_s=args.deadline,
-                      join_window_s=args.join_window, host_maddrs=(args.host,))
+    cfg = OuterConfig(every_rounds=args.every_rounds, compression=args.compression,
+                      deadline_s=args.deadline, join_window_s=args.join_window,
+                      period_s=args.period, min_period_s=args.min_period,
+                      host_maddrs=(args.host,))
     trust = (lambda p: p in known_peer_ids(root, args.trust)) if args.trust else None
     loop = OuterLoop(cfg, identity=identity, group="test-model", params=model,
                      data_dir=str(root / "data" / args.name),
                      discover=lambda: discover(root, args.name),
                      **({"trust": trust} if trust else {}))
+    if args.clock:  # the drift is drawn before we say we are up (100M values take seconds)
+        gen = torch.Generator().manual_seed(args.seed)
+        noise = [torch.randn(p.shape, generator=gen) * 0.01 for p in model]
     atomic_write_bytes(root / "addrs" / f"{args.name}.txt",
                        "\n".join(loop.collective_addrs()).encode())
+    if args.clock:
+        run_on_clock(loop, model, noise, root, args)
+        return
     gen = torch.Generator().manual_seed(args.seed)
     for i in range(args.start_step, args.start_step + args.steps):
         for r in range(2 * i, 2 * i + 2):
@@ -207,12 +227,78 @@ def main() -> None:
                 rec["i"] = i
                 with open(root / "out" / f"{args.name}.jsonl", "a") as f:
                     f.write(json.dumps(rec) + "\n")
-    (root / "out" / f"{args.name}.done").touch()
-    # stay reachable as a state holder until the test says stop
+    finish(loop, root, args.name)
+
+
+def finish(loop: OuterLoop, root: Path, name: str) -> None:
+    """Mark this peer done, stay reachable as a state holder until the test says stop."""
+    (root / "out" / f"{name}.done").touch()
     end = time.monotonic() + 60
     while not (root / "stop").exists() and time.monotonic() < end:
         time.sleep(0.1)
     loop.close()
+
+
+def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[torch.Tensor],
+                 root: Path, args: argparse.Namespace) -> None:
+    """Train like a node and meet on the clock until ``--steps`` steps formed a group (or
+    every other peer is done).
+
+    Waits until ``--peers`` peers wrote their addresses, then runs inner rounds: a sleep of
+    ``--round-s``, ``poll`` (collects a finished attempt) and ``after_round`` (starts one at
+    the first round boundary after a meeting opens). The params drift (``noise``, the
+    same each time) after each collection, never while an attempt runs: every
+    step averages a non-zero delta and the bench times the step, not contention with
+    training. Every collected record gets, besides ``i``:
+
+    - ``done_at``: DHT time at which the attempt finished (committed, its shift ready);
+    - ``apply_s``: seconds ``poll`` took to apply it to the params (the rebase);
+    - ``step_s``: ``done_at - meet + apply_s``: from the meeting opening to the applied
+      result, without the wait for the next round boundary (training goes on meanwhile);
+    - ``collected_at``: DHT time when ``poll`` returned it.
+    """
+    from hivemind.utils import get_dht_time
+
+    while len(list((root / "addrs").glob("*.txt"))) < args.peers:
+        time.sleep(0.05)
+    # every peer lets the same meetings pass: those before the last peer was up (+ 0.5 s)
+    loop.clock.skip_until(max(f.stat().st_mtime for f in (root / "addrs").glob("*.txt")) + 0.5)
+    out = root / "out" / f"{args.name}.jsonl"
+    others = [f.stem for f in (root / "addrs").glob("*.txt") if f.stem != args.name]
+    done_at: dict[int, float] = {}
+    grouped = i = r = 0
+    k_started = -1
+    drift = True
+    end = time.monotonic() + args.duration
+    while grouped < args.steps and time.monotonic() < end:
+        if not loop.in_flight and all((root / "out" / f"{n}.done").exists() for n in others):
+            break  # nobody left to meet
+        time.sleep(args.round_s)
+        t = time.monotonic()
+        rec = loop.poll()  # what after_round does first; here so that we drift before the
+        apply_s = time.monotonic() - t  # next attempt's snapshot, which it may take at once
+        if rec is not None:
+            rec.update(i=i, done_at=done_at.pop(i, None), apply_s=round(apply_s, 4),
+                       collected_at=get_dht_time())
+            if rec.get("meet") is not None and rec["done_at"] is not None:
+                rec["step_s"] = round(rec["done_at"] - rec["meet"] + apply_s, 4)
+            with open(out, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            grouped += rec["peers"] >= 2
+            i += 1
+            drift = True
+        if drift and not loop.in_flight:
+            with torch.no_grad():
+                for p, z in zip(model, noise):
+                    p.add_(z)
+            drift = False
+        loop.after_round(r, seconds=args.round_s)  # collects nothing: may start an attempt
+        r += 1
+        if loop.in_flight and k_started != i:  # an attempt started: note when it ends
+            k_started = i
+            loop._pending[1].add_done_callback(  # type: ignore[index]
+                lambda _f, k=i: done_at.__setitem__(k, get_dht_time()))
+    finish(loop, root, args.name)
 
 
 if __name__ == "__main__":

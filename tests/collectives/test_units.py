@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -92,7 +93,15 @@ def test_state_roundtrip_hash_and_nesterov_matches_torch_sgd() -> None:
     g = torch.Generator().manual_seed(2)
     for _ in range(3):
         grad = torch.randn(300, generator=g)
-        st.apply(grad, lr=0.7, momentum=0.9)
+        pre, pre_hash = st.clone(), st.hash()
+        buf = torch.full((300,), float("nan"))  # a dead buffer becomes the new θ
+        again = st.stepped(grad, lr=0.7, momentum=0.9)
+        st, old = st.stepped(grad, lr=0.7, momentum=0.9, out=buf), st
+        assert st.theta.data_ptr() == buf.data_ptr() and again.hash() == st.hash()
+        assert old.hash() == pre_hash and torch.equal(old.theta, pre.theta)  # untouched
+        pre.momentum.mul_(0.9).add_(grad)  # the in-place form: the same bits
+        pre.theta.sub_((grad + pre.momentum * 0.9) * 0.7)
+        assert torch.equal(st.theta, pre.theta) and torch.equal(st.momentum, pre.momentum)
         p.grad = grad.clone()
         opt.step()
     assert torch.allclose(st.theta, p.detach(), atol=1e-6)
@@ -259,8 +268,8 @@ def test_state_hash_cache_follows_every_change() -> None:
                           applied=st.applied).hash()
 
     seen = {st.hash()}
-    for change in (lambda: setattr(st, "applied", 7), lambda: st.apply(torch.ones(50), lr=0.5,
-                   momentum=0.9), lambda: st.momentum.add_(1.0), lambda: st.theta.mul_(2.0),
+    for change in (lambda: setattr(st, "applied", 7), lambda: st.theta.__setitem__(3, 1.5),
+                   lambda: st.momentum.add_(1.0), lambda: st.theta.mul_(2.0),
                    lambda: setattr(st, "theta", torch.zeros(50))):
         change()
         assert st.hash() == fresh() and st.hash() not in seen
@@ -330,3 +339,31 @@ def test_streamed_verdict_agrees_with_whole_shard_reduction(case: str) -> None:
     expected = len(whole.accepted) == n and not whole.clipped
     assert holds == expected
     assert expected == (case in ("honest2", "honest4"))
+
+
+def test_in_place_collect_adds_the_same_bits_as_flatten_add_copy() -> None:
+    from collectives.background import _add_in_place
+
+    g = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(30, 7, generator=g)),
+              torch.nn.Parameter(torch.randn(11, generator=g))]
+    shift = torch.randn(221, generator=g) * 1e-3
+    expected = flatten(params) + shift
+    assert _add_in_place(params, shift)
+    assert torch.equal(flatten(params), expected)
+    half = [torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))]
+    assert not _add_in_place(half, torch.ones(4)) and torch.equal(
+        half[0].detach(), torch.ones(4, dtype=torch.bfloat16))  # not written: the caller
+    # falls back to flatten + add + copy
+
+
+def test_finite_check_by_max_and_min_catches_every_non_finite_value() -> None:
+    from collectives.background import _finite
+
+    g = torch.Generator().manual_seed(7)
+    assert _finite(torch.randn(70_001, generator=g) * 1e30) and _finite(torch.zeros(0))
+    for bad in (math.nan, math.inf, -math.inf):
+        for pos in (0, 1, 4095, 70_000):  # inside and at the ends of vectorised blocks
+            x = torch.randn(70_001, generator=g)
+            x[pos] = bad
+            assert not _finite(x), (bad, pos)

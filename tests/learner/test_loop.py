@@ -120,3 +120,28 @@ def test_zero_advantage_external_groups_are_counted(data_dir):
     other.publish(RolloutBatch(model="x", round=0, rollouts=(same,)))
     r = run_learner(_config(data_dir, tasks=TaskConfig(families=("tiny_add",))), me, rounds=1)["rounds"][0]
     assert r["rejected"] == 0 and r["external_zero_advantage"] == 1 and r["external_used"] == 0
+
+
+def test_compute_utilisation_counts_what_outer_steps_cost_and_slowdown_stretches_rounds(
+        data_dir):
+    import time
+
+    hub = LoopbackHub()
+    bridge = hub.bridge(Identity.generate())
+
+    def outer(model, rnd):
+        time.sleep(0.4)  # a blocking outer step: wall time outside the rounds
+        return None
+
+    rep = run_learner(_config(data_dir, slowdown_for_tests=2.0), bridge, rounds=2, outer=outer)
+    for r in rep["rounds"]:
+        s = r["seconds"]
+        assert s["slowdown"] == pytest.approx(sum(v for k, v in s.items() if k != "slowdown"))
+    compute = sum(sum(r["seconds"].values()) for r in rep["rounds"])
+    u = rep["rounds"][-1]["compute_utilisation"]
+    assert u == rep["compute_utilisation"]
+    # the first 0.4 s sleep is before round 1's record; the second after the last record
+    assert u < compute / (compute + 0.4) + 0.02 and u > 0.3, (u, compute)
+    assert rep["discarded_rounds"] == 0
+    with pytest.raises(ValueError, match="slowdown_for_tests"):
+        _config(data_dir, slowdown_for_tests=0.5)

@@ -1,0 +1,167 @@
+"""Adopting states: catch-up along our lineage, and fetching a state from its holders.
+
+A mixin of ``OuterLoop`` (loop.py); the rules themselves are in consistency.py. Adopting
+never overwrites inner work: it goes through ``OuterLoop._rebase``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+
+from collectives.allreduce import AllReduce
+from collectives.config import OuterConfig
+from collectives.consistency import (Candidate, CommitBook, Lineage, extension,
+                                     head_rejections, sibling, trusted_head)
+from collectives.errors import SyncError
+from collectives.schedule import Clock
+from collectives.state import OuterState
+from collectives.transport import Transport
+
+__all__ = ["Adopter", "MAX_HOPS"]
+
+logger = logging.getLogger(__name__)
+MAX_HOPS = 64
+"""Most versions one catch-up walks."""
+
+
+class Adopter:
+    """Catch-up and state fetches (the attributes are ``OuterLoop``'s)."""
+
+    config: OuterConfig
+    peer_id: str
+    _transport: Transport
+    _ar: AllReduce
+    _book: CommitBook
+    _lock: threading.Lock
+    _state: OuterState
+    _lineage: Lineage
+    _parent_theta: torch.Tensor | None
+    _minority_streak: int
+    _trust: Callable[[str], bool]
+    _rebase: Callable[..., None]
+    clock: Clock
+
+    def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
+                  deadline: float) -> None:
+        """Adopt what extends our lineage, or the winning sibling of a fork, or (joiners) a
+        trusted/anchored head; count and refuse every other newer claim."""
+        heads = self._book.verify(self._transport.dht_get(
+            self._book.head_key, timeout=max(0.1, deadline - time.monotonic())), step=None,
+            kind="version")
+        heads.pop(self.peer_id, None)
+        with self._lock:
+            start = lineage = self._lineage
+        target: Candidate | None = None
+        base: torch.Tensor | None = None  # rebase relative to this θ (None: the θ we hold)
+        if lineage.is_genesis:
+            target = trusted_head(heads, anchor=self.config.anchor, trust=self._trust,
+                                  mine=lineage.hash)
+            if target is not None and target.version <= lineage.version \
+                    and target.hash != self.config.anchor:
+                target = None
+            if target is not None:
+                lineage = Lineage(hash=target.hash, version=target.version,
+                                  witnesses=frozenset(target.members),
+                                  parent=heads[target.holders[0]].parent)
+        elif any(c.step == lineage.version and c.parent == lineage.parent
+                 and c.state_hash != lineage.hash for c in heads.values()):
+            commits = self._book.verify(self._transport.dht_get(
+                self._book.key(lineage.version), timeout=max(0.1, deadline - time.monotonic())),
+                step=lineage.version, kind="version")
+            target = sibling(commits, lineage, self.peer_id)
+            if target is not None:
+                logger.info("fork at version %d: switching to %s… (signed by a majority of "
+                            "the parent's witnesses)", lineage.version, target.hash[:12])
+                with self._lock:
+                    base = self._parent_theta
+                lineage = Lineage(hash=target.hash, version=target.version,
+                                  witnesses=frozenset(target.members), parent=lineage.parent,
+                                  parent_witnesses=lineage.parent_witnesses)
+        hops = 0
+        while any(c.step > lineage.version for c in heads.values()) and hops < MAX_HOPS \
+                and time.monotonic() < deadline:
+            commits = self._book.verify(self._transport.dht_get(
+                self._book.key(lineage.version + 1),
+                timeout=max(0.1, deadline - time.monotonic())), step=lineage.version + 1,
+                kind="version")
+            nxt = extension(commits, lineage, self.peer_id)
+            if nxt is None:
+                for p, c in commits.items():
+                    if c.state_hash != lineage.hash:
+                        rejected[(p, c.state_hash, c.step)] = \
+                            "no_quorum" if c.parent == lineage.hash else "unknown_parent"
+                break
+            heads_holding = tuple(p for p, c in heads.items() if c.state_hash == nxt.hash)
+            target = Candidate(hash=nxt.hash, version=nxt.version, members=nxt.members,
+                               holders=tuple(dict.fromkeys(nxt.holders + heads_holding)))
+            lineage = Lineage(hash=nxt.hash, version=nxt.version,
+                              witnesses=frozenset(nxt.members), parent=lineage.hash,
+                              parent_witnesses=lineage.witnesses)
+            hops += 1
+        for p, c in heads.items():
+            if c.step > lineage.version and c.state_hash != lineage.hash:
+                why = head_rejections({p: c}, lineage if target else start,
+                                      joiner=start.is_genesis and target is None)
+                for reason in why:
+                    rejected.setdefault((p, c.state_hash, c.step), reason)
+        if rejected:
+            logger.warning("refused %d commit(s) claiming newer versions: %s", len(rejected),
+                           dict(Counter(rejected.values())))
+        if target is not None:
+            self._fetch_adopt(rec, target, end=deadline, lineage=lineage, base=base)
+            self.clock.adopt([c.peers for c in heads.values() if c.state_hash == target.hash])
+
+    def _fetch_adopt(self, rec: dict[str, Any], target: Candidate, *, end: float,
+                     lineage: Lineage | None = None, base: torch.Tensor | None = None) -> None:
+        """Fetch ``target`` from its holders, verify it, adopt it: params <- θ_new +
+        (params − base), base = the θ we held unless given (our counted snapshot)."""
+        state, size = self._fetch(target.hash, list(target.holders), end=end)
+        if state.version != target.version:
+            raise SyncError(f"state {target.hash[:12]}… is at version {state.version}, "
+                            f"its commits say {target.version}")
+        with self._lock:
+            old, held = self._state.theta, self._lineage
+            self._state = state
+            self._rebase(onto=state.theta, base=old if base is None else base)
+            self._lineage = lineage or Lineage(hash=target.hash, version=target.version,
+                                               witnesses=frozenset(target.members))
+            self._minority_streak = 0
+            if self._lineage.parent == held.hash:
+                self._parent_theta = old
+            elif self._lineage.parent != held.parent:
+                self._parent_theta = None  # a sibling keeps our parent; else it is unknown
+        rec["status"] = "resynced"
+        rec["resync_bytes"] += size
+        logger.info("adopted outer state %s… (version %d)", target.hash[:12], target.version)
+
+    def _fetch(self, want: str, holders: list[str], *, end: float) -> tuple[OuterState, int]:
+        numel = self._state.theta.numel()
+        holders = [p for p in holders if p != self.peer_id]
+        for k, peer in enumerate(holders):
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            budget = min(left, max(1.0, left / (len(holders) - k)))  # a dead one must not
+            # eat it all
+            try:
+                data = self._transport.run(
+                    self._ar.fetch_state(peer, want, budget,
+                                         max_bytes=OuterState.wire_size(numel)), budget + 1)
+                state = OuterState.from_bytes(data, numel=numel)
+            except Exception as e:  # noqa: BLE001 - dial errors, timeouts, bad bytes: next
+                logger.info("state fetch from %s failed: %s: %s", peer, type(e).__name__, e)
+                continue
+            if state.hash() != want:
+                logger.warning("state from %s does not match its commit; ignored", peer)
+                continue
+            if not state.is_finite():
+                logger.warning("state %s… from %s is not finite; ignored", want[:12], peer)
+                continue
+            return state, len(data)
+        raise SyncError(f"no holder of {want[:12]}… served it in time")

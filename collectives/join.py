@@ -1,0 +1,54 @@
+"""Reading who joined a meeting (a mixin of ``OuterLoop``; the attempt is in loop.py).
+
+Each peer stores a signed join record (its state hash, its period proposal) under the
+meeting's key; the peers that claim the same hash form the group, the smallest id leads.
+"""
+
+from __future__ import annotations
+
+import time
+
+from collectives.config import OuterConfig
+from collectives.consistency import CommitBook
+from collectives.schedule import Clock
+from collectives.transport import Transport
+
+__all__ = ["Joiner"]
+
+
+class Joiner:
+    """The group read (the attributes are ``OuterLoop``'s)."""
+
+    config: OuterConfig
+    peer_id: str
+    clock: Clock
+    _book: CommitBook
+    _transport: Transport
+
+    def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
+                    discovered: frozenset[str], read_at: float, code: int, *,
+                    meet_at: float | None = None) -> tuple[dict[str, int], bool]:
+        """Peer -> clock code (schedule.py) of the peers that claim our hash (us included),
+        read until ``read_at``, or until every ``expected`` peer claims our hash and every
+        ``discovered`` one has joined at all (if there is anyone to wait for); and whether
+        it ended early.
+
+        ``meet_at`` (a meeting on the clock, monotonic): the read lasts at least until the
+        window of the longest period in force among the holders' codes after it, so peers
+        that came with different periods read at the same time (schedule.py)."""
+        mine = {self.peer_id: code}
+        anyone = (expected | discovered) - {self.peer_id}
+        while True:
+            left = read_at - time.monotonic()
+            signed = self._book.verify(self._transport.dht_get(
+                join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
+                step=v, kind="join")
+            holders = {p: c.peers for p, c in signed.items() if c.state_hash == my_hash} | mine
+            if meet_at is not None:
+                read_at = max(read_at, meet_at + self.clock.window(
+                    self.clock.longest(list(holders.values()))))
+            early = bool(anyone) and expected <= set(holders) \
+                and anyone <= set(signed) | set(holders)
+            if early or time.monotonic() >= read_at:
+                return holders, early
+            time.sleep(min(0.1, max(0.0, read_at - time.monotonic())))

@@ -1,0 +1,91 @@
+"""Clock rendezvous and background outer steps: real processes and hivemind on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.collectives.harness import Swarm
+
+pytestmark = pytest.mark.slow
+
+ROUND_S = {"fast": 0.2, "mid": 0.3, "slow": 0.4}
+"""Round times differ by 2x; starts drift by up to 1.3 s (``--delay``)."""
+DELAY = {"fast": 0.0, "mid": 1.3, "slow": 0.6}
+
+
+def test_drifting_peers_meet_on_the_clock_and_keep_the_rounds_made_meanwhile(
+        swarm: Swarm) -> None:
+    names = list(ROUND_S)
+    for k, n in enumerate(names):
+        swarm.spawn(n, seed=k + 1, module="tests.collectives.clock_worker",
+                    round_s=ROUND_S[n], delay=DELAY[n], peers=3, duration=16.0, trust=True)
+    swarm.wait_done(names, timeout=150)
+    recs = {n: list(swarm.records(n).values()) for n in names}
+    stats = {n: json.loads((swarm.root / "out" / f"{n}.json").read_text()) for n in names}
+    by_meet: dict[float, dict[str, dict]] = {}
+    for n in names:
+        for r in recs[n]:
+            assert r["discarded_rounds"] == 0, r
+            by_meet.setdefault(r["meet"], {})[n] = r
+    meets = sorted(by_meet)
+    for n in names:  # every step after a peer's first averaged with others (but the last:
+        # the others may have stopped)
+        for r in recs[n][1:-1]:
+            assert (r["status"], r["peers"] >= 2) == ("ok", True), (n, r)
+    # a peer's first step may find it still in its start-up drift, the last meeting may find
+    # one past its end; every meeting between has all three, at equal hashes
+    settled = max(recs[n][1]["meet"] for n in names)
+    middle = [m for m in meets[:-1] if m >= settled]
+    assert len(middle) >= 2, {m: {n: r["status"] for n, r in g.items()}
+                              for m, g in by_meet.items()}
+    for m in middle:
+        group = by_meet[m]
+        assert set(group) == set(names), (m, {n: r["status"] for n, r in group.items()})
+        for r in group.values():
+            assert (r["status"], r["peers"]) == ("ok", 3), r
+        assert len({r["param_hash"] for r in group.values()}) == 1, group
+        assert len({r["version"] for r in group.values()}) == 1
+    for m in meets:  # meetings are on the ladder: multiples of min_period_s (2 s)
+        assert m % 2.0 == 0, m
+    # rebase: the rounds trained while the exchange ran survive its application exactly:
+    # after − θ_new == before − snapshot (params = θ_new + the work since the snapshot)
+    overlapped = 0
+    for n in names:
+        for r in recs[n]:
+            if r["status"] != "ok" or r["resync_bytes"]:
+                continue
+            z = swarm.arrays(n, r["i"])
+            assert np.allclose(z["after"] - z["theta"], z["before"] - z["snapshot"],
+                               atol=1e-5), (n, r)
+            if r["overlap_rounds"] > 0:
+                assert np.abs(z["before"] - z["snapshot"]).max() > 1e-3  # work was made
+                overlapped += 1
+    assert overlapped >= 2, {n: [r["overlap_rounds"] for r in recs[n]] for n in names}
+    for n in names:  # the round loop never waited for an outer step
+        assert stats[n]["compute_s"] / stats[n]["wall_s"] > 0.9, stats[n]
+
+
+def test_peers_that_end_at_different_times_end_at_one_state(swarm: Swarm) -> None:
+    """OuterLoop.finish: peers whose runs end seconds apart keep meeting until the last one
+    ended, step together once more and end at one state; a peer that left without it
+    (close() says so) is not waited for."""
+    ends = {"early": 4.0, "mid": 7.0, "late": 10.0}
+    for k, n in enumerate(ends):
+        swarm.spawn(n, seed=k + 1, module="tests.collectives.clock_worker", round_s=0.25,
+                    peers=4, duration=ends[n], trust=True, finish=True, final_wait=40.0)
+    swarm.spawn("quitter", seed=9, module="tests.collectives.clock_worker", round_s=0.25,
+                peers=4, duration=5.5, trust=True, leave=True)
+    swarm.wait_done([*ends, "quitter"], timeout=150)
+    last = {n: max(swarm.records(n).values(), key=lambda r: r["i"]) for n in ends}
+    for n, r in last.items():
+        assert (r["status"], r["peers"]) == ("ok", 3), (n, r)
+        assert r["discarded_rounds"] == 0 and r["rounds_pending"] == 0, r
+        z = swarm.arrays(n, r["i"])  # nothing trained since: the params are θ_global
+        assert np.allclose(z["after"], z["theta"], atol=1e-6), n
+    assert len({(r["step"], r["version"], r["param_hash"]) for r in last.values()}) == 1, last
+    # the first to end waited for the last (6 s later), but not final_wait_s for the quitter
+    finish_s = json.loads((swarm.root / "out" / "early.json").read_text())["finish_s"]
+    assert 4.0 < finish_s < 30.0, finish_s

@@ -1,0 +1,161 @@
+"""Pure unit tests: the clock (schedule.py) and applying a background step (OuterLoop._collect)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from collectives import OuterConfig, OuterLoop
+from collectives.background import Work
+from collectives.schedule import Clock, ladder
+from collectives.state import OuterState, flatten
+
+
+def clock(**kw: float) -> Clock:
+    opts = dict(every_rounds=4, min_period_s=2.0, max_period_s=64.0, min_window_s=0.5,
+                max_window_s=8.0)
+    return Clock(**{**opts, **kw})  # type: ignore[arg-type]
+
+
+def test_ladder_rounds_up_to_powers_of_two_within_bounds() -> None:
+    assert [ladder(s, base=2, top=64) for s in (0, 1.9, 2, 2.1, 5, 64, 1e9)] \
+        == [2, 2, 2, 4, 8, 64, 64]
+    assert ladder(100, base=2, top=100) == 64  # the largest rung <= top
+    with pytest.raises(ValueError):
+        ladder(1, base=0, top=1)
+
+
+def test_peers_that_disagree_on_the_period_still_meet_at_the_longer_ones() -> None:
+    fast, slow = clock(), clock()
+    for _ in range(5):
+        fast.observe_round(0.9)  # 4 rounds: 3.6 s -> 4 s
+        slow.observe_round(1.8)  # 7.2 s -> 8 s
+    assert (fast.period(), slow.period()) == (4.0, 8.0)
+    f = {t for t in range(0, 200) if fast.due(float(t)) is not None}
+    s = {t for t in range(0, 200) if slow.due(float(t)) is not None}
+    assert s and s <= f  # every meeting of the slower is one of the faster's
+    fast.heard([slow.code(), fast.code()])  # the group's largest proposal: 8 s
+    assert fast.period() == 8.0 and fast.proposal() == 4.0
+    fast.heard([10**7])  # a hostile proposal is capped at max_period_s
+    assert fast.period() == 64.0
+
+
+def test_peers_that_came_with_different_periods_read_the_group_at_the_same_time() -> None:
+    """The window follows the longest period in force among the join records, so a peer
+    whose own period is shorter reads as late as the others (schedule.py)."""
+    fast, slow = clock(), clock()
+    for _ in range(5):
+        fast.observe_round(0.9)
+        slow.observe_round(1.8)
+    assert fast.window() < slow.window()
+    codes = [fast.code(), slow.code()]
+    assert fast.window(fast.longest(codes)) == slow.window(slow.longest(codes)) \
+        == slow.window()
+    assert fast.longest([fast.code()]) == 4.0  # alone: its own
+    assert fast.longest([10**7, -1, "x"]) <= 64.0  # type: ignore[list-item]
+    fixed = clock(period_s=10.0)
+    assert fixed.longest([slow.code()]) == 10.0  # a configured period is everyone's
+
+
+def test_a_peer_joins_the_meeting_that_opened_during_its_round_not_a_stale_one() -> None:
+    c = clock(period_s=10.0)
+    assert c.window() == 3.75  # 1.5 rounds of a 10 s period of 4 rounds
+    assert c.due(101.0) == 100.0  # opened 1 s ago: join
+    assert c.due(105.0) is None  # joined already; the next opens at 110
+    assert c.due(114.5) is None  # 4.5 s late (> window): wait for 120
+    assert c.due(121.0) == 120.0
+    c.skip_until(140.0)  # let the meetings before 140 pass
+    assert c.due(131.0) is None and c.due(140.5) == 140.0
+
+
+def test_a_shorter_period_takes_effect_at_once_and_one_slow_round_does_not_stretch_it() -> None:
+    c = clock()
+    c.observe_round(30.0)  # the first round loaded the model
+    assert c.period() == 64.0
+    assert c.due(128.5) == 128.0
+    for _ in range(4):
+        c.observe_round(0.9)
+    assert c.period() == 4.0  # the median of the last rounds
+    assert c.due(130.0) is None  # 128 joined already
+    assert c.due(132.2) == 132.0  # the next multiple of the new period, not 128 + 64
+
+
+def test_the_period_holds_a_window_and_the_last_exchange() -> None:
+    c = clock()
+    c.observe_round(0.1)
+    assert c.period() == 2.0
+    c.observe_exchange(3.0)  # 1.25 x (0.5 + 3.0) = 4.375 -> 8
+    assert c.period() == 8.0
+    assert c.code() == 1 + 2 + 32 * 2  # proposal and period in force: rung 2 (8 s)
+    c.finish()  # a finished peer asks for nothing, attends every meeting, says so
+    assert c.period() == 2.0 and Clock.finished(c.code()) and not Clock.pending(c.code())
+    assert Clock.pending(c.code(pending=True)) and not Clock.finished(1 + 2 + 32 * 2)
+
+
+def _loop(params: list[torch.nn.Parameter]) -> OuterLoop:
+    loop = object.__new__(OuterLoop)  # only the param bookkeeping: no transport
+    loop.config, loop._lock, loop._params = OuterConfig(), threading.Lock(), params
+    theta = flatten(params)
+    loop._state = OuterState(theta=theta, momentum=torch.zeros_like(theta))
+    loop._rounds_pending, loop._discarded_rounds, loop._work = 0, 0, None
+    return loop
+
+
+def test_rounds_trained_during_a_background_step_survive_its_application() -> None:
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(50, 4, generator=g)),
+              torch.nn.Parameter(torch.randn(7, generator=g))]
+    loop = _loop(params)
+    loop._rounds_pending = 3
+    work = Work(snapshot=flatten(params), rounds=3, weight=None)
+    loop._work = work  # the outer-step thread applies the average (θ_new) and rebases
+    theta_new = loop._state.theta - 0.5
+    loop._rebase(onto=theta_new, base=work.params())
+    assert torch.equal(work.params(), theta_new)  # what the attempt sees from now on
+    work.counted = True
+    loop._work = None
+    with torch.no_grad():  # meanwhile the training thread made two more rounds
+        drift = [torch.randn(p.shape, generator=g) for p in params]
+        for p, d in zip(params, drift):
+            p.add_(d)
+    loop._rounds_pending += 2
+    before = flatten(params)
+    rec: dict = {}
+    loop._collect(work, rec)
+    made = before - work.snapshot  # the work since the snapshot
+    assert torch.allclose(flatten(params), theta_new + made, atol=1e-6)
+    assert (rec["rounds_pending"], rec["discarded_rounds"]) == (2, 0)
+
+
+def test_a_failed_step_leaves_the_params_exactly_as_trained() -> None:
+    params = [torch.nn.Parameter(torch.ones(10))]
+    loop = _loop(params)
+    work = Work(snapshot=flatten(params), rounds=1, weight=None)
+    loop._work = work
+    applied = loop._state.theta + 2.0  # applied, then rolled back: the shifts cancel
+    loop._rebase(onto=applied, base=work.snapshot)
+    loop._rebase(onto=work.snapshot, base=applied)
+    with torch.no_grad():
+        params[0].add_(0.25)
+    loop._rounds_pending = 2
+    rec: dict = {}
+    loop._collect(work, rec)
+    assert torch.equal(params[0].detach(), torch.full((10,), 1.25))
+    assert rec["rounds_pending"] == 2  # not counted: the rounds stay pending
+
+
+def test_a_non_finite_local_delta_is_dropped_and_counted() -> None:
+    params = [torch.nn.Parameter(torch.ones(4))]
+    loop = _loop(params)
+    work = Work(snapshot=flatten(params), rounds=2, weight=None)
+    loop._work = work
+    loop._rebase(onto=loop._state.theta * 3, base=work.snapshot)
+    with torch.no_grad():
+        params[0][1] = float("nan")
+    loop._rounds_pending = 4
+    rec: dict = {}
+    loop._collect(work, rec)
+    assert torch.equal(params[0].detach(), loop._state.theta)
+    assert rec["discarded_rounds"] == 4
