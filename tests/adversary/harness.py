@@ -253,6 +253,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
         except (OSError, json.JSONDecodeError):
             report = {"rounds": [], "outer_steps": [], "log": log_tail(base / name)}
         nodes[name] = {"report": report, "exit_code": procs[name].returncode,
+                       "refused_commit_lines": _refused_commit_lines(base / name),
                        "peer_id": honest_identity(name).peer_id,
                        "learner_peak_rss_mb": sampler.peak_rss.get(f"{name}/learner", 0.0),
                        "swarm_peak_rss_mb": sampler.peak_rss.get(f"{name}/swarm", 0.0),
@@ -266,3 +267,13 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
     if not plan.keep:
         shutil.rmtree(base, ignore_errors=True)
     return out
+
+
+def _refused_commit_lines(data_dir: Path) -> int:
+    """Catch-ups that refused newer-version commits, as the node logged them: also those of a
+    finished node's meetings (OuterLoop.finish), which emit no step record when nobody steps."""
+    try:
+        text = (data_dir / "node.log").read_text(errors="replace")
+    except OSError:
+        return 0
+    return sum("commit(s) claiming newer versions" in line for line in text.splitlines())
