@@ -7,6 +7,7 @@ never overwrites inner work: it goes through ``OuterLoop._rebase``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from collectives.allreduce import AllReduce
 from collectives.config import OuterConfig
 from collectives.consistency import (Candidate, CommitBook, Lineage, extension,
                                      head_rejections, sibling, trusted_head)
+from protocol import OuterStepCommit
 from collectives.errors import SyncError
 from collectives.schedule import Clock
 from collectives.state import OuterState
@@ -28,6 +30,16 @@ __all__ = ["Adopter", "MAX_HOPS"]
 logger = logging.getLogger(__name__)
 MAX_HOPS = 64
 """Most versions one catch-up walks."""
+
+
+def _step_rms(state: OuterState, mu: float) -> float:
+    """Root mean square of the recent outer steps' mean delta, read from the momentum
+    (m <- mu m + g: (1 - mu) m is a running average of g)."""
+    m = state.momentum
+    if not m.numel():
+        return 0.0
+    rms = (1 - mu) * float(torch.linalg.vector_norm(m)) / math.sqrt(m.numel())
+    return rms if math.isfinite(rms) else 0.0
 
 
 class Adopter:
@@ -45,6 +57,7 @@ class Adopter:
     _minority_streak: int
     _trust: Callable[[str], bool]
     _rebase: Callable[..., None]
+    _safe_discover: Callable[[], list[str]]
     clock: Clock
 
     def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
@@ -60,11 +73,7 @@ class Adopter:
         target: Candidate | None = None
         base: torch.Tensor | None = None  # rebase relative to this θ (None: the θ we hold)
         if lineage.is_genesis:
-            target = trusted_head(heads, anchor=self.config.anchor, trust=self._trust,
-                                  mine=lineage.hash)
-            if target is not None and target.version <= lineage.version \
-                    and target.hash != self.config.anchor:
-                target = None
+            target = self._joiner_target(heads, lineage)
             if target is not None:
                 lineage = Lineage(hash=target.hash, version=target.version,
                                   witnesses=frozenset(target.members),
@@ -117,6 +126,39 @@ class Adopter:
             self._fetch_adopt(rec, target, end=deadline, lineage=lineage, base=base)
             self.clock.adopt([c.peers for c in heads.values() if c.state_hash == target.hash])
 
+    def _joiner_target(self, heads: dict[str, OuterStepCommit],
+                       lineage: Lineage) -> Candidate | None:
+        """The head a joiner (genesis lineage) adopts: anchored or trusted (rule 3), newer
+        than ours unless it is the anchor."""
+        target = trusted_head(heads, anchor=self.config.anchor, trust=self._trust,
+                              mine=lineage.hash)
+        if target is not None and target.version <= lineage.version \
+                and target.hash != self.config.anchor:
+            return None
+        return target
+
+    def _read_agreed(self) -> None:
+        """Before our first attempt (loop.py ``_period_known``): the period agreed by the
+        group whose version we would adopt, read from its head commits (they carry it,
+        commit.py), so that our first meeting is theirs: the attempt there adopts their
+        state and steps with them. Nothing is fetched here; a head we would not adopt
+        tells us nothing (its period is a hostile peer's word)."""
+        found = self._safe_discover()
+        timeout = min(5.0, self.config.deadline_s / 4)
+        self._transport.add_dht_peers(found, timeout=timeout)
+        heads = self._book.verify(self._transport.dht_get(self._book.head_key, timeout=timeout),
+                                  step=None, kind="version")
+        heads.pop(self.peer_id, None)
+        with self._lock:
+            lineage = self._lineage
+        if not lineage.is_genesis:
+            return  # we hold a lineage: our catch-up follows it, with its period
+        target = self._joiner_target(heads, lineage)
+        if target is not None:
+            self.clock.adopt([heads[p].peers for p in target.holders])
+            logger.info("meeting on the period of version %d (%.0f s) from the first attempt",
+                        target.version, self.clock.period())
+
     def _fetch_adopt(self, rec: dict[str, Any], target: Candidate, *, end: float,
                      lineage: Lineage | None = None, base: torch.Tensor | None = None) -> None:
         """Fetch ``target`` from its holders, verify it, adopt it: params <- θ_new +
@@ -132,6 +174,10 @@ class Adopter:
             self._lineage = lineage or Lineage(hash=target.hash, version=target.version,
                                                witnesses=frozenset(target.members))
             self._minority_streak = 0
+            # the member check's reference (allreduce.py): a joiner that trained little
+            # since it rebased must not fail every honest mean of the others' deltas
+            self._ar.mean_rms = max(self._ar.mean_rms,
+                                    _step_rms(state, self.config.outer_momentum))
             if self._lineage.parent == held.hash:
                 self._parent_theta = old
             elif self._lineage.parent != held.parent:

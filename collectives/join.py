@@ -2,11 +2,17 @@
 
 Each peer stores a signed join record (its state hash, its period proposal) under the
 meeting's key; the peers that claim the same hash form the group, the smallest id leads.
+
+A peer that has not agreed a period with anyone yet (a newcomer, or every peer at a swarm's
+start, before any version exists to carry one) meets on its own proposal, which a peer whose
+rounds differ does not share: ``_find_meeting`` reads the meetings of every period that are
+open now and goes where peers at our state already joined.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from collectives.config import OuterConfig
 from collectives.consistency import CommitBook
@@ -24,6 +30,29 @@ class Joiner:
     clock: Clock
     _book: CommitBook
     _transport: Transport
+    _now: Callable[[], float]
+
+    def _find_meeting(self, v: int, my_hash: str, *,
+                      but: float | None = None) -> tuple[float, list[int]] | None:
+        """The open meeting (schedule.py ``open_meetings``; not ``but``) where the most
+        other peers claiming ``my_hash`` at version ``v`` joined, and their clock codes;
+        None if there is none. At most one DHT read per rung of the ladder (a newcomer's
+        first attempts only)."""
+        best: tuple[float, list[int]] | None = None
+        now = self._now()
+        for meet in self.clock.open_meetings(now):
+            if meet == but:
+                continue
+            signed = self._book.verify(self._transport.dht_get(
+                self._book.join_key(v, meet=meet),
+                timeout=min(2.0, self.config.dht_timeout_s)), step=v, kind="join")
+            codes = [c.peers for p, c in signed.items()
+                     if p != self.peer_id and c.state_hash == my_hash]
+            # still read by them: the window of the longest period in force among them
+            if codes and now - meet <= self.clock.window(self.clock.longest(codes, ours=False)) \
+                    and (best is None or len(codes) > len(best[1])):
+                best = (meet, codes)
+        return best
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
                     discovered: frozenset[str], read_at: float, code: int, *,

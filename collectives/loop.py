@@ -83,6 +83,10 @@ def _trust_nobody(_peer: str) -> bool:
     return False
 
 
+_DONE: Future[None] = Future()
+_DONE.set_result(None)
+
+
 def _dht_time() -> float:
     from hivemind.utils import get_dht_time  # the DHT's clock (wall clock)
 
@@ -147,6 +151,8 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._work: Work | None = None
         """The attempt running on the outer-step thread (only that thread touches it)."""
         self._pending: tuple[Work, Future[dict[str, Any]]] | None = None
+        self._scout: Future[None] | None = None
+        """The read of the agreed period before our first attempt (``_period_known``)."""
         self._last_round_end: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
         self._cache: tuple[str, bytes] | None = None
@@ -195,6 +201,19 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._rounds_pending += 1
         if self._pending is not None:
             self._pending[0].rounds_during += 1
+        rec = self.collect()
+        if self._pending is None and self.clock.round_s is not None \
+                and self._period_known():  # a pace to propose
+            meet = self.clock.due(self._now())
+            # with no peer known (none discovered, none met) nobody can come: no attempt
+            if meet is not None and (self._lineage.witnesses or self._last_group
+                                     or self._safe_discover()):
+                self.start(meet=meet, weight=weight)
+        return rec
+
+    def collect(self) -> dict[str, Any] | None:
+        """``poll()`` as the round loop needs it: the record of a finished attempt (applied
+        to the params), None while it runs or if it was no step."""
         rec = self.poll()
         if rec is not None:
             # a meeting that opened while this attempt ran is let pass: its group was busy
@@ -202,13 +221,22 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             self.clock.skip_until(rec["ended_at"])
             if rec["status"] == "skipped":
                 rec = None  # no step: a meeting of a period we no longer hold (_attempt)
-        if self._pending is None and self.clock.round_s is not None:  # a pace to propose
-            meet = self.clock.due(self._now())
-            # with no peer known (none discovered, none met) nobody can come: no attempt
-            if meet is not None and (self._lineage.witnesses or self._last_group
-                                     or self._safe_discover()):
-                self.start(meet=meet, weight=weight)
         return rec
+
+    def _period_known(self) -> bool:
+        """Whether we may go to a meeting: not before the period of the version we would
+        adopt has been read (once, in the background, when the first peer is known; see
+        adopt.py ``_read_agreed``), so that a newcomer's first meeting is the others'."""
+        if self._scout is None:
+            if self.clock.agreed or not self._safe_discover():
+                return True  # nobody to read it from yet
+            self._scout = self._pool.submit(self._read_agreed)
+        if not self._scout.done():
+            return False
+        if self._scout.exception() is not None:
+            logger.warning("reading the agreed period failed: %r", self._scout.exception())
+        self._scout = _DONE
+        return True
 
     def start(self, *, meet: float | None = None, weight: float | None = None,
               window: float | None = None) -> bool:
@@ -355,6 +383,8 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             time.sleep(0.5)
             self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
         self._mark(rec, "rendezvous")
+        if self._unagreed(work):  # go where peers at our state went, if they did
+            self._meet_others(work, rec)
         if work.meet is not None and abs(math.remainder(work.meet, self.clock.period())) > 1e-3:
             if rec["status"] != "resynced":  # (an adoption is reported)
                 rec["status"] = "skipped"  # the version we adopted meets on a longer
@@ -371,6 +401,40 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
                                                   numel=delta.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
+        holders, early = self._join(work, v, my_hash, expected, discovered)
+        if len(holders) < cfg.min_peers and self._unagreed(work) \
+                and self._meet_others(work, rec, but=work.meet):
+            # alone where our own period led us; peers at our state are at another meeting
+            # (they joined after our first look): there, once
+            holders, early = self._join(work, v, my_hash, expected, discovered)
+        if work.meet is not None:  # finished peers (finish.py): who steps here
+            stepping = self._who_steps(rec, work, holders, expected | discovered)
+            if stepping is None:
+                return
+            holders = stepping
+        self._mark(rec, "join")
+        rec["read_at"] = time.monotonic()
+        rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
+        rec["leader"] = min(holders)
+        if work.meet is not None:
+            window = self.clock.window(self.clock.longest(list(holders.values())))
+            rec["window"] = round(window, 3)
+        else:
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+        grace = min(0.5 * window, 0.5) if work.meet is not None else 0.5 * window
+        freeze_at = rec["read_at"] + (0.0 if early else grace)
+        if work.meet is not None or work.window is not None:
+            # the deadline's shares count from the read, as if it came join_window_s after
+            # the start (a clock's window is sized by round times, a final step's by the
+            # caller)
+            t0 = max(t0, time.monotonic() - cfg.join_window_s)
+            self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
+        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)
+
+    def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
+              discovered: frozenset[str]) -> tuple[dict[str, int], bool]:
+        """Store our join record for ``work``'s meeting and read who joined (join.py)."""
+        cfg = self.config
         if work.meet is None:
             window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
         else:
@@ -387,29 +451,29 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         # hash and every discovered one has joined (a newcomer later than the peers that
         # know it waits for the next meeting), else at the window's end: on the clock the
         # meeting + the window of the longest period among them, the same time for everyone
-        holders, early = self._read_group(join_key, v, my_hash, expected, discovered, read_at,
-                                          code, meet_at=meet_at)
-        if work.meet is not None:  # finished peers (finish.py): who steps here
-            stepping = self._who_steps(rec, work, holders, expected | discovered)
-            if stepping is None:
-                return
-            holders = stepping
-        self._mark(rec, "join")
-        rec["read_at"] = time.monotonic()
-        rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
-        rec["leader"] = min(holders)
-        if work.meet is not None:
-            window = self.clock.window(self.clock.longest(list(holders.values())))
-            rec["window"] = round(window, 3)
-        grace = min(0.5 * window, 0.5) if work.meet is not None else 0.5 * window
-        freeze_at = rec["read_at"] + (0.0 if early else grace)
-        if work.meet is not None or work.window is not None:
-            # the deadline's shares count from the read, as if it came join_window_s after
-            # the start (a clock's window is sized by round times, a final step's by the
-            # caller)
-            t0 = max(t0, time.monotonic() - cfg.join_window_s)
-            self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
-        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)
+        return self._read_group(join_key, v, my_hash, expected, discovered, read_at, code,
+                                meet_at=meet_at)
+
+    def _unagreed(self, work: Work) -> bool:
+        """A meeting on the clock while our period is only our own proposal (schedule.py
+        ``agreed``): peers whose rounds differ from ours meet at other times."""
+        return work.meet is not None and not work.final and not self.clock.agreed
+
+    def _meet_others(self, work: Work, rec: dict[str, Any], *,
+                     but: float | None = None) -> bool:
+        """Move ``work`` to the open meeting where peers at our state joined (join.py
+        ``_find_meeting``) and take their period; False if there is none."""
+        with self._lock:
+            v, my_hash = self._state.version, self._state.hash()
+        found = self._find_meeting(v, my_hash, but=but)
+        if found is None:
+            return False
+        work.meet, codes = found
+        rec["meet"] = work.meet
+        self.clock.adopt(codes)
+        logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
+                    work.meet, len(codes))
+        return True
 
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
                    delta: torch.Tensor, snapshot: torch.Tensor, t0: float, freeze_at: float,
