@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections import Counter
 from typing import Any, Callable
 
 import torch
 
-from collectives.allreduce import AllReduce
-from collectives.config import OuterConfig
-from collectives.consistency import (Candidate, CommitBook, Lineage, extension,
-                                     head_rejections, sibling, trusted_head)
-from protocol import OuterStepCommit
+from collectives.consistency import (Candidate, Lineage, extension, head_rejections, sibling,
+                                     trusted_head)
 from collectives.errors import SyncError
-from collectives.schedule import Clock
+from collectives.parts import LoopParts
 from collectives.state import OuterState
-from collectives.transport import Transport
+from protocol import OuterStepCommit
 
 __all__ = ["Adopter", "MAX_HOPS"]
 
@@ -42,23 +38,10 @@ def _step_rms(state: OuterState, mu: float) -> float:
     return rms if math.isfinite(rms) else 0.0
 
 
-class Adopter:
+class Adopter(LoopParts):
     """Catch-up and state fetches (the attributes are ``OuterLoop``'s)."""
 
-    config: OuterConfig
-    peer_id: str
-    _transport: Transport
-    _ar: AllReduce
-    _book: CommitBook
-    _lock: threading.Lock
-    _state: OuterState
-    _lineage: Lineage
-    _parent_theta: torch.Tensor | None
-    _minority_streak: int
     _trust: Callable[[str], bool]
-    _rebase: Callable[..., None]
-    _safe_discover: Callable[[], list[str]]
-    clock: Clock
 
     def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
                   deadline: float) -> None:

@@ -12,25 +12,14 @@ open now and goes where peers at our state already joined.
 from __future__ import annotations
 
 import time
-from typing import Callable
 
-from collectives.config import OuterConfig
-from collectives.consistency import CommitBook
-from collectives.schedule import Clock
-from collectives.transport import Transport
+from collectives.parts import LoopParts
 
 __all__ = ["Joiner"]
 
 
-class Joiner:
+class Joiner(LoopParts):
     """The group read (the attributes are ``OuterLoop``'s)."""
-
-    config: OuterConfig
-    peer_id: str
-    clock: Clock
-    _book: CommitBook
-    _transport: Transport
-    _now: Callable[[], float]
 
     def _find_meeting(self, v: int, my_hash: str, *,
                       but: float | None = None) -> tuple[float, list[int]] | None:

@@ -46,40 +46,42 @@ class Fault(enum.Enum):
     """After answering `after` members with its reduced shard (a partial all-gather)."""
 
 
-CURRENT: dict[str, object] = {"loop": None, "mark": None}
-"""The clock path's loop and the file that says where a fault struck."""
+FAULT: dict[str, object] = {"kind": Fault.NONE, "after": 0, "n": 0, "loop": None,
+                            "mark": None}
+"""The fault ordered (kind, after), the exchanges counted since, the clock path's loop and
+the file that says at which meeting the fault struck."""
 
 
 def crash() -> None:
-    loop, mark = CURRENT["loop"], CURRENT["mark"]
+    loop, mark = FAULT["loop"], FAULT["mark"]
     if isinstance(loop, OuterLoop) and isinstance(mark, Path):
         work = loop._work  # the attempt this fault interrupts
         atomic_write_bytes(mark, json.dumps({"meet": work and work.meet}).encode())
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def install_fault(fault: Fault, after: int) -> None:
-    """Fault injection by wrapping AllReduce methods in this (test) process only: strikes
-    in the next all-reduce."""
-    if fault is Fault.NONE:
-        return
-    done = {"n": 0}
-    name = "_exchange_with" if fault is Fault.MEMBER else "_on_reduce"
-    original = getattr(AllReduce, name)
+def install_faults() -> None:
+    """Wrap AllReduce's member and reducer exchanges in this (test) process only, before
+    the loop registers its stream handlers: a fault ordered in FAULT strikes in the next
+    all-reduce (MEMBER: after ``after`` completed exchanges with reducers; REDUCER: after
+    answering ``after`` members)."""
+    for fault, name in ((Fault.MEMBER, "_exchange_with"), (Fault.REDUCER, "_on_reduce")):
+        original = getattr(AllReduce, name)
 
-    async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
-        s = self.session
-        armed = s is not None
-        if armed and after == 0:
-            crash()
-        result = await original(self, *a, **kw)
-        if armed:
-            done["n"] += 1
-            if done["n"] >= after:
-                crash()
-        return result
+        def wrap(fault: Fault = fault, original=original):  # type: ignore[no-untyped-def]
+            async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
+                armed = FAULT["kind"] is fault and self.session is not None
+                if armed and FAULT["after"] == 0:
+                    crash()
+                result = await original(self, *a, **kw)
+                if armed:
+                    FAULT["n"] = int(FAULT["n"]) + 1  # type: ignore[call-overload]
+                    if FAULT["n"] >= FAULT["after"]:  # type: ignore[operator]
+                        crash()
+                return result
+            return wrapped
 
-    setattr(AllReduce, name, wrapped)
+        setattr(AllReduce, name, wrap())
 
 
 def make_model(numel: int | None) -> torch.nn.ParameterList:
@@ -173,6 +175,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=300.0,
                     help="--clock: stop after this many seconds anyway")
     args = ap.parse_args()
+    if args.clock:
+        install_faults()
     poison_reducer(args.poison_reducer)
     skip = {int(x) for x in args.skip_steps.split(",") if x}
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -274,13 +278,13 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[tor
     drift = True
     end = time.monotonic() + args.duration
     fault = root / "fault" / args.name
-    CURRENT.update(loop=loop, mark=root / "out" / f"{args.name}.killed")
+    FAULT.update(loop=loop, mark=root / "out" / f"{args.name}.killed")
     while grouped < args.steps and time.monotonic() < end and not (root / "stop").exists():
         if not loop.in_flight and all((root / "out" / f"{n}.done").exists() for n in others):
             break  # nobody left to meet
         if fault.exists():
             kind, after = fault.read_text().split()
-            install_fault(Fault(kind), int(after))
+            FAULT.update(kind=Fault(kind), after=int(after))
             fault.unlink()
         time.sleep(args.round_s)
         t = time.monotonic()
