@@ -1,4 +1,5 @@
-"""Adopting states: catch-up along our lineage, and fetching a state from its holders.
+"""Adopting states: catch-up along our lineage, fetching a state from its holders (and
+serving ours).
 
 A mixin of ``OuterLoop`` (loop.py); the rules themselves are in consistency.py. Adopting
 never overwrites inner work: it goes through ``OuterLoop._rebase``.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from typing import Any, Callable
@@ -42,6 +44,8 @@ class Adopter(LoopParts):
     """Catch-up and state fetches (the attributes are ``OuterLoop``'s)."""
 
     _trust: Callable[[str], bool]
+    _cache: tuple[str, bytes] | None
+    _cache_lock: threading.Lock
 
     def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
                   deadline: float) -> None:
@@ -168,6 +172,18 @@ class Adopter(LoopParts):
         rec["status"] = "resynced"
         rec["resync_bytes"] += size
         logger.info("adopted outer state %s… (version %d)", target.hash[:12], target.version)
+
+    def _serve_state(self, want: str) -> bytes | None:
+        """The serialized state if we hold ``want``: serialized once per hash."""
+        with self._cache_lock:
+            if self._cache is not None and self._cache[0] == want:
+                return self._cache[1]
+            with self._lock:
+                if self._state.hash() != want:
+                    return None
+                data = self._state.to_bytes()
+            self._cache = (want, data)
+            return data
 
     def _fetch(self, want: str, holders: list[str], *, end: float) -> tuple[OuterState, int]:
         numel = self._state.theta.numel()

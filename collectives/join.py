@@ -1,4 +1,5 @@
-"""Reading who joined a meeting (a mixin of ``OuterLoop``; the attempt is in loop.py).
+"""Joining a meeting and reading who joined (a mixin of ``OuterLoop``; the attempt is in
+loop.py).
 
 Each peer stores a signed join record (its state hash, its period proposal) under the
 meeting's key; the peers that claim the same hash form the group, the smallest id leads.
@@ -11,11 +12,16 @@ open now and goes where peers at our state already joined.
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
+from collectives.background import Work
 from collectives.parts import LoopParts
 
 __all__ = ["Joiner"]
+
+logger = logging.getLogger(__name__)
 
 
 class Joiner(LoopParts):
@@ -42,6 +48,50 @@ class Joiner(LoopParts):
                     and (best is None or len(codes) > len(best[1])):
                 best = (meet, codes)
         return best
+
+    def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
+              discovered: frozenset[str]) -> tuple[dict[str, int], bool]:
+        """Store our join record for ``work``'s meeting and read who joined (join.py)."""
+        cfg = self.config
+        if work.meet is None:
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+        else:
+            window = self.clock.window()
+        join_key = self._book.join_key(v, meet=work.meet)
+        code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
+        self._transport.dht_store(join_key, self.peer_id,
+                                  self._book.seal(v, my_hash, code, kind="join"),
+                                  ttl=2 * window + 2, timeout=window)
+        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
+        meet_at = None if work.meet is None else t_join + work.meet - self._now()
+        read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
+        # the read ends once every peer we expect (our witnesses, our last group) claims our
+        # hash and every discovered one has joined (a newcomer later than the peers that
+        # know it waits for the next meeting), else at the window's end: on the clock the
+        # meeting + the window of the longest period among them, the same time for everyone
+        return self._read_group(join_key, v, my_hash, expected, discovered, read_at, code,
+                                meet_at=meet_at)
+
+    def _unagreed(self, work: Work) -> bool:
+        """A meeting on the clock while our period is only our own proposal (schedule.py
+        ``agreed``): peers whose rounds differ from ours meet at other times."""
+        return work.meet is not None and not work.final and not self.clock.agreed
+
+    def _meet_others(self, work: Work, rec: dict[str, Any], *,
+                     but: float | None = None) -> bool:
+        """Move ``work`` to the open meeting where peers at our state joined (join.py
+        ``_find_meeting``) and take their period; False if there is none."""
+        with self._lock:
+            v, my_hash = self._state.version, self._state.hash()
+        found = self._find_meeting(v, my_hash, but=but)
+        if found is None:
+            return False
+        work.meet, codes = found
+        rec["meet"] = work.meet
+        self.clock.adopt(codes)
+        logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
+                    work.meet, len(codes))
+        return True
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
                     discovered: frozenset[str], read_at: float, code: int, *,

@@ -19,7 +19,9 @@ One attempt, all under ``deadline_s`` from its start ``t0``:
                records that verify until every peer we expect (our version's witnesses,
                our last group) claims our hash, at most a window after the meeting opened
                (join_window_s after our record without a clock); the peers that claim our
-               hash form the group
+               hash form the group. Until our period is one agreed with others, the
+               meeting is the open one where peers at our state joined, if any (join.py);
+               before the first attempt, the period of the head we would adopt is read
     group      smallest id among them leads; JOIN / freeze (allreduce.py)
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline;
                every returned shard is checked before it is used
@@ -431,50 +433,6 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
         self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)
 
-    def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
-              discovered: frozenset[str]) -> tuple[dict[str, int], bool]:
-        """Store our join record for ``work``'s meeting and read who joined (join.py)."""
-        cfg = self.config
-        if work.meet is None:
-            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
-        else:
-            window = self.clock.window()
-        join_key = self._book.join_key(v, meet=work.meet)
-        code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
-        self._transport.dht_store(join_key, self.peer_id,
-                                  self._book.seal(v, my_hash, code, kind="join"),
-                                  ttl=2 * window + 2, timeout=window)
-        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
-        meet_at = None if work.meet is None else t_join + work.meet - self._now()
-        read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
-        # the read ends once every peer we expect (our witnesses, our last group) claims our
-        # hash and every discovered one has joined (a newcomer later than the peers that
-        # know it waits for the next meeting), else at the window's end: on the clock the
-        # meeting + the window of the longest period among them, the same time for everyone
-        return self._read_group(join_key, v, my_hash, expected, discovered, read_at, code,
-                                meet_at=meet_at)
-
-    def _unagreed(self, work: Work) -> bool:
-        """A meeting on the clock while our period is only our own proposal (schedule.py
-        ``agreed``): peers whose rounds differ from ours meet at other times."""
-        return work.meet is not None and not work.final and not self.clock.agreed
-
-    def _meet_others(self, work: Work, rec: dict[str, Any], *,
-                     but: float | None = None) -> bool:
-        """Move ``work`` to the open meeting where peers at our state joined (join.py
-        ``_find_meeting``) and take their period; False if there is none."""
-        with self._lock:
-            v, my_hash = self._state.version, self._state.hash()
-        found = self._find_meeting(v, my_hash, but=but)
-        if found is None:
-            return False
-        work.meet, codes = found
-        rec["meet"] = work.meet
-        self.clock.adopt(codes)
-        logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
-                    work.meet, len(codes))
-        return True
-
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
                    delta: torch.Tensor, snapshot: torch.Tensor, t0: float, freeze_at: float,
                    seen: dict[str, int]) -> None:
@@ -541,19 +499,6 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         expect = (set(members) - s.suspects) & voters
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
-
-    # --- state ----------------------------------------------------------------------------
-    def _serve_state(self, want: str) -> bytes | None:
-        """The serialized state if we hold ``want``: serialized once per hash."""
-        with self._cache_lock:
-            if self._cache is not None and self._cache[0] == want:
-                return self._cache[1]
-            with self._lock:
-                if self._state.hash() != want:
-                    return None
-                data = self._state.to_bytes()
-            self._cache = (want, data)
-            return data
 
     def _safe_discover(self) -> list[str]:
         try:
