@@ -49,6 +49,23 @@ class Joiner(LoopParts):
                 best = (meet, codes)
         return best
 
+    def _made_at(self, meet: float) -> bool:
+        """Whether the version we hold (just adopted) was made at this meeting: some of its
+        witnesses joined it at the version before. They have left it since (a meeting that
+        opened while a step ran is let pass), and a group without a majority of them cannot
+        advance that version (commit.py ``_may_advance``): the meeting is over for us too
+        (seen: a late node adopted the first version at the tail of the meeting that made
+        it, then stepped there alone)."""
+        with self._lock:
+            lineage = self._lineage
+        if lineage.version == 0 or not lineage.witnesses:
+            return False
+        signed = self._book.verify(self._transport.dht_get(
+            self._book.join_key(lineage.version - 1, meet=meet),
+            timeout=min(2.0, self.config.dht_timeout_s)), step=lineage.version - 1,
+            kind="join")
+        return bool(set(signed) & (lineage.witnesses - {self.peer_id}))
+
     def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
               discovered: frozenset[str]) -> tuple[dict[str, int], bool]:
         """Store our join record for ``work``'s meeting and read who joined (join.py)."""

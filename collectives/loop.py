@@ -391,6 +391,9 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             if rec["status"] != "resynced":  # (an adoption is reported)
                 rec["status"] = "skipped"  # the version we adopted meets on a longer
             return  # period: not one of its meetings (nobody would come)
+        if rec["status"] == "resynced" and work.meet is not None and not work.final \
+                and self._made_at(work.meet):
+            return  # its group has left this meeting: nobody here could advance it
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
             snapshot = work.params()

@@ -223,3 +223,32 @@ def test_a_joiner_reads_the_period_of_the_version_it_will_adopt_before_its_first
     assert loop.clock.period() == 16.0 and loop.clock.agreed  # the trusted heads' period
     assert loop.clock.due(1000.5) is None  # 1000 is not one of their meetings
     assert loop.clock.due(1009.0) == 1008.0
+
+
+def test_a_version_adopted_at_the_meeting_that_made_it_ends_the_attempt_there() -> None:
+    """join.py ``_made_at``: a late node that adopts version 1 at the tail of the meeting
+    where its witnesses made it does not step there (they have left; nobody could advance
+    it), but it does at a meeting where they are at version 1."""
+    from collectives.consistency import CommitBook, Lineage
+    from protocol import Identity
+
+    group, gid = "g", "gid"
+    witnesses = [Identity.generate() for _ in range(2)]
+    records = {w.peer_id: CommitBook(identity=w, group=group, gid=gid, swarm_id="s").seal(
+        0, "00" * 32, 1, kind="join") for w in witnesses}
+    me = Identity.generate()
+    book = CommitBook(identity=me, group=group, gid=gid, swarm_id="s")
+
+    class Transport:
+        def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
+            return records if key == book.join_key(0, meet=96.0) else {}
+
+    loop = object.__new__(OuterLoop)
+    loop.config, loop.peer_id, loop._lock = OuterConfig(), me.peer_id, threading.Lock()
+    loop._book, loop._transport = book, Transport()
+    loop._lineage = Lineage(hash="ab" * 32, version=1,
+                            witnesses=frozenset(w.peer_id for w in witnesses))
+    assert loop._made_at(96.0)  # they joined 96 at version 0 and made version 1 there
+    assert not loop._made_at(128.0)  # a later meeting: they come at version 1
+    loop._lineage = Lineage(hash="ab" * 32, version=1, witnesses=frozenset({"someone"}))
+    assert not loop._made_at(96.0)  # made elsewhere
