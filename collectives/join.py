@@ -18,6 +18,7 @@ from typing import Any
 
 from collectives.background import Work
 from collectives.parts import LoopParts
+from protocol import OuterStepCommit
 
 __all__ = ["Joiner"]
 
@@ -123,11 +124,14 @@ class Joiner(LoopParts):
         that came with different periods read at the same time (schedule.py)."""
         mine = {self.peer_id: code}
         anyone = (expected | discovered) - {self.peer_id}
+        signed: dict[str, OuterStepCommit] = {}
         while True:
             left = read_at - time.monotonic()
-            signed = self._book.verify(self._transport.dht_get(
+            # every read adds to the last (a read that fails or times out under load
+            # returns nothing; the records seen before still stand, a newer one replaces)
+            signed.update(self._book.verify(self._transport.dht_get(
                 join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
-                step=v, kind="join")
+                step=v, kind="join"))
             holders = {p: c.peers for p, c in signed.items() if c.state_hash == my_hash} | mine
             if meet_at is not None:
                 read_at = max(read_at, meet_at + self.clock.window(
