@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -250,7 +251,9 @@ def main() -> None:
     ap.add_argument("--ns-prefix", default="coll", help="names of our namespaces/links")
     ap.add_argument("--netns", action="store_true", help="also through a 100mbit tbf link")
     ap.add_argument("--netns-only", action="store_true")
-    ap.add_argument("--churn-trials", type=int, default=0)
+    ap.add_argument("--churn-trials", type=int, default=0,
+                    help="SIGKILL trials on the clock path (tests/collectives/harness.py)")
+    ap.add_argument("--churn-peers", type=int, default=4)
     ap.add_argument("--out", default="bench/results/collectives.json")
     ap.add_argument("--append", action="store_true", help="add to an existing --out file")
     args = ap.parse_args()
@@ -295,24 +298,28 @@ def main() -> None:
         root = Path(tempfile.mkdtemp(prefix="collchurn-"))
         swarm = Swarm(root)
         t = time.monotonic()
+        load = [round(x, 2) for x in os.getloadavg()]
         try:
-            trials = run_churn(swarm, trials=args.churn_trials, seed=int(time.time()))
+            trials = run_churn(swarm, trials=args.churn_trials, seed=int(time.time()),
+                               peers=args.churn_peers)
         finally:
             swarm.close()
+        done = [r for r in trials if "error" not in r]
         results["churn"] = {
-            "trials": len(trials), "wall_s": round(time.monotonic() - t, 1),
-            "kill_step_equal_hashes": sum(r["kill_hashes"] == 1 for r in trials),
-            "retry_equal_hashes": sum(r["retry_hashes"] == 1 for r in trials),
-            "retry_all_ok": sum(all(v == "ok" for n, v in r["retry_status"].items()
-                                    if n != r["joiner"]) for r in trials),
-            "retry_progress": sum([r["retry_status"][n] for n in r["survivors"]].count("ok") >= 2
-                                  for r in trials),
+            "path": "clock (peer_worker --clock: after_round/collect, as nodes)",
+            "trials": args.churn_trials, "completed": len(done), "peers": args.churn_peers,
+            "wall_s": round(time.monotonic() - t, 1),
+            "kill_step_equal_hashes": sum(r["kill_ok"] for r in done),
+            "retry_equal_hashes": sum(r["retry_hashes"] == 1 for r in done),
+            "retry_progress": sum(r["retry_ok"] for r in done),
+            "joiner_grouped": sum(r["joiner_grouped"] for r in done),
+            "kill_status_counts": dict(Counter(s for r in done
+                                               for s in r["kill_status"].values())),
             "seconds_per_trial": round((time.monotonic() - t) / max(1, len(trials)), 1),
-            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "load_before": load, "load_after": [round(x, 2) for x in os.getloadavg()],
             "detail": trials}
         print(json.dumps({k: v for k, v in results["churn"].items() if k != "detail"}))
         save()
-
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,5 @@
-"""Adopting states: catch-up along our lineage, and fetching a state from its holders.
+"""Adopting states: catch-up along our lineage, fetching a state from its holders (and
+serving ours).
 
 A mixin of ``OuterLoop`` (loop.py); the rules themselves are in consistency.py. Adopting
 never overwrites inner work: it goes through ``OuterLoop._rebase``.
@@ -7,6 +8,7 @@ never overwrites inner work: it goes through ``OuterLoop._rebase``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -14,14 +16,12 @@ from typing import Any, Callable
 
 import torch
 
-from collectives.allreduce import AllReduce
-from collectives.config import OuterConfig
-from collectives.consistency import (Candidate, CommitBook, Lineage, extension,
-                                     head_rejections, sibling, trusted_head)
+from collectives.consistency import (Candidate, Lineage, extension, head_rejections, sibling,
+                                     trusted_head)
 from collectives.errors import SyncError
-from collectives.schedule import Clock
+from collectives.parts import LoopParts
 from collectives.state import OuterState
-from collectives.transport import Transport
+from protocol import OuterStepCommit
 
 __all__ = ["Adopter", "MAX_HOPS"]
 
@@ -30,22 +30,22 @@ MAX_HOPS = 64
 """Most versions one catch-up walks."""
 
 
-class Adopter:
+def _step_rms(state: OuterState, mu: float) -> float:
+    """Root mean square of the recent outer steps' mean delta, read from the momentum
+    (m <- mu m + g: (1 - mu) m is a running average of g)."""
+    m = state.momentum
+    if not m.numel():
+        return 0.0
+    rms = (1 - mu) * float(torch.linalg.vector_norm(m)) / math.sqrt(m.numel())
+    return rms if math.isfinite(rms) else 0.0
+
+
+class Adopter(LoopParts):
     """Catch-up and state fetches (the attributes are ``OuterLoop``'s)."""
 
-    config: OuterConfig
-    peer_id: str
-    _transport: Transport
-    _ar: AllReduce
-    _book: CommitBook
-    _lock: threading.Lock
-    _state: OuterState
-    _lineage: Lineage
-    _parent_theta: torch.Tensor | None
-    _minority_streak: int
     _trust: Callable[[str], bool]
-    _rebase: Callable[..., None]
-    clock: Clock
+    _cache: tuple[str, bytes] | None
+    _cache_lock: threading.Lock
 
     def _catch_up(self, rec: dict[str, Any], rejected: dict[tuple[str, str, int], str], *,
                   deadline: float) -> None:
@@ -60,11 +60,7 @@ class Adopter:
         target: Candidate | None = None
         base: torch.Tensor | None = None  # rebase relative to this θ (None: the θ we hold)
         if lineage.is_genesis:
-            target = trusted_head(heads, anchor=self.config.anchor, trust=self._trust,
-                                  mine=lineage.hash)
-            if target is not None and target.version <= lineage.version \
-                    and target.hash != self.config.anchor:
-                target = None
+            target = self._joiner_target(heads, lineage)
             if target is not None:
                 lineage = Lineage(hash=target.hash, version=target.version,
                                   witnesses=frozenset(target.members),
@@ -117,6 +113,39 @@ class Adopter:
             self._fetch_adopt(rec, target, end=deadline, lineage=lineage, base=base)
             self.clock.adopt([c.peers for c in heads.values() if c.state_hash == target.hash])
 
+    def _joiner_target(self, heads: dict[str, OuterStepCommit],
+                       lineage: Lineage) -> Candidate | None:
+        """The head a joiner (genesis lineage) adopts: anchored or trusted (rule 3), newer
+        than ours unless it is the anchor."""
+        target = trusted_head(heads, anchor=self.config.anchor, trust=self._trust,
+                              mine=lineage.hash)
+        if target is not None and target.version <= lineage.version \
+                and target.hash != self.config.anchor:
+            return None
+        return target
+
+    def _read_agreed(self) -> None:
+        """Before our first attempt (loop.py ``_period_known``): the period agreed by the
+        group whose version we would adopt, read from its head commits (they carry it,
+        commit.py), so that our first meeting is theirs: the attempt there adopts their
+        state and steps with them. Nothing is fetched here; a head we would not adopt
+        tells us nothing (its period is a hostile peer's word)."""
+        found = self._safe_discover()
+        timeout = min(5.0, self.config.deadline_s / 4)
+        self._transport.add_dht_peers(found, timeout=timeout)
+        heads = self._book.verify(self._transport.dht_get(self._book.head_key, timeout=timeout),
+                                  step=None, kind="version")
+        heads.pop(self.peer_id, None)
+        with self._lock:
+            lineage = self._lineage
+        if not lineage.is_genesis:
+            return  # we hold a lineage: our catch-up follows it, with its period
+        target = self._joiner_target(heads, lineage)
+        if target is not None:
+            self.clock.adopt([heads[p].peers for p in target.holders])
+            logger.info("meeting on the period of version %d (%.0f s) from the first attempt",
+                        target.version, self.clock.period())
+
     def _fetch_adopt(self, rec: dict[str, Any], target: Candidate, *, end: float,
                      lineage: Lineage | None = None, base: torch.Tensor | None = None) -> None:
         """Fetch ``target`` from its holders, verify it, adopt it: params <- θ_new +
@@ -132,6 +161,10 @@ class Adopter:
             self._lineage = lineage or Lineage(hash=target.hash, version=target.version,
                                                witnesses=frozenset(target.members))
             self._minority_streak = 0
+            # the member check's reference (allreduce.py): a joiner that trained little
+            # since it rebased must not fail every honest mean of the others' deltas
+            self._ar.mean_rms = max(self._ar.mean_rms,
+                                    _step_rms(state, self.config.outer_momentum))
             if self._lineage.parent == held.hash:
                 self._parent_theta = old
             elif self._lineage.parent != held.parent:
@@ -139,6 +172,18 @@ class Adopter:
         rec["status"] = "resynced"
         rec["resync_bytes"] += size
         logger.info("adopted outer state %s… (version %d)", target.hash[:12], target.version)
+
+    def _serve_state(self, want: str) -> bytes | None:
+        """The serialized state if we hold ``want``: serialized once per hash."""
+        with self._cache_lock:
+            if self._cache is not None and self._cache[0] == want:
+                return self._cache[1]
+            with self._lock:
+                if self._state.hash() != want:
+                    return None
+                data = self._state.to_bytes()
+            self._cache = (want, data)
+            return data
 
     def _fetch(self, want: str, holders: list[str], *, end: float) -> tuple[OuterState, int]:
         numel = self._state.theta.numel()

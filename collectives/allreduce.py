@@ -28,8 +28,12 @@ construction:
    what was streamed, or its result follows ("redo"); see ``reducer.py``. Members decode
    straight into one output tensor.
 4. **Check.** A member never applies a shard it did not check: finite, L2 norm <= ``max_norm``
-   and <= ``max_norm_ratio`` x the norm of its own input for that shard (an honest mean of
-   bounded contributions cannot be far larger). A bad shard fails the step for the member;
+   and <= ``max_norm_ratio`` x the larger of the norm of its own input for that shard and
+   of the last mean it accepted, scaled to the shard's length (an honest mean of bounded
+   contributions cannot be far larger than both; the second keeps a member that trained
+   little, e.g. a joiner that just rebased, from failing every honest mean, while a hostile
+   reducer can still grow the reference at most ``max_norm_ratio``-fold per step). A bad
+   shard fails the step for the member;
    a shard poisoned for everyone fails it for everyone, with their hashes unchanged.
 
 A member that misses or rejects any shard fails the step (keeps training locally; the votes
@@ -113,6 +117,8 @@ class AllReduce(ReducerMixin):
         self.state_provider = state_provider
         """hash -> the serialized state if we hold it (cached per hash by the provider)."""
         self.session: Session | None = None
+        self.mean_rms = 0.0
+        """Root mean square of the last mean whose shards all passed ``_check_shard``."""
         self.rejected = 0
         self.state_refused = 0
         """State requests refused by the per-peer rate limit."""
@@ -311,12 +317,15 @@ class AllReduce(ReducerMixin):
         finally:
             for t in tasks.values():
                 t.cancel()
+        squares, checked = 0.0, 0
         for j in sorted(got - {me}):
-            why = await loop.run_in_executor(work_pool(), self._check_shard,
-                                             out[slice(*bounds[j])], delta[slice(*bounds[j])])
+            why, norm = await loop.run_in_executor(
+                work_pool(), self._check_shard, out[slice(*bounds[j])],
+                delta[slice(*bounds[j])], self.mean_rms)
             if why is not None:
                 s.bad_shards[members[j]] = why
                 errors[members[j]] = f"bad shard: {why}"
+            squares, checked = squares + norm ** 2, checked + bounds[j][1] - bounds[j][0]
         s.suspects |= set(errors) - {self.peer_id}
         s.suspects |= {p for p, why in s.excluded.items() if why == "missing"}
         s.marks["end"] = loop.time()
@@ -324,6 +333,8 @@ class AllReduce(ReducerMixin):
                     {k: round(v - s.marks["start"], 3) for k, v in s.marks.items()})
         if errors:
             raise StepFailed(f"missing or bad shards from {sorted(errors)}: {errors}")
+        if checked:
+            self.mean_rms = math.sqrt(squares / checked)
         timer.cancel()
         return out
 
@@ -345,16 +356,20 @@ class AllReduce(ReducerMixin):
             raise StepFailed("own shard has no result")
         s.marks["own_result"] = loop.time()
 
-    def _check_shard(self, shard: torch.Tensor, own: torch.Tensor) -> str | None:
-        """Why a reducer's returned shard must not be applied, else None."""
+    def _check_shard(self, shard: torch.Tensor, own: torch.Tensor,
+                     ref_rms: float = 0.0) -> tuple[str | None, float]:
+        """Why a reducer's returned shard must not be applied (else None), and its norm.
+        ``ref_rms``: the root mean square of the last mean we accepted (``mean_rms``)."""
         norm = float(torch.linalg.vector_norm(shard)) if shard.numel() else 0.0
         if not math.isfinite(norm):
-            return "non_finite"
+            return "non_finite", 0.0
         own_norm = float(torch.linalg.vector_norm(own)) if own.numel() else 0.0
+        ref = max(own_norm if math.isfinite(own_norm) else 0.0,
+                  ref_rms * math.sqrt(shard.numel()))
         limit = self.config.max_norm
-        if own_norm > 0 and math.isfinite(own_norm):
-            limit = min(limit, self.config.max_norm_ratio * own_norm)
-        return "norm" if norm > limit else None
+        if ref > 0:
+            limit = min(limit, self.config.max_norm_ratio * ref)
+        return ("norm" if norm > limit else None), norm
 
     async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor, digest: str, *,
                              out: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,41 +8,25 @@ or roll back), and stores the version commit if the version advanced.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Callable
 
 import torch
 
-from collectives.config import OuterConfig
-from collectives.consistency import Candidate, CommitBook, Lineage, decide_votes
+from collectives.consistency import Candidate, Lineage, decide_votes
 from collectives.errors import SyncError
-from collectives.schedule import Clock
+from collectives.parts import LoopParts
 from collectives.state import OuterState
-from collectives.transport import Transport
 
 __all__ = ["Committer"]
 
 logger = logging.getLogger(__name__)
 
 
-class Committer:
+class Committer(LoopParts):
     """The end of an attempt (the attributes are ``OuterLoop``'s)."""
 
-    config: OuterConfig
-    peer_id: str
-    _transport: Transport
-    _book: CommitBook
-    _lock: threading.Lock
-    _state: OuterState
-    _lineage: Lineage
-    _parent_theta: torch.Tensor | None
-    _minority_streak: int
-    _work: Any
-    _rebase: Callable[..., None]
     _fetch_adopt: Callable[..., None]
-    _mark: Callable[[dict[str, Any], str], None]
-    clock: Clock
 
     def _may_advance(self, contributors: set[str]) -> bool:
         """Whether a group with these contributors may make the next version: it must hold a

@@ -43,16 +43,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-import torch
-
-from collectives.allreduce import AllReduce
 from collectives.background import Work
-from collectives.config import OuterConfig
-from collectives.consistency import CommitBook
 from collectives.errors import StepFailed
+from collectives.parts import LoopParts
 from collectives.schedule import Clock
-from collectives.state import OuterState, flatten
-from collectives.transport import Transport
+from collectives.state import flatten
 
 __all__ = ["Finisher", "LEFT"]
 
@@ -64,24 +59,12 @@ POLL_S = 0.05
 """How often a finished node looks at the clock for the next meeting."""
 
 
-class Finisher:
+class Finisher(LoopParts):
     """``finish()`` and the LEFT record (the attributes are ``OuterLoop``'s)."""
 
-    config: OuterConfig
-    peer_id: str
-    clock: Clock
-    _transport: Transport
-    _ar: AllReduce
-    _book: CommitBook
-    _lock: threading.Lock
-    _state: OuterState
-    _params: list[torch.nn.Parameter]
-    _rounds_pending: int
-    _last_group: frozenset[str]
     _pool: ThreadPoolExecutor
     _pending: tuple[Work, Future[dict[str, Any]]] | None
     _stop: threading.Event | None
-    _now: Callable[[], float]
     _run: Callable[[Work], dict[str, Any]]
     poll: Callable[..., dict[str, Any] | None]
     state_hash: Callable[[], str]

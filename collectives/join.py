@@ -1,29 +1,115 @@
-"""Reading who joined a meeting (a mixin of ``OuterLoop``; the attempt is in loop.py).
+"""Joining a meeting and reading who joined (a mixin of ``OuterLoop``; the attempt is in
+loop.py).
 
 Each peer stores a signed join record (its state hash, its period proposal) under the
 meeting's key; the peers that claim the same hash form the group, the smallest id leads.
+
+A peer that has not agreed a period with anyone yet (a newcomer, or every peer at a swarm's
+start, before any version exists to carry one) meets on its own proposal, which a peer whose
+rounds differ does not share: ``_find_meeting`` reads the meetings of every period that are
+open now and goes where peers at our state already joined.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
-from collectives.config import OuterConfig
-from collectives.consistency import CommitBook
-from collectives.schedule import Clock
-from collectives.transport import Transport
+from collectives.background import Work
+from collectives.parts import LoopParts
+from protocol import OuterStepCommit
 
 __all__ = ["Joiner"]
 
+logger = logging.getLogger(__name__)
 
-class Joiner:
+
+class Joiner(LoopParts):
     """The group read (the attributes are ``OuterLoop``'s)."""
 
-    config: OuterConfig
-    peer_id: str
-    clock: Clock
-    _book: CommitBook
-    _transport: Transport
+    def _find_meeting(self, v: int, my_hash: str, *,
+                      but: float | None = None) -> tuple[float, list[int]] | None:
+        """The open meeting (schedule.py ``open_meetings``; not ``but``) where the most
+        other peers claiming ``my_hash`` at version ``v`` joined, and their clock codes;
+        None if there is none. At most one DHT read per rung of the ladder (a newcomer's
+        first attempts only)."""
+        best: tuple[float, list[int]] | None = None
+        now = self._now()
+        for meet in self.clock.open_meetings(now):
+            if meet == but:
+                continue
+            signed = self._book.verify(self._transport.dht_get(
+                self._book.join_key(v, meet=meet),
+                timeout=min(2.0, self.config.dht_timeout_s)), step=v, kind="join")
+            codes = [c.peers for p, c in signed.items()
+                     if p != self.peer_id and c.state_hash == my_hash]
+            # still read by them: the window of the longest period in force among them
+            if codes and now - meet <= self.clock.window(self.clock.longest(codes, ours=False)) \
+                    and (best is None or len(codes) > len(best[1])):
+                best = (meet, codes)
+        return best
+
+    def _made_at(self, meet: float) -> bool:
+        """Whether the version we hold (just adopted) was made at this meeting: some of its
+        witnesses joined it at the version before. They have left it since (a meeting that
+        opened while a step ran is let pass), and a group without a majority of them cannot
+        advance that version (commit.py ``_may_advance``): the meeting is over for us too
+        (seen: a late node adopted the first version at the tail of the meeting that made
+        it, then stepped there alone)."""
+        with self._lock:
+            lineage = self._lineage
+        if lineage.version == 0 or not lineage.witnesses:
+            return False
+        signed = self._book.verify(self._transport.dht_get(
+            self._book.join_key(lineage.version - 1, meet=meet),
+            timeout=min(2.0, self.config.dht_timeout_s)), step=lineage.version - 1,
+            kind="join")
+        return bool(set(signed) & (lineage.witnesses - {self.peer_id}))
+
+    def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
+              discovered: frozenset[str]) -> tuple[dict[str, int], bool]:
+        """Store our join record for ``work``'s meeting and read who joined (join.py)."""
+        cfg = self.config
+        if work.meet is None:
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+        else:
+            window = self.clock.window()
+        join_key = self._book.join_key(v, meet=work.meet)
+        code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
+        self._transport.dht_store(join_key, self.peer_id,
+                                  self._book.seal(v, my_hash, code, kind="join"),
+                                  ttl=2 * window + 2, timeout=window)
+        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
+        meet_at = None if work.meet is None else t_join + work.meet - self._now()
+        read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
+        # the read ends once every peer we expect (our witnesses, our last group) claims our
+        # hash and every discovered one has joined (a newcomer later than the peers that
+        # know it waits for the next meeting), else at the window's end: on the clock the
+        # meeting + the window of the longest period among them, the same time for everyone
+        return self._read_group(join_key, v, my_hash, expected, discovered, read_at, code,
+                                meet_at=meet_at)
+
+    def _unagreed(self, work: Work) -> bool:
+        """A meeting on the clock while our period is only our own proposal (schedule.py
+        ``agreed``): peers whose rounds differ from ours meet at other times."""
+        return work.meet is not None and not work.final and not self.clock.agreed
+
+    def _meet_others(self, work: Work, rec: dict[str, Any], *,
+                     but: float | None = None) -> bool:
+        """Move ``work`` to the open meeting where peers at our state joined (join.py
+        ``_find_meeting``) and take their period; False if there is none."""
+        with self._lock:
+            v, my_hash = self._state.version, self._state.hash()
+        found = self._find_meeting(v, my_hash, but=but)
+        if found is None:
+            return False
+        work.meet, codes = found
+        rec["meet"] = work.meet
+        self.clock.adopt(codes)
+        logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
+                    work.meet, len(codes))
+        return True
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
                     discovered: frozenset[str], read_at: float, code: int, *,
@@ -38,11 +124,14 @@ class Joiner:
         that came with different periods read at the same time (schedule.py)."""
         mine = {self.peer_id: code}
         anyone = (expected | discovered) - {self.peer_id}
+        signed: dict[str, OuterStepCommit] = {}
         while True:
             left = read_at - time.monotonic()
-            signed = self._book.verify(self._transport.dht_get(
+            # every read adds to the last (a read that fails or times out under load
+            # returns nothing; the records seen before still stand, a newer one replaces)
+            signed.update(self._book.verify(self._transport.dht_get(
                 join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
-                step=v, kind="join")
+                step=v, kind="join"))
             holders = {p: c.peers for p, c in signed.items() if c.state_hash == my_hash} | mine
             if meet_at is not None:
                 read_at = max(read_at, meet_at + self.clock.window(

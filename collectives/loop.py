@@ -19,7 +19,9 @@ One attempt, all under ``deadline_s`` from its start ``t0``:
                records that verify until every peer we expect (our version's witnesses,
                our last group) claims our hash, at most a window after the meeting opened
                (join_window_s after our record without a clock); the peers that claim our
-               hash form the group
+               hash form the group. Until our period is one agreed with others, the
+               meeting is the open one where peers at our state joined, if any (join.py);
+               before the first attempt, the period of the head we would adopt is read
     group      smallest id among them leads; JOIN / freeze (allreduce.py)
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline;
                every returned shard is checked before it is used
@@ -81,6 +83,10 @@ logger = logging.getLogger(__name__)
 
 def _trust_nobody(_peer: str) -> bool:
     return False
+
+
+_DONE: Future[None] = Future()
+_DONE.set_result(None)
 
 
 def _dht_time() -> float:
@@ -147,6 +153,8 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._work: Work | None = None
         """The attempt running on the outer-step thread (only that thread touches it)."""
         self._pending: tuple[Work, Future[dict[str, Any]]] | None = None
+        self._scout: Future[None] | None = None
+        """The read of the agreed period before our first attempt (``_period_known``)."""
         self._last_round_end: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
         self._cache: tuple[str, bytes] | None = None
@@ -195,6 +203,19 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._rounds_pending += 1
         if self._pending is not None:
             self._pending[0].rounds_during += 1
+        rec = self.collect()
+        if self._pending is None and self.clock.round_s is not None \
+                and self._period_known():  # a pace to propose
+            meet = self.clock.due(self._now())
+            # with no peer known (none discovered, none met) nobody can come: no attempt
+            if meet is not None and (self._lineage.witnesses or self._last_group
+                                     or self._safe_discover()):
+                self.start(meet=meet, weight=weight)
+        return rec
+
+    def collect(self) -> dict[str, Any] | None:
+        """``poll()`` as the round loop needs it: the record of a finished attempt (applied
+        to the params), None while it runs or if it was no step."""
         rec = self.poll()
         if rec is not None:
             # a meeting that opened while this attempt ran is let pass: its group was busy
@@ -202,13 +223,22 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             self.clock.skip_until(rec["ended_at"])
             if rec["status"] == "skipped":
                 rec = None  # no step: a meeting of a period we no longer hold (_attempt)
-        if self._pending is None and self.clock.round_s is not None:  # a pace to propose
-            meet = self.clock.due(self._now())
-            # with no peer known (none discovered, none met) nobody can come: no attempt
-            if meet is not None and (self._lineage.witnesses or self._last_group
-                                     or self._safe_discover()):
-                self.start(meet=meet, weight=weight)
         return rec
+
+    def _period_known(self) -> bool:
+        """Whether we may go to a meeting: not before the period of the version we would
+        adopt has been read (once, in the background, when the first peer is known; see
+        adopt.py ``_read_agreed``), so that a newcomer's first meeting is the others'."""
+        if self._scout is None:
+            if self.clock.agreed or not self._safe_discover():
+                return True  # nobody to read it from yet
+            self._scout = self._pool.submit(self._read_agreed)
+        if not self._scout.done():
+            return False
+        if self._scout.exception() is not None:
+            logger.warning("reading the agreed period failed: %r", self._scout.exception())
+        self._scout = _DONE
+        return True
 
     def start(self, *, meet: float | None = None, weight: float | None = None,
               window: float | None = None) -> bool:
@@ -355,10 +385,15 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             time.sleep(0.5)
             self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
         self._mark(rec, "rendezvous")
+        if self._unagreed(work):  # go where peers at our state went, if they did
+            self._meet_others(work, rec)
         if work.meet is not None and abs(math.remainder(work.meet, self.clock.period())) > 1e-3:
             if rec["status"] != "resynced":  # (an adoption is reported)
                 rec["status"] = "skipped"  # the version we adopted meets on a longer
             return  # period: not one of its meetings (nobody would come)
+        if rec["status"] == "resynced" and work.meet is not None and not work.final \
+                and self._made_at(work.meet):
+            return  # its group has left this meeting: nobody here could advance it
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
             snapshot = work.params()
@@ -371,24 +406,12 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
                                                   numel=delta.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
-        if work.meet is None:
-            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
-        else:
-            window = self.clock.window()
-        join_key = self._book.join_key(v, meet=work.meet)
-        code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
-        self._transport.dht_store(join_key, self.peer_id,
-                                  self._book.seal(v, my_hash, code, kind="join"),
-                                  ttl=2 * window + 2, timeout=window)
-        t_join = time.monotonic()  # windows count from here: hashing a big model takes time
-        meet_at = None if work.meet is None else t_join + work.meet - self._now()
-        read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
-        # the read ends once every peer we expect (our witnesses, our last group) claims our
-        # hash and every discovered one has joined (a newcomer later than the peers that
-        # know it waits for the next meeting), else at the window's end: on the clock the
-        # meeting + the window of the longest period among them, the same time for everyone
-        holders, early = self._read_group(join_key, v, my_hash, expected, discovered, read_at,
-                                          code, meet_at=meet_at)
+        holders, early = self._join(work, v, my_hash, expected, discovered)
+        if len(holders) < cfg.min_peers and self._unagreed(work) \
+                and self._meet_others(work, rec, but=work.meet):
+            # alone where our own period led us; peers at our state are at another meeting
+            # (they joined after our first look): there, once
+            holders, early = self._join(work, v, my_hash, expected, discovered)
         if work.meet is not None:  # finished peers (finish.py): who steps here
             stepping = self._who_steps(rec, work, holders, expected | discovered)
             if stepping is None:
@@ -401,6 +424,8 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         if work.meet is not None:
             window = self.clock.window(self.clock.longest(list(holders.values())))
             rec["window"] = round(window, 3)
+        else:
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
         grace = min(0.5 * window, 0.5) if work.meet is not None else 0.5 * window
         freeze_at = rec["read_at"] + (0.0 if early else grace)
         if work.meet is not None or work.window is not None:
@@ -477,19 +502,6 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         expect = (set(members) - s.suspects) & voters
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
-
-    # --- state ----------------------------------------------------------------------------
-    def _serve_state(self, want: str) -> bytes | None:
-        """The serialized state if we hold ``want``: serialized once per hash."""
-        with self._cache_lock:
-            if self._cache is not None and self._cache[0] == want:
-                return self._cache[1]
-            with self._lock:
-                if self._state.hash() != want:
-                    return None
-                data = self._state.to_bytes()
-            self._cache = (want, data)
-            return data
 
     def _safe_discover(self) -> list[str]:
         try:

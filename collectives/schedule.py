@@ -79,6 +79,7 @@ class Clock:
         self._heard = 0.0
         self._last = -math.inf
         """The latest meeting joined or let pass."""
+        self._agreed = False
         self._finished = False
         self._lock = threading.Lock()
 
@@ -103,6 +104,7 @@ class Clock:
         ok = [self._decode(c)[0] for c in codes if isinstance(c, int) and c > 0]
         with self._lock:
             self._heard = min(max(ok, default=0.0), self.max_period_s)
+            self._agreed |= len(ok) >= 2
 
     def adopt(self, codes: list[int]) -> None:
         """The ``agreed_code()`` of the version we just adopted from peers we did not meet
@@ -112,6 +114,7 @@ class Clock:
         if ok:
             with self._lock:
                 self._heard = min(max(ok), self.max_period_s)
+                self._agreed = True
 
     def finish(self) -> None:
         """Our run ended (finish.py): from now on we attend every meeting of the ladder's
@@ -130,6 +133,28 @@ class Clock:
         return isinstance(code, int) and code > 0 and bool(code // PENDING % 2)
 
     # --- outputs --------------------------------------------------------------------------
+    @property
+    def agreed(self) -> bool:
+        """Whether our period is one agreed with others: we met a group (``heard`` from
+        two or more) or adopted a version's (``adopt``). Before that it is our own
+        proposal, which a peer whose rounds differ does not share (loop.py then looks for
+        the meeting the others went to). A configured ``period_s`` is everyone's."""
+        with self._lock:
+            return self._agreed or self.period_s > 0
+
+    def open_meetings(self, now: float) -> list[float]:
+        """The meetings of every period on the ladder that opened at most their window
+        before ``now`` (DHT time), earliest first: where peers that have not agreed a
+        period with us may be meeting now."""
+        out: set[float] = set()
+        p = self.min_period_s
+        while p <= self.max_period_s:
+            meet = math.floor(now / p) * p
+            if now - meet <= self.window(p):
+                out.add(meet)
+            p *= 2
+        return sorted(out)
+
     @property
     def round_s(self) -> float | None:
         """Median of the last rounds (None before one)."""
@@ -173,12 +198,14 @@ class Clock:
             else self.period_s or self.proposal()
         return 1 + RUNGS * self._rung(p)
 
-    def longest(self, codes: list[int]) -> float:
-        """The longest period in force among ours and those ``codes`` carry (capped)."""
+    def longest(self, codes: list[int], *, ours: bool = True) -> float:
+        """The longest period in force among ours (unless not ``ours``) and those ``codes``
+        carry (capped)."""
         if self.period_s > 0:
             return self.period_s
         ok = [self._decode(c)[1] for c in codes if isinstance(c, int) and c > 0]
-        return min(max([self.period(), *ok]), self.max_period_s)
+        mine = [self.period()] if ours or not ok else []
+        return min(max([*mine, *ok]), self.max_period_s)
 
     def _rung(self, period: float) -> int:
         return max(0, min(RUNGS - 1, round(math.log2(period / self.min_period_s))))

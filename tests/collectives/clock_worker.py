@@ -92,7 +92,7 @@ def main() -> None:
                      after=flat(model), theta=loop._state.theta.numpy().copy())
         i += 1
 
-    while time.time() < end:
+    while time.time() < end and not (root / "stop").exists():  # (the test is over)
         t = time.monotonic()
         with torch.no_grad():  # "inner training": a deterministic local drift
             for p in model:

@@ -9,8 +9,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+
+from protocol import atomic_write_bytes
 
 
 class Swarm:
@@ -88,65 +91,105 @@ def reference_theta(before: np.ndarray, deltas: list[np.ndarray], momentum: np.n
     return before.astype(np.float64) - lr * (g + mu * m), m
 
 
+def by_meet(swarm: Swarm, name: str) -> dict[float, dict]:
+    """A clock peer's records (peer_worker ``run_on_clock``) by meeting."""
+    return {r["meet"]: r for r in swarm.records(name).values() if r.get("meet") is not None}
+
+
+def _until(cond: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
-              opts: dict[str, object] | None = None) -> list[dict]:
-    """``trials`` kills: at step 2t a random live peer SIGKILLs its process group at a random
-    point of the all-reduce (Fault.MEMBER / Fault.REDUCER, after a random number of
-    exchanges); a fresh peer joins at step 2t+1. Returns one summary per trial."""
+              opts: dict[str, object] | None = None, timeout: float = 90.0) -> list[dict]:
+    """``trials`` kills on the path nodes use (peer_worker ``--clock``: ``after_round`` /
+    ``collect``, meetings on the clock). Each trial: a random live peer that has grouped
+    SIGKILLs its process group at a random point of its next all-reduce (Fault.MEMBER /
+    Fault.REDUCER after a random number of exchanges), a fresh peer (new identity) starts
+    right after and takes part from a later meeting; the next trial starts once it grouped.
+
+    Per trial: the survivors' records at the kill meeting (``kill_*``), at the next meeting
+    any of them attended (the retry, ``retry_*``: the joiner's too if it was there), and
+    the joiner's first grouped step. ``kill_ok``: one state hash among the survivors at
+    the kill meeting (every one stepped, or every one failed with its state untouched);
+    ``retry_ok``: every survivor there stepped (status ok, >= 2 peers), at least two, all
+    records there at one hash."""
     import random
 
     rng = random.Random(seed)
-    opts = {"deadline": 8.0, "join_window": 1.0, "compression": "int8", **(opts or {})}
-    total = 2 * trials
-    # plan: who dies when, with which fault; each process dies at most once
+    opts = {"deadline": 8.0, "join_window": 1.0, "compression": "int8", "round_s": 0.05,
+            "every_rounds": 2, **(opts or {})}
+    (swarm.root / "fault").mkdir(parents=True, exist_ok=True)
+
+    def spawn(name: str, k: int, wait_for: int) -> None:
+        swarm.spawn(name, 1000 + k, clock=True, steps=10**6, duration=24 * 3600,
+                    peers=wait_for, trust="all", no_save=True, **opts)
+
+    def grouped(name: str) -> bool:
+        return any(r["status"] == "ok" and r["peers"] >= 2
+                   for r in swarm.records(name).values())
+
     live = [f"p{i}" for i in range(peers)]
-    start = {n: 0 for n in live}
-    fault: dict[str, tuple[str, int, int]] = {}
-    plan = []
-    for t in range(trials):
-        victim = rng.choice(live)
-        kind = rng.choice(["member", "reducer"])
-        after = rng.randrange(0, peers - 1)
-        fault[victim] = (kind, 2 * t, after)
-        live = [n for n in live if n != victim]
-        newcomer = f"j{t}"
-        plan.append({"trial": t, "victim": victim, "fault": kind, "after": after,
-                     "survivors": list(live), "joiner": newcomer})
-        live.append(newcomer)
-        start[newcomer] = 2 * t + 1
-    seeds = {n: 1000 + k for k, n in enumerate(start)}
-
-    def spawn(name: str) -> None:
-        kind, step, after = fault.get(name, ("none", -1, 0))
-        swarm.spawn(name, seeds[name], steps=total - start[name], start_step=start[name],
-                    peers=peers, fault=kind, fault_step=step, fault_after=after, trust="all",
-                    **opts)
-
-    for n in [f"p{i}" for i in range(peers)]:
-        spawn(n)
-    for p in plan:
-        spawn(p["joiner"])  # starts now, waits at its first barrier (step 2t+1)
-        swarm.wait_exit(p["victim"], timeout=180)
-    swarm.wait_done(live, timeout=180)
-    ids = {f.stem: f.read_text().split()[0].rsplit("/p2p/", 1)[-1]
-           for f in (swarm.root / "addrs").glob("*.txt") if f.read_text().split()}
-    names = {pid: n for n, pid in ids.items()}
+    for k, n in enumerate(live):
+        spawn(n, k, peers)
+    if not _until(lambda: all(grouped(n) for n in live), timeout):
+        raise AssertionError(f"the first peers never grouped\n{swarm.logs(live)}")
     results = []
-    for p in plan:
-        t = p["trial"]
-        at_kill = {n: swarm.records(n).get(2 * t) for n in p["survivors"]}
-        retry_names = p["survivors"] + [p["joiner"]]
-        at_retry = {n: swarm.records(n).get(2 * t + 1) for n in retry_names}
-        results.append({**p,
-                        "kill_status": {n: r and r["status"] for n, r in at_kill.items()},
-                        "kill_hashes": len({r and r["param_hash"] for r in at_kill.values()}),
-                        "retry_status": {n: r and r["status"] for n, r in at_retry.items()},
-                        "retry_hashes": len({r and r["param_hash"] for r in at_retry.values()}),
-                        "retry_leaders": sorted({names.get((r or {}).get("leader"), "?")
-                                                 for r in at_retry.values()}),
-                        "retry_errors": {n: (r or {}).get("error") for n, r in at_retry.items()
-                                         if (r or {}).get("error")},
-                        "kill_seconds": max((r or {}).get("seconds", 0) for r in at_kill.values()),
-                        "resync_bytes": sum((r or {}).get("resync_bytes", 0)
-                                            for r in at_kill.values())})
+    for t in range(trials):
+        victim = rng.choice([n for n in live if grouped(n)])
+        kind, after = rng.choice(["member", "reducer"]), rng.randrange(0, peers - 1)
+        atomic_write_bytes(swarm.root / "fault" / victim, f"{kind} {after}".encode())
+        survivors = [n for n in live if n != victim]
+        r: dict = {"trial": t, "victim": victim, "fault": kind, "after": after,
+                   "survivors": survivors}
+        results.append(r)
+        try:
+            swarm.wait_exit(victim, timeout)
+        except subprocess.TimeoutExpired:
+            r["error"] = "the victim never reached an all-reduce"
+            break
+        t_kill = time.monotonic()
+        # a departed peer drops out of discovery (a node's peer list forgets it)
+        (swarm.root / "addrs" / f"{victim}.txt").unlink(missing_ok=True)
+        killed = swarm.root / "out" / f"{victim}.killed"
+        kill_meet = json.loads(killed.read_text())["meet"] if killed.exists() else None
+        joiner = f"j{t}"
+        spawn(joiner, peers + t, 1)
+        if kill_meet is None:
+            r["error"] = "the fault struck outside an attempt"
+            break
+        _until(lambda: all(any(m > kill_meet for m in by_meet(swarm, n)) for n in survivors),
+               timeout)
+        at_kill = {n: by_meet(swarm, n).get(kill_meet) for n in survivors}
+        later = sorted({m for n in survivors for m in by_meet(swarm, n) if m > kill_meet})
+        retry_meet = later[0] if later else None
+        r["joiner_grouped"] = _until(lambda: grouped(joiner), timeout)
+        r["joiner_s"] = round(time.monotonic() - t_kill, 1)
+        at_retry = {n: by_meet(swarm, n).get(retry_meet) for n in survivors + [joiner]}
+        present = {n: x for n, x in at_retry.items() if x is not None}
+        first = next((x for x in sorted(swarm.records(joiner).values(), key=lambda x: x["i"])
+                      if x["status"] == "ok" and x["peers"] >= 2), None)
+        stepped = [x for n, x in present.items() if n != joiner
+                   and (x["status"], x["peers"] >= 2) == ("ok", True)]
+        r.update(
+            kill_meet=kill_meet, retry_meet=retry_meet,
+            kill_status={n: x and x["status"] for n, x in at_kill.items()},
+            kill_hashes=len({x["param_hash"] for x in at_kill.values() if x}),
+            retry_status={n: x["status"] for n, x in present.items()},
+            retry_peers={n: x["peers"] for n, x in present.items()},
+            retry_hashes=len({x["param_hash"] for x in present.values()}),
+            retry_errors={n: x["error"] for n, x in present.items() if x.get("error")},
+            joiner_first_meet=first and first["meet"],
+            joiner_status=[x["status"] for x in sorted(swarm.records(joiner).values(),
+                                                       key=lambda x: x["i"])][:4],
+            kill_seconds=max((x or {}).get("seconds", 0) for x in at_kill.values()))
+        r["kill_ok"] = r["kill_hashes"] == 1
+        r["retry_ok"] = (r["retry_hashes"] == 1 and len(stepped) >= 2
+                         and len(stepped) == sum(n != joiner for n in present))
+        live = survivors + [joiner]
     return results

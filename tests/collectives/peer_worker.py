@@ -6,9 +6,11 @@ Peers find each other through D/addrs/<name>.txt (their collective_addrs), meet 
 barrier D/barrier/<i>/ before each outer step, and write per step: D/out/<name>.jsonl (the
 record) and D/out/<name>-<i>.npz (θ_global before, own pseudo-gradient, θ_global after).
 
-``--clock`` (the bench): no barrier and no blocking step; the peer trains like a node
-(``OuterLoop.after_round`` after every inner round of ``--round-s`` seconds) and meets the
-others on the clock, see ``run_on_clock``.
+``--clock`` (the bench, the churn trials): no barrier and no blocking step; the peer trains
+like a node (``OuterLoop.after_round`` after every inner round of ``--round-s`` seconds) and
+meets the others on the clock, see ``run_on_clock``. There a fault is ordered by writing
+``KIND AFTER`` to D/fault/<name> (harness.py ``run_churn``): it strikes in the peer's next
+all-reduce, and D/out/<name>.killed says at which meeting.
 """
 
 from __future__ import annotations
@@ -44,35 +46,42 @@ class Fault(enum.Enum):
     """After answering `after` members with its reduced shard (a partial all-gather)."""
 
 
-CURRENT = {"i": -1}
-"""The worker's step index (the fault's clock: the outer version lags it after failures)."""
+FAULT: dict[str, object] = {"kind": Fault.NONE, "after": 0, "n": 0, "loop": None,
+                            "mark": None}
+"""The fault ordered (kind, after), the exchanges counted since, the clock path's loop and
+the file that says at which meeting the fault struck."""
 
 
 def crash() -> None:
+    loop, mark = FAULT["loop"], FAULT["mark"]
+    if isinstance(loop, OuterLoop) and isinstance(mark, Path):
+        work = loop._work  # the attempt this fault interrupts
+        atomic_write_bytes(mark, json.dumps({"meet": work and work.meet}).encode())
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def install_fault(fault: Fault, step: int, after: int) -> None:
-    """Fault injection by wrapping AllReduce methods in this (test) process only."""
-    if fault is Fault.NONE:
-        return
-    done = {"n": 0}
-    name = "_exchange_with" if fault is Fault.MEMBER else "_on_reduce"
-    original = getattr(AllReduce, name)
+def install_faults() -> None:
+    """Wrap AllReduce's member and reducer exchanges in this (test) process only, before
+    the loop registers its stream handlers: a fault ordered in FAULT strikes in the next
+    all-reduce (MEMBER: after ``after`` completed exchanges with reducers; REDUCER: after
+    answering ``after`` members)."""
+    for fault, name in ((Fault.MEMBER, "_exchange_with"), (Fault.REDUCER, "_on_reduce")):
+        original = getattr(AllReduce, name)
 
-    async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
-        s = self.session
-        armed = s is not None and CURRENT["i"] == step
-        if armed and after == 0:
-            crash()
-        result = await original(self, *a, **kw)
-        if armed:
-            done["n"] += 1
-            if done["n"] >= after:
-                crash()
-        return result
+        def wrap(fault: Fault = fault, original=original):  # type: ignore[no-untyped-def]
+            async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
+                armed = FAULT["kind"] is fault and self.session is not None
+                if armed and FAULT["after"] == 0:
+                    crash()
+                result = await original(self, *a, **kw)
+                if armed:
+                    FAULT["n"] = int(FAULT["n"]) + 1  # type: ignore[call-overload]
+                    if FAULT["n"] >= FAULT["after"]:  # type: ignore[operator]
+                        crash()
+                return result
+            return wrapped
 
-    setattr(AllReduce, name, wrapped)
+        setattr(AllReduce, name, wrap())
 
 
 def make_model(numel: int | None) -> torch.nn.ParameterList:
@@ -147,9 +156,6 @@ def main() -> None:
     ap.add_argument("--barrier-timeout", type=float, default=30.0)
     ap.add_argument("--host", default="/ip4/127.0.0.1/tcp/0", help="p2pd listen maddr")
     ap.add_argument("--no-save", action="store_true", help="skip the .npz arrays (bench)")
-    ap.add_argument("--fault", choices=[f.value for f in Fault], default="none")
-    ap.add_argument("--fault-step", type=int, default=-1)
-    ap.add_argument("--fault-after", type=int, default=0)
     ap.add_argument("--trust", default="", help="peer names to trust as a joiner, or 'all'")
     ap.add_argument("--skip-steps", default="", help="steps (comma-separated) whose outer "
                     "step this peer leaves out (it trains on and passes the barrier)")
@@ -169,7 +175,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=300.0,
                     help="--clock: stop after this many seconds anyway")
     args = ap.parse_args()
-    install_fault(Fault(args.fault), args.fault_step, args.fault_after)
+    if args.clock:
+        install_faults()
     poison_reducer(args.poison_reducer)
     skip = {int(x) for x in args.skip_steps.split(",") if x}
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -213,7 +220,6 @@ def main() -> None:
                 barrier(root, i, args.name, 1 if solo else args.peers, args.barrier_timeout)
                 if i in skip:
                     continue
-            CURRENT["i"] = i
             if r % 2 == 1 and not args.no_save:
                 before = loop._state.theta.clone().numpy()
                 local = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
@@ -245,8 +251,9 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[tor
     every other peer is done).
 
     Waits until ``--peers`` peers wrote their addresses, then runs inner rounds: a sleep of
-    ``--round-s``, ``poll`` (collects a finished attempt) and ``after_round`` (starts one at
-    the first round boundary after a meeting opens). The params drift (``noise``, the
+    ``--round-s``, ``collect`` (a finished attempt, as ``after_round`` collects it) and
+    ``after_round`` (starts one at the first round boundary after a meeting opens); until
+    D/stop exists. A fault ordered in D/fault/<name> is armed at the next round boundary. The params drift (``noise``, the
     same each time) after each collection, never while an attempt runs: every
     step averages a non-zero delta and the bench times the step, not contention with
     training. Every collected record gets, besides ``i``:
@@ -270,12 +277,18 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[tor
     k_started = -1
     drift = True
     end = time.monotonic() + args.duration
-    while grouped < args.steps and time.monotonic() < end:
+    fault = root / "fault" / args.name
+    FAULT.update(loop=loop, mark=root / "out" / f"{args.name}.killed")
+    while grouped < args.steps and time.monotonic() < end and not (root / "stop").exists():
         if not loop.in_flight and all((root / "out" / f"{n}.done").exists() for n in others):
             break  # nobody left to meet
+        if fault.exists():
+            kind, after = fault.read_text().split()
+            FAULT.update(kind=Fault(kind), after=int(after))
+            fault.unlink()
         time.sleep(args.round_s)
         t = time.monotonic()
-        rec = loop.poll()  # what after_round does first; here so that we drift before the
+        rec = loop.collect()  # what after_round does first; here so that we drift before the
         apply_s = time.monotonic() - t  # next attempt's snapshot, which it may take at once
         if rec is not None:
             rec.update(i=i, done_at=done_at.pop(i, None), apply_s=round(apply_s, 4),

@@ -1,4 +1,6 @@
-"""SIGKILL a peer during the all-reduce, ten randomized times; survivors agree."""
+"""SIGKILL a peer during the all-reduce on the clock path nodes use, a few randomized times,
+a fresh joiner each time: the survivors agree at the kill meeting and the retry progresses
+(the bench runs more trials: ``bench/collectives_bench.py --churn-trials``)."""
 
 from __future__ import annotations
 
@@ -9,16 +11,18 @@ from tests.collectives.harness import Swarm, run_churn
 pytestmark = pytest.mark.slow
 
 
-def test_survivors_agree_after_kill_during_allreduce(swarm: Swarm) -> None:
-    results = run_churn(swarm, trials=10, seed=7)
+def test_survivors_agree_after_kill_during_allreduce_and_the_retry_progresses(
+        swarm: Swarm) -> None:
+    results = run_churn(swarm, trials=3, seed=7, peers=3)
+    assert len(results) == 3, results
     for r in results:
-        # now (the kill step, after the commit check) ...
-        assert r["kill_hashes"] == 1, (r, swarm.logs(r["survivors"]))
-        # ... and at the retry, with the joiner that replaced the victim
-        assert r["retry_hashes"] == 1, (r, swarm.logs(r["survivors"] + [r["joiner"]]))
-        # the joiner may adopt the group's state and still miss this attempt's window
-        assert r["retry_status"][r["joiner"]] in ("ok", "resynced", "failed", "alone"), r
-        statuses = [r["retry_status"][n] for n in r["survivors"]]
-        # the retry makes progress: before the leader fallback (allreduce.form_group) every
-        # survivor could pick the victim's stale join record as leader and fail (issue 17.6)
-        assert statuses.count("ok") >= 2, (r, swarm.logs(r["survivors"] + [r["joiner"]]))
+        names = r["survivors"] + [f"j{r['trial']}"]
+        assert "error" not in r, (r, swarm.logs(names))
+        # the kill meeting: every survivor stepped, or every one failed with its state
+        # untouched: one state either way
+        assert r["kill_ok"], (r, swarm.logs(r["survivors"]))
+        # the next meeting: every survivor there stepped with others, at one state (the
+        # joiner's too if it was already in)
+        assert r["retry_ok"], (r, swarm.logs(names))
+        # the fresh joiner took part in a later meeting
+        assert r["joiner_grouped"], (r, swarm.logs(names))

@@ -89,3 +89,36 @@ def test_peers_that_end_at_different_times_end_at_one_state(swarm: Swarm) -> Non
     # the first to end waited for the last (6 s later), but not final_wait_s for the quitter
     finish_s = json.loads((swarm.root / "out" / "early.json").read_text())["finish_s"]
     assert 4.0 < finish_s < 30.0, finish_s
+
+
+def test_a_late_joiner_steps_with_the_running_peers_at_its_first_meeting(swarm: Swarm) -> None:
+    """A newcomer whose rounds are 10x faster than the group's (its own pace: a meeting
+    every 2 s; theirs: every 8 s) reads the period of the version it will adopt before its
+    first attempt (adopt.py ``_read_agreed``): that attempt adopts their state and steps
+    with them. Before, it met on its own pace: alone, or a "resynced" attempt first."""
+    import time
+
+    opts = dict(module="tests.collectives.clock_worker", peers=2, trust=True, no_save=True)
+    for k, n in enumerate(["a", "b"]):  # 4 rounds of 1.9 s: 8 s
+        swarm.spawn(n, seed=k + 1, round_s=1.9, duration=60.0, **opts)
+    end = time.monotonic() + 60
+    while not all(any(r["status"] == "ok" for r in swarm.records(n).values())
+                  for n in "ab"):
+        assert time.monotonic() < end, swarm.logs(["a", "b"])
+        time.sleep(0.2)
+    swarm.spawn("late", seed=3, round_s=0.2, duration=30.0, **opts)  # 4 x 0.2 s: 2 s
+    end = time.monotonic() + 40
+    while not swarm.records("late"):
+        assert time.monotonic() < end, swarm.logs(["a", "b", "late"])
+        time.sleep(0.2)
+    first = swarm.records("late")[0]
+    assert first["status"] == "ok" and first["peers"] == 3, (first, swarm.logs(["late"]))
+    assert first["resync_bytes"] > 0 and first["meet"] % 8.0 == 0, first
+    end = time.monotonic() + 15  # the others' record of that meeting: the same state
+    while not all(any(r.get("meet") == first["meet"] for r in swarm.records(n).values())
+                  for n in "ab"):
+        assert time.monotonic() < end, swarm.logs(["a", "b"])
+        time.sleep(0.2)
+    for n in "ab":
+        r = next(r for r in swarm.records(n).values() if r.get("meet") == first["meet"])
+        assert (r["status"], r["param_hash"]) == ("ok", first["param_hash"]), (n, r)

@@ -159,3 +159,96 @@ def test_a_non_finite_local_delta_is_dropped_and_counted() -> None:
     loop._collect(work, rec)
     assert torch.equal(params[0].detach(), loop._state.theta)
     assert rec["discarded_rounds"] == 4
+
+
+def test_open_meetings_span_the_ladder_and_agreement_needs_others() -> None:
+    c = clock()  # windows: 2 s -> 0.75, 4 -> 1.5, 8 -> 3, 16 -> 6, 32 and 64 -> 8
+    assert c.open_meetings(97.0) == [96.0]  # multiple of 2, 4, 8, 16 and 32, opened 1 s ago
+    assert c.open_meetings(101.8) == [96.0]  # 5.8 s after 96: open for 16 and 32, not 8
+    assert c.open_meetings(100.5) == [96.0, 100.0]  # and 100 for 2 and 4
+    assert not c.agreed
+    c.heard([c.code()])  # alone: nothing agreed with anyone
+    assert not c.agreed
+    c.heard([c.code(), c.code()])
+    assert c.agreed and clock(period_s=4.0).agreed  # a configured period is everyone's
+    d = clock()
+    d.adopt([1 + 32 * 3])  # a version's agreed period (16 s) read from its commit
+    assert d.agreed and d.period() == 16.0
+
+
+def test_a_joiner_reads_the_period_of_the_version_it_will_adopt_before_its_first_meeting(
+        ) -> None:
+    """loop.py ``_period_known`` / adopt.py ``_read_agreed``: the first attempt of a
+    newcomer whose rounds are faster than the group's goes to the group's meeting."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from collectives.consistency import CommitBook, Lineage
+    from protocol import Identity
+
+    group, gid = "g", "gid"
+    trusted = [Identity.generate() for _ in range(2)]
+    stranger = Identity.generate()
+    members = tuple(sorted(i.peer_id for i in trusted))
+    heads = {i.peer_id: CommitBook(identity=i, group=group, gid=gid, swarm_id="s").seal(
+        3, "ab" * 32, 1 + 32 * 3, parent="cd" * 32, members=members) for i in trusted}
+    # a peer we do not trust claims a newer version with the longest period
+    heads[stranger.peer_id] = CommitBook(identity=stranger, group=group, gid=gid,
+                                         swarm_id="s").seal(9, "ef" * 32, 1 + 32 * 8,
+                                                            parent="cd" * 32)
+
+    class Transport:
+        def add_dht_peers(self, maddrs: list[str], timeout: float) -> None:
+            pass
+
+        def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
+            return heads if key == book.head_key else {}
+
+    me = Identity.generate()
+    book = CommitBook(identity=me, group=group, gid=gid, swarm_id="s")
+    loop = object.__new__(OuterLoop)
+    loop.config, loop.peer_id, loop._lock = OuterConfig(), me.peer_id, threading.Lock()
+    loop.clock, loop._book, loop._transport = clock(), book, Transport()
+    loop._lineage = Lineage(hash="00" * 32, version=0)
+    loop._trust = lambda p: p in members
+    loop._discover = lambda: ["/ip4/127.0.0.1/tcp/1/p2p/" + trusted[0].peer_id]
+    loop._pool, loop._scout = ThreadPoolExecutor(max_workers=1), None
+    for _ in range(3):
+        loop.clock.observe_round(0.1)
+    assert loop.clock.period() == 2.0  # its own pace: a meeting every 2 s
+    try:
+        while not loop._period_known():  # the read runs in the background
+            pass
+    finally:
+        loop._pool.shutdown()
+    assert loop.clock.period() == 16.0 and loop.clock.agreed  # the trusted heads' period
+    assert loop.clock.due(1000.5) is None  # 1000 is not one of their meetings
+    assert loop.clock.due(1009.0) == 1008.0
+
+
+def test_a_version_adopted_at_the_meeting_that_made_it_ends_the_attempt_there() -> None:
+    """join.py ``_made_at``: a late node that adopts version 1 at the tail of the meeting
+    where its witnesses made it does not step there (they have left; nobody could advance
+    it), but it does at a meeting where they are at version 1."""
+    from collectives.consistency import CommitBook, Lineage
+    from protocol import Identity
+
+    group, gid = "g", "gid"
+    witnesses = [Identity.generate() for _ in range(2)]
+    records = {w.peer_id: CommitBook(identity=w, group=group, gid=gid, swarm_id="s").seal(
+        0, "00" * 32, 1, kind="join") for w in witnesses}
+    me = Identity.generate()
+    book = CommitBook(identity=me, group=group, gid=gid, swarm_id="s")
+
+    class Transport:
+        def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
+            return records if key == book.join_key(0, meet=96.0) else {}
+
+    loop = object.__new__(OuterLoop)
+    loop.config, loop.peer_id, loop._lock = OuterConfig(), me.peer_id, threading.Lock()
+    loop._book, loop._transport = book, Transport()
+    loop._lineage = Lineage(hash="ab" * 32, version=1,
+                            witnesses=frozenset(w.peer_id for w in witnesses))
+    assert loop._made_at(96.0)  # they joined 96 at version 0 and made version 1 there
+    assert not loop._made_at(128.0)  # a later meeting: they come at version 1
+    loop._lineage = Lineage(hash="ab" * 32, version=1, witnesses=frozenset({"someone"}))
+    assert not loop._made_at(96.0)  # made elsewhere
