@@ -69,6 +69,7 @@ from collectives.consistency import CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.finish import Finisher
 from collectives.join import Joiner
+from collectives.landing import Landing
 from collectives.schedule import Clock
 from collectives.state import OuterState, flatten
 from collectives.transport import Transport, sanitize_maddrs
@@ -441,9 +442,13 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         t_ar = time.monotonic()
         pre: OuterState | None = None
         self._stage("exchange")
+        with self._lock:  # the step is applied and hashed as the average lands
+            landing = Landing(self._state, torch.empty_like(delta), lr=cfg.outer_lr,
+                              momentum=cfg.outer_momentum)
         try:
             avg = self._transport.run(
-                self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s),
+                self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s,
+                                  out=landing.avg, on_landed=landing.land),
                 t0 + 0.7 * cfg.deadline_s - time.monotonic() + 1)
             rec["allreduce_seconds"] = round(time.monotonic() - t_ar, 4)
         except (StepFailed, TimeoutError) as e:
@@ -456,8 +461,9 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
                 with self._lock:  # the old state is the one to roll back to; the new θ
                     # and the shift go into the buffers of delta and avg, dead from here on
                     pre = self._state
-                    self._state = pre.stepped(avg, lr=cfg.outer_lr,
-                                              momentum=cfg.outer_momentum, out=delta)
+                    new = landing.state() if landing.base is pre else None
+                    self._state = new or pre.stepped(avg, lr=cfg.outer_lr,
+                                                     momentum=cfg.outer_momentum, out=delta)
                     self._rebase(onto=self._state.theta, base=snapshot, out=avg)
                 rec["status"] = "ok"
         finally:  # record what the exchange did, also when it failed
