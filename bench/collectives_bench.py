@@ -143,6 +143,15 @@ STEP_DEFINITION = {
 }
 
 
+TRAINING_MODEL = (
+    "inner rounds are sleeps of round_s: training on an accelerator, which leaves the host's "
+    "CPU to the exchange (a CPU-trained node's rounds would compete with it for the cores). "
+    "The params drift once per collected step (a fixed random delta added on the training "
+    "thread before the next attempt's snapshot), never while an attempt runs. Per round the "
+    "training thread calls OuterLoop.poll/after_round (a few microseconds without a "
+    "finished attempt).")
+"""What the clock mode's simulated training stands for (in every clock row of the JSON)."""
+
 BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "int8": 1.004}
 
 
@@ -186,7 +195,8 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
                         join_window=args.join_window, host=host,
                         prefix=["ip", "netns", "exec", netns[i]] if netns else None, **opts)
         swarm.wait_done(names, timeout=steps * (args.deadline + 60) + 300)
-        recs = [r for n in names for r in swarm.records(n).values()]
+        swarm_records = {n: list(swarm.records(n).values()) for n in names}
+        recs = [r for n in names for r in swarm_records[n]]
     finally:
         swarm.close()
     key = "meet" if clock else "i"
@@ -228,6 +238,15 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
             out.update(apply_s_median=_median([r["apply_s"] for r in ok]),
                        start_after_meet_s_median=_median(
                            [r["done_at"] - r["meet"] - r["seconds"] for r in ok]))
+    if clock:
+        out["training_model"] = TRAINING_MODEL
+    meet0 = meets[0] if meets else None
+    out["records_detail"] = [
+        {k: r.get(k) for k in ("i", "status", "peers", "allreduce_seconds", "step_s", "apply_s",
+                               "phase_seconds", "seconds")}
+        | {"peer": n, "meeting": None if r.get(key) is None or meet0 is None
+           else round(r[key] - meet0, 3)}
+        for n in names for r in swarm_records[n]]
     out["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
 

@@ -18,7 +18,9 @@ construction:
    earlier attempt at the same version is refused. Peers only group with peers that claim
    their own state hash (consistency.py).
 2. **Reduce-scatter.** The flat pseudo-gradient is cut into one contiguous shard per member.
-   Member i sends shard j to member j on one stream, as chunks of ``CHUNK_VALUES`` values,
+   Member i sends shard j to member j on up to ``reducer.STRIPES`` streams (chunk c on
+   stream c mod n: one yamux stream's window alone can starve the link), as chunks of
+   ``CHUNK_VALUES`` values,
    each encoded in a thread pool while the previous chunk is on the wire; reducer j decodes
    each chunk in place (in the pool, while the next arrives).
 3. **All-gather, overlapped.** As soon as every member's chunk c is in, reducer j encodes the
@@ -59,7 +61,7 @@ from collectives.codec import Codec, chunk_bounds
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
 from collectives.reduce import Contribution, shard_bounds
-from collectives.reducer import ReducerMixin, Session, members_digest
+from collectives.reducer import ReducerMixin, Session, members_digest, stripes
 from collectives.streams import (CHUNK, MAX_HEADER_BYTES, VERDICT, FrameError, recv_frame,
                                  recv_header, recv_tagged, send_frame, send_header,
                                  send_pipelined, work_pool)
@@ -103,6 +105,14 @@ class RateLimit:
         return True
 
 
+def _shifted(fn: Callable[[int, int], None] | None, offset: int
+             ) -> Callable[[int, int], None] | None:
+    """``fn`` for ranges relative to ``offset`` (a shard's start)."""
+    if fn is None:
+        return None
+    return lambda a, b: fn(offset + a, offset + b)
+
+
 class _Unreachable(Exception):
     """No stream to a peer could be opened (dial failure, timeout)."""
 
@@ -113,7 +123,7 @@ class AllReduce(ReducerMixin):
     def __init__(self, p2p: P2P, config: OuterConfig, codec: Codec, *, peer_id: str, gid: str,
                  state_provider: Callable[[str], bytes | None]) -> None:
         self.p2p, self.config, self.codec, self.peer_id = p2p, config, codec, peer_id
-        self.names = {k: f"/swarm-node/outer/{gid}/{k}/4" for k in ("join", "reduce", "state")}
+        self.names = {k: f"/swarm-node/outer/{gid}/{k}/5" for k in ("join", "reduce", "state")}
         self.state_provider = state_provider
         """hash -> the serialized state if we hold it (cached per hash by the provider)."""
         self.session: Session | None = None
@@ -279,8 +289,13 @@ class AllReduce(ReducerMixin):
             writer.close()
 
     async def exchange(self, delta: torch.Tensor, members: list[str], *,
-                       reduce_deadline: float) -> torch.Tensor:
-        """Reduce-scatter + all-gather of ``delta``; the group's mean or StepFailed."""
+                       reduce_deadline: float, out: torch.Tensor | None = None,
+                       on_landed: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """Reduce-scatter + all-gather of ``delta``; the group's mean (in ``out`` if given:
+        fp32, contiguous, of delta's size) or StepFailed.
+        ``on_landed(lo, hi)``: called in the codec pool once ``mean[lo:hi]`` was decoded (a
+        range lands again if a reducer's "redo" overwrites it); the mean is only final,
+        and checked, when this returns (landing.py)."""
         s = self.session
         assert s is not None
         loop = asyncio.get_running_loop()
@@ -290,9 +305,13 @@ class AllReduce(ReducerMixin):
         me = members.index(self.peer_id)
         timer = asyncio.create_task(self._reducer_timer(s, reduce_deadline))
         digest = members_digest(members, s.nonce)
-        out = torch.empty(s.numel, dtype=torch.float32)  # every shard is decoded into place
-        tasks = {j: asyncio.create_task(self._exchange_with(s, peer, delta[slice(*bounds[j])],
-                                                            digest, out=out[slice(*bounds[j])]))
+        if out is None:  # every shard is decoded into place
+            out = torch.empty(s.numel, dtype=torch.float32)
+        elif out.shape != (s.numel,) or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError("out must be a contiguous fp32 vector of the delta's size")
+        tasks = {j: asyncio.create_task(self._exchange_with(
+            s, peer, delta[slice(*bounds[j])], digest, out=out[slice(*bounds[j])],
+            landed=_shifted(on_landed, bounds[j][0])))
                  for j, peer in enumerate(members) if j != me}
         lo, hi = bounds[me]
         own = s.parts[self.peer_id]
@@ -305,7 +324,8 @@ class AllReduce(ReducerMixin):
         errors: dict[str, str] = {}
         got: set[int] = set()
         try:
-            mine = asyncio.create_task(self._own_result(s, out[lo:hi]))
+            mine = asyncio.create_task(self._own_result(s, out[lo:hi],
+                                                        _shifted(on_landed, lo)))
             tasks[me] = mine
             for j, task in tasks.items():
                 try:
@@ -338,23 +358,31 @@ class AllReduce(ReducerMixin):
         timer.cancel()
         return out
 
-    async def _own_result(self, s: Session, mine: torch.Tensor) -> None:
+    async def _own_result(self, s: Session, mine: torch.Tensor,
+                          landed: Callable[[int, int], None] | None) -> None:
         """Our reducer's mean of our shard, from the same bytes the members receive."""
         loop = asyncio.get_running_loop()
         for (a, b), fut in zip(s.chunks, s.stream):
             data = await asyncio.shield(fut)
             if data is None:
                 break
-            await loop.run_in_executor(work_pool(), self.codec.decode_into, data, mine[a:b])
+            await loop.run_in_executor(work_pool(), self._decode, data, mine, a, b, landed)
         await s.shard_done.wait()
         if s.verdict == "redo":
             assert s.result is not None
             for (a, b), fut in zip(s.chunks, s.result):
                 data = await asyncio.shield(fut)
-                await loop.run_in_executor(work_pool(), self.codec.decode_into, data, mine[a:b])
+                await loop.run_in_executor(work_pool(), self._decode, data, mine, a, b, landed)
         elif s.verdict != "ok":
             raise StepFailed("own shard has no result")
         s.marks["own_result"] = loop.time()
+
+    def _decode(self, data: bytes, out: torch.Tensor, a: int, b: int,
+                landed: Callable[[int, int], None] | None) -> None:
+        """``out[a:b]`` = decode(data), then ``landed(a, b)`` (codec pool)."""
+        self.codec.decode_into(data, out[a:b])
+        if landed is not None:
+            landed(a, b)
 
     def _check_shard(self, shard: torch.Tensor, own: torch.Tensor,
                      ref_rms: float = 0.0) -> tuple[str | None, float]:
@@ -372,17 +400,35 @@ class AllReduce(ReducerMixin):
         return ("norm" if norm > limit else None), norm
 
     async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor, digest: str, *,
-                             out: torch.Tensor | None = None) -> torch.Tensor:
+                             out: torch.Tensor | None = None,
+                             landed: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """Send ``part`` to its reducer ``peer`` and receive the mean of that shard (into
-        ``out``) on the same stream: the chunks of both directions overlap."""
+        ``out``) on the same streams (``stripes`` of them): the chunks of both directions
+        overlap."""
         out = torch.empty(part.numel(), dtype=torch.float32) if out is None else out
         chunks = chunk_bounds(part.numel())
+        n = stripes(len(chunks))
+        jobs = [asyncio.create_task(self._stripe(s, peer, part, digest, out, chunks[k::n], k, n,
+                                                 landed)) for k in range(n)]
+        try:
+            for job in asyncio.as_completed(jobs):
+                await job  # the first error fails the exchange with this reducer
+        finally:
+            for job in jobs:
+                job.cancel()
+        return out
+
+    async def _stripe(self, s: Session, peer: str, part: torch.Tensor, digest: str,
+                      out: torch.Tensor, chunks: list[tuple[int, int]], k: int, n: int,
+                      landed: Callable[[int, int], None] | None) -> None:
+        """Stripe ``k`` of ``n``: these ``chunks`` of ``part`` to ``peer``, the same chunks of
+        its mean back into ``out``."""
         _, reader, writer = await self.p2p.call_binary_stream_handler(
             PeerID.from_base58(peer), self.names["reduce"])
 
         async def send() -> None:
             sent = await send_header(writer, {"step": s.step, "digest": digest,
-                                              "weight": s.weight})
+                                              "weight": s.weight, "stripe": k, "stripes": n})
             sent += await send_pipelined(writer, [
                 lambda a=a, b=b: self.codec.encode(part[a:b]) for a, b in chunks])
             # not `s.bytes_sent += await ...`: that reads the counter before the await and
@@ -396,19 +442,19 @@ class AllReduce(ReducerMixin):
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")
             s.marks.setdefault("first_reply", asyncio.get_running_loop().time())
-            verdict = await self._recv_chunks(s, reader, chunks, out, verdict_ends=True)
+            verdict = await self._recv_chunks(s, reader, chunks, out, landed, verdict_ends=True)
             if verdict == "redo":
-                await self._recv_chunks(s, reader, chunks, out, verdict_ends=False)
+                await self._recv_chunks(s, reader, chunks, out, landed, verdict_ends=False)
             elif verdict != "ok":
                 raise StepFailed(f"reducer {peer} has no result ({verdict})")
             await sender  # its errors too
-            return out
         finally:
             sender.cancel()
             writer.close()
 
     async def _recv_chunks(self, s: Session, reader, chunks: list[tuple[int, int]],
-                           out: torch.Tensor, *, verdict_ends: bool) -> str:  # type: ignore[no-untyped-def]
+                           out: torch.Tensor, landed: Callable[[int, int], None] | None, *,
+                           verdict_ends: bool) -> str:  # type: ignore[no-untyped-def]
         """Decode chunk frames into ``out`` (in the pool, while the next frame arrives).
         ``verdict_ends``: up to len(chunks) chunks, then a verdict frame (returned); else
         exactly len(chunks) chunks ("")."""
@@ -425,7 +471,7 @@ class AllReduce(ReducerMixin):
                 s.bytes_received += len(body) + 9
                 if tag == CHUNK and c < len(chunks):
                     decoding.append(loop.run_in_executor(
-                        work_pool(), self.codec.decode_into, body, out[slice(*chunks[c])]))
+                        work_pool(), self._decode, body, out, *chunks[c], landed))
                     continue
                 if tag != VERDICT or not verdict_ends:
                     raise FrameError(f"unexpected frame {tag!r} at chunk {c}")

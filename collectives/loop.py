@@ -71,8 +71,10 @@ from collectives.consistency import CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.finish import Finisher
 from collectives.join import Joiner
+from collectives.landing import Landing
 from collectives.schedule import Clock
 from collectives.state import OuterState, flatten
+from collectives.streams import work_pool
 from collectives.transport import Transport, sanitize_maddrs
 from protocol import Identity
 
@@ -397,14 +399,13 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
             snapshot = work.params()
-            delta = self._state.theta - snapshot
-            if work.final and work.rounds == 0:
-                delta.zero_()  # nothing trained since our delta was counted (exactly zero:
-                # rounding in the rebases must not look like a direction)
+            # θ − snapshot (a pass over the model: 0.2-0.3 s at 100M values) runs in the
+            # codec pool while we join and the group forms
+            delta_job = work_pool().submit(torch.sub, self._state.theta, snapshot)
             expected = (self._lineage.witnesses | self._last_group) - {self.peer_id}
         rec["step"] = v
         self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
-                                                  numel=delta.numel(), weight=weight,
+                                                  numel=snapshot.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
         holders, early = self._join(work, v, my_hash, expected, discovered)
         if len(holders) < cfg.min_peers and self._unagreed(work) \
@@ -434,13 +435,15 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             # caller)
             t0 = max(t0, time.monotonic() - cfg.join_window_s)
             self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
-        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)
+        self._run_group(rec, v, my_hash, min(holders), delta_job, snapshot, t0, freeze_at,
+                        holders, zero=work.final and work.rounds == 0)
 
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
-                   delta: torch.Tensor, snapshot: torch.Tensor, t0: float, freeze_at: float,
-                   seen: dict[str, int]) -> None:
+                   delta_job: Future[torch.Tensor], snapshot: torch.Tensor, t0: float,
+                   freeze_at: float, seen: dict[str, int], *, zero: bool) -> None:
         """Form the group, all-reduce, apply, vote, commit. ``seen``: the peers whose join
-        records claim our hash -> their clock code."""
+        records claim our hash -> their clock code; ``delta_job``: θ − snapshot (``zero``:
+        nothing trained since our delta was last counted: contribute exactly zero)."""
         cfg = self.config
         remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
         try:
@@ -466,9 +469,16 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         t_ar = time.monotonic()
         pre: OuterState | None = None
         self._stage("exchange")
+        delta = delta_job.result()
+        if zero:  # exactly zero: rounding in the rebases must not look like a direction
+            delta.zero_()
+        with self._lock:  # the step is applied and hashed as the average lands
+            landing = Landing(self._state, torch.empty_like(delta), lr=cfg.outer_lr,
+                              momentum=cfg.outer_momentum)
         try:
             avg = self._transport.run(
-                self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s),
+                self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s,
+                                  out=landing.avg, on_landed=landing.land),
                 t0 + 0.7 * cfg.deadline_s - time.monotonic() + 1)
             rec["allreduce_seconds"] = round(time.monotonic() - t_ar, 4)
         except (StepFailed, TimeoutError) as e:
@@ -481,8 +491,9 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
                 with self._lock:  # the old state is the one to roll back to; the new θ
                     # and the shift go into the buffers of delta and avg, dead from here on
                     pre = self._state
-                    self._state = pre.stepped(avg, lr=cfg.outer_lr,
-                                              momentum=cfg.outer_momentum, out=delta)
+                    new = landing.state() if landing.base is pre else None
+                    self._state = new or pre.stepped(avg, lr=cfg.outer_lr,
+                                                     momentum=cfg.outer_momentum, out=delta)
                     self._rebase(onto=self._state.theta, base=snapshot, out=avg)
                 rec["status"] = "ok"
         finally:  # record what the exchange did, also when it failed

@@ -12,9 +12,12 @@ clipped contribution, a member that sent garbage or never finished) the reducer 
 overwrite what they decoded. The hostile-peer checks are therefore exactly those of a
 whole-shard reduction; a hostile peer only costs one more transfer of the shard.
 
-Reducer -> member on the shard stream: a header ``{"ok": true}`` (or a refusal), tagged
-chunk frames, a tagged verdict ``{"verdict": "ok" | "redo" | "none"}``, after "redo" the
-chunks of the robust mean.
+A member sends its part of a shard on ``stripes`` streams (see ``STRIPES``): stream k
+opens with a header ``{step, digest, weight, stripe: k, stripes: n}`` and carries chunks
+k, k+n, k+2n...; the reducer answers on the same stream with a header ``{"ok": true}`` (or a
+refusal), the tagged frames of the same chunks of the mean, a tagged verdict
+``{"verdict": "ok" | "redo" | "none"}``, after "redo" those chunks of the robust mean. A
+member's contribution counts once all its stripes are in; a bad stripe excludes the member.
 """
 
 from __future__ import annotations
@@ -35,9 +38,28 @@ from collectives.streams import (CHUNK, VERDICT, FrameError, recv_header, recv_p
                                  send_header, send_tagged, work_pool)
 from protocol.limits import packb
 
-__all__ = ["Session", "ReducerMixin", "members_digest"]
+__all__ = ["Session", "ReducerMixin", "members_digest", "STRIPES", "stripes"]
 
 logger = logging.getLogger(__name__)
+
+STRIPES = 16
+"""Streams per (member, reducer) pair: chunk c of a shard travels on stream c mod n.
+
+A yamux stream carries at most its receive window (256 KiB: p2pd grows it only while a
+window drains within 4x the session's RTT estimate, one ping every 30 s, < 1 ms on an idle
+link) per round trip of its window updates, and when both directions are busy those updates
+queue behind the receiver's own data in its TCP send buffer, which autotuning has grown to
+2-3 MB on the long-lived connection (0.2 s at 100 Mbit/s). Measured at 100M values, 2 peers,
+100 Mbit/s tbf: with one stream per pair the exchanges after the first ran at 7-9 MB/s in one
+direction (that sender's TCP socket empty, its p2pd blocked on windows with python's unix
+sockets full) while the other filled the link: 42-50 s against 33.4 s of raw TCP; 4 streams
+behaved the same; with 16 (4 MiB of window per direction for the parts, as much for the
+means) both TCP send queues stayed full and every exchange took 34 s."""
+
+
+def stripes(nchunks: int) -> int:
+    """Streams of a shard of ``nchunks`` chunks (no more streams than chunks)."""
+    return max(1, min(STRIPES, nchunks))
 
 
 def members_digest(members: list[str], nonce: str = "") -> str:
@@ -60,8 +82,10 @@ class Session:
     nonce: str = ""
     """Chosen by the leader at the freeze; part of the members' digest."""
     contribs: dict[str, Contribution] = field(default_factory=dict)
-    receiving: set[str] = field(default_factory=set)
-    """Members whose shard stream our reducer is reading (one stream per member)."""
+    receiving: set[tuple[str, int]] = field(default_factory=set)
+    """(member, stripe) of the shard streams our reducer is reading (``stripes`` per member)."""
+    stripes_in: dict[str, int] = field(default_factory=dict)
+    """Member -> how many of its stripes were read completely."""
     excluded: dict[str, str] = field(default_factory=dict)
     # --- our reducer's shard ---
     chunks: list[tuple[int, int]] = field(default_factory=list)
@@ -135,48 +159,63 @@ class ReducerMixin:
             await send_header(writer, {"ok": False, "reason": "step"})
             return
         members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
+        k = head.get("stripe")
         if head.get("digest") != members_digest(members, s.nonce) or peer not in members \
-                or peer == self.peer_id or peer in s.contribs or peer in s.excluded \
-                or peer in s.receiving:
+                or peer == self.peer_id or peer in s.contribs or peer in s.excluded:
             await send_header(writer, {"ok": False, "reason": "membership"})
             return
-        s.receiving.add(peer)
         self._setup_shard(s, members)
+        n = stripes(len(s.chunks))
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < n \
+                or head.get("stripes") != n or (peer, k) in s.receiving:
+            await send_header(writer, {"ok": False, "reason": "stripe"})
+            return
+        s.receiving.add((peer, k))
         weight = head.get("weight")
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) \
                 or not (math.isfinite(weight) and 0 < weight <= self.config.max_weight):
             self._abandon(s)  # reduce_shard excludes it: no plain mean to stream
             weight = math.nan
-        s.declared[peer] = float(weight)
-        values = s.parts[peer] = torch.empty(s.parts[self.peer_id].numel(), dtype=torch.float32)
+        if peer not in s.declared:
+            s.declared[peer] = float(weight)
+            s.parts[peer] = torch.empty(s.parts[self.peer_id].numel(), dtype=torch.float32)
+        values = s.parts[peer]
         await send_header(writer, {"ok": True})
-        sender = asyncio.create_task(self._send_result(s, writer))
+        sender = asyncio.create_task(self._send_result(s, writer, k))
+        mine = s.chunks[k::n]
         try:
+            if not (s.declared[peer] == weight
+                    or math.isnan(s.declared[peer]) and math.isnan(weight)):
+                raise ValueError("stripes declare different weights")
             s.bytes_received += await asyncio.wait_for(recv_pipelined(
-                reader, [self.codec.encoded_size(b - a) for a, b in s.chunks],
-                lambda c, data: self.codec.decode_into(data, values[slice(*s.chunks[c])]),
-                on_done=lambda c: self._chunk_in(s, c)), s.remaining())
-            self._add(s, Contribution(peer=peer, weight=s.declared[peer], values=values))
+                reader, [self.codec.encoded_size(b - a) for a, b in mine],
+                lambda i, data: self.codec.decode_into(data, values[slice(*mine[i])]),
+                on_done=lambda i: self._chunk_in(s, k + i * n)), s.remaining())
+            s.stripes_in[peer] = s.stripes_in.get(peer, 0) + 1
+            if s.stripes_in[peer] == n and peer not in s.excluded:
+                self._add(s, Contribution(peer=peer, weight=s.declared[peer], values=values))
         except FrameError:  # longer than its codec size: the stream is out of step, drop it
-            s.excluded[peer] = "decode"
-            self._abandon(s)
-            self._maybe_finish(s)
+            self._exclude(s, peer, "decode")
             sender.cancel()
             raise
         except (CodecError, ValueError) as e:
             logger.warning("step %d: contribution of %s rejected: %s", s.step, peer, e)
-            s.excluded[peer] = "decode"
-            self._abandon(s)
-            self._maybe_finish(s)
+            self._exclude(s, peer, "decode")
         except BaseException:
             sender.cancel()
             raise
         await sender
 
-    async def _send_result(self, s: Session, writer) -> None:  # type: ignore[no-untyped-def]
-        """Stream the plain mean's chunks while they are valid, then the verdict (and the
-        robust mean after "redo")."""
-        for fut in s.stream:
+    def _exclude(self, s: Session, peer: str, why: str) -> None:
+        s.excluded.setdefault(peer, why)
+        self._abandon(s)
+        self._maybe_finish(s)
+
+    async def _send_result(self, s: Session, writer, k: int) -> None:  # type: ignore[no-untyped-def]
+        """Stream stripe ``k`` of the plain mean's chunks while they are valid, then the
+        verdict (and that stripe of the robust mean after "redo")."""
+        n = stripes(len(s.chunks))
+        for fut in s.stream[k::n]:
             data = await asyncio.wait_for(asyncio.shield(fut), s.remaining())
             if data is None:
                 break
@@ -185,7 +224,7 @@ class ReducerMixin:
         await send_tagged(writer, VERDICT, packb({"verdict": s.verdict}))
         if s.verdict == "redo":
             assert s.result is not None
-            for fut in s.result:
+            for fut in s.result[k::n]:
                 data = await asyncio.wait_for(asyncio.shield(fut), s.remaining())
                 await send_tagged(writer, CHUNK, data)
 

@@ -96,7 +96,7 @@ def test_chunk_frame_longer_than_its_codec_size_is_refused() -> None:
                 .call_binary_stream_handler(PeerID.from_base58(members[1]),
                                             reducer.names["reduce"])
             await send_header(writer, {"step": 1, "digest": members_digest(members, "n"),
-                                       "weight": 1.0})
+                                       "weight": 1.0, "stripe": 0, "stripes": 1})
             with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
                 await send_frame(writer, bytes(4 * CHUNK_VALUES + 4))
                 await asyncio.wait_for(recv_header(reader), 10)  # the reducer hung up
