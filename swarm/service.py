@@ -129,7 +129,8 @@ class GossipService:
                                       is_banned=stack.pubsub.is_banned)
         self.feed_client = FeedClient(config=config, host=stack.host, table=self.table,
                                       counters=self.counters, on_frame=self._feed_frame,
-                                      is_banned=stack.pubsub.is_banned)
+                                      is_banned=stack.pubsub.is_banned,
+                                      dial=lambda info: self.dialer.dial(info, force=True))
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
                         "collective_addrs": config.collective_addrs}
