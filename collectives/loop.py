@@ -377,6 +377,7 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             window = self.clock.window()
         join_key = self._book.join_key(v, meet=work.meet)
         code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
+        t_store = time.monotonic()
         self._transport.dht_store(join_key, self.peer_id,
                                   self._book.seal(v, my_hash, code, kind="join"),
                                   ttl=2 * window + 2, timeout=window)
@@ -389,6 +390,17 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         # meeting + the window of the longest period among them, the same time for everyone
         holders, early = self._read_group(join_key, v, my_hash, expected, discovered, read_at,
                                           code, meet_at=meet_at)
+        late = False
+        if meet_at is not None:
+            # the peers already there stopped reading at the meeting + the window of the
+            # longest period among them: a record we stored after that came too late for
+            # their group (our rendezvous outlasted the window: DHT reads and tunnels to
+            # peers behind NAT take seconds at 80 ms RTT, the window of finished peers is
+            # 1 s). Their records are all we read, yet none of them will JOIN us
+            closed = self.clock.closes(meet_at, list(holders.values()))
+            late = t_store > closed  # even the store began after their read
+            if late:
+                rec["late_s"] = round(t_store - closed, 3)
         if work.meet is not None:  # finished peers (finish.py): who steps here
             stepping = self._who_steps(rec, work, holders, expected | discovered)
             if stepping is None:
@@ -409,19 +421,24 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             # caller)
             t0 = max(t0, time.monotonic() - cfg.join_window_s)
             self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
-        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders)
+        # late: wait for no JOIN past the freeze (with the smallest id we would lead peers
+        # that already stepped until 0.35 x deadline_s, and miss the next meetings too)
+        self._run_group(rec, v, my_hash, min(holders), delta, snapshot, t0, freeze_at, holders,
+                        wait_joins=not late)
 
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
                    delta: torch.Tensor, snapshot: torch.Tensor, t0: float, freeze_at: float,
-                   seen: dict[str, int]) -> None:
+                   seen: dict[str, int], *, wait_joins: bool = True) -> None:
         """Form the group, all-reduce, apply, vote, commit. ``seen``: the peers whose join
-        records claim our hash -> their clock code."""
+        records claim our hash -> their clock code; ``wait_joins``: as leader, wait past
+        ``freeze_at`` for those that did not JOIN yet."""
         cfg = self.config
         remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
         try:
             members = self._transport.run(
-                self._ar.form_group(leader, freeze_at=freeze_at,
-                                    expected=set(seen), latest=t0 + 0.35 * cfg.deadline_s),
+                self._ar.form_group(leader, freeze_at=freeze_at, expected=set(seen),
+                                    latest=t0 + 0.35 * cfg.deadline_s if wait_joins
+                                    else freeze_at),
                 remaining)
         except (StepFailed, TimeoutError) as e:
             # left out (late JOIN, dead leader): if the others step, their version commits

@@ -212,6 +212,13 @@ class Clock:
         w = 1.5 * p / self.every_rounds
         return min(self.max_window_s, 0.5 * p, max(self.min_window_s, w))
 
+    def closes(self, meet_at: float, codes: list[int]) -> float:
+        """When the read of a meeting opened at ``meet_at`` ended for peers whose join records
+        carry ``codes``: the window of the longest period in force among them (and ours) after
+        the opening, what every one of them reads until (``OuterLoop._read_group``). A join
+        record stored after that came too late for their group."""
+        return meet_at + self.window(self.longest(codes))
+
     def due(self, now: float) -> float | None:
         """Called at a round boundary (``now``: DHT time). The meeting to join now, or None:
         the latest meeting ``k·P <= now`` not joined or let pass yet, if it opened less than

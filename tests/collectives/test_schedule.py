@@ -159,3 +159,18 @@ def test_a_non_finite_local_delta_is_dropped_and_counted() -> None:
     loop._collect(work, rec)
     assert torch.equal(params[0].detach(), loop._state.theta)
     assert rec["discarded_rounds"] == 4
+
+
+def test_a_join_stored_after_the_window_of_the_longest_period_present_is_late() -> None:
+    """OuterLoop: a peer whose join record was stored after the others' read ended (the
+    meeting + the window of the longest period among the records) does not wait for their
+    JOINs: they already grouped without it (on the WAN bed a NATed peer with the smallest
+    id, 2 s late, led such a group alone for 28 s, 0.35 x deadline_s, twice in a row)."""
+    c = clock(every_rounds=2, min_period_s=2.0, max_window_s=8.0)
+    c.finish()  # finished peers: the base period (2 s), a 1 s window
+    fin = c.code()
+    assert c.closes(100.0, [fin, fin]) == pytest.approx(101.0)
+    trainer = clock(every_rounds=2, min_period_s=2.0, max_window_s=8.0)
+    trainer.observe_round(8.0)  # a peer still training on a 16 s period: 12 s -> 8 s cap
+    assert c.closes(100.0, [fin, trainer.code()]) == pytest.approx(100.0 + c.window(16.0))
+    assert c.window(16.0) == pytest.approx(8.0)
