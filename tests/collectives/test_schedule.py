@@ -174,3 +174,17 @@ def test_a_join_stored_after_the_window_of_the_longest_period_present_is_late() 
     trainer.observe_round(8.0)  # a peer still training on a 16 s period: 12 s -> 8 s cap
     assert c.closes(100.0, [fin, trainer.code()]) == pytest.approx(100.0 + c.window(16.0))
     assert c.window(16.0) == pytest.approx(8.0)
+
+
+def test_a_finished_peer_meets_on_a_period_whose_window_holds_the_least_window() -> None:
+    """A peer whose run ended attends the meetings of the shortest rung whose window holds
+    ``min_window_s``: the ladder's base (2 s) gave it 1 s windows, and on the WAN bed the
+    rendezvous of a loaded or NATed peer took 1.7-2.7 s, so it came late to every meeting."""
+    c = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_window_s=600.0)
+    c.finish()
+    assert c.period() == 8.0 and c.proposal() == 8.0
+    assert c.window() >= 3.0
+    assert c.due(16.5) == 16.0 and c.due(20.0) is None  # multiples of 8 s only
+    trainer = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_window_s=600.0)
+    trainer.observe_round(8.0)
+    assert trainer.period() % c.period() == 0  # its meetings are among a longer period's
