@@ -68,8 +68,10 @@ class Joiner(LoopParts):
         return bool(set(signed) & (lineage.witnesses - {self.peer_id}))
 
     def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
-              discovered: frozenset[str]) -> tuple[dict[str, int], bool]:
-        """Store our join record for ``work``'s meeting and read who joined (join.py)."""
+              discovered: frozenset[str]) -> tuple[dict[str, int], bool, float | None]:
+        """Store our join record for ``work``'s meeting and read who joined: the join records
+        claiming our hash (peer -> clock code), whether the read ended early, and by how many
+        seconds our store came after the others' read ended (None: in time, or no meeting)."""
         cfg = self.config
         if work.meet is None:
             window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
@@ -77,6 +79,7 @@ class Joiner(LoopParts):
             window = self.clock.window()
         join_key = self._book.join_key(v, meet=work.meet)
         code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
+        t_store = time.monotonic()
         self._transport.dht_store(join_key, self.peer_id,
                                   self._book.seal(v, my_hash, code, kind="join"),
                                   ttl=2 * window + 2, timeout=window)
@@ -87,8 +90,19 @@ class Joiner(LoopParts):
         # hash and every discovered one has joined (a newcomer later than the peers that
         # know it waits for the next meeting), else at the window's end: on the clock the
         # meeting + the window of the longest period among them, the same time for everyone
-        return self._read_group(join_key, v, my_hash, expected, discovered, read_at, code,
-                                meet_at=meet_at)
+        holders, early = self._read_group(join_key, v, my_hash, expected, discovered, read_at,
+                                          code, meet_at=meet_at)
+        late = None
+        if meet_at is not None:
+            # the peers already there stopped reading at the meeting + the window of the
+            # longest period among them: a record we stored after that came too late for
+            # their group (our rendezvous outlasted the window: DHT reads and tunnels to
+            # peers behind NAT take seconds at 80 ms RTT). Their records are all we read,
+            # yet none of them will JOIN us
+            closed = self.clock.closes(meet_at, list(holders.values()))
+            if t_store > closed:  # even the store began after their read
+                late = round(t_store - closed, 3)
+        return holders, early, late
 
     def _unagreed(self, work: Work) -> bool:
         """A meeting on the clock while our period is only our own proposal (schedule.py

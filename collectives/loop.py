@@ -407,12 +407,14 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
         self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
                                                   numel=snapshot.numel(), weight=weight,
                                                   deadline=t0 + 0.7 * cfg.deadline_s), 5)
-        holders, early = self._join(work, v, my_hash, expected, discovered)
+        holders, early, late = self._join(work, v, my_hash, expected, discovered)
         if len(holders) < cfg.min_peers and self._unagreed(work) \
                 and self._meet_others(work, rec, but=work.meet):
             # alone where our own period led us; peers at our state are at another meeting
             # (they joined after our first look): there, once
-            holders, early = self._join(work, v, my_hash, expected, discovered)
+            holders, early, late = self._join(work, v, my_hash, expected, discovered)
+        if late is not None:
+            rec["late_s"] = late
         if work.meet is not None:  # finished peers (finish.py): who steps here
             stepping = self._who_steps(rec, work, holders, expected | discovered)
             if stepping is None:
@@ -435,21 +437,26 @@ class OuterLoop(Committer, Adopter, Finisher, Joiner, Background):
             # caller)
             t0 = max(t0, time.monotonic() - cfg.join_window_s)
             self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
+        # late: wait for no JOIN past the freeze (with the smallest id we would lead peers
+        # that already stepped until 0.35 x deadline_s, and miss the next meetings too)
         self._run_group(rec, v, my_hash, min(holders), delta_job, snapshot, t0, freeze_at,
-                        holders, zero=work.final and work.rounds == 0)
+                        holders, zero=work.final and work.rounds == 0, wait_joins=late is None)
 
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
                    delta_job: Future[torch.Tensor], snapshot: torch.Tensor, t0: float,
-                   freeze_at: float, seen: dict[str, int], *, zero: bool) -> None:
+                   freeze_at: float, seen: dict[str, int], *, zero: bool,
+                   wait_joins: bool = True) -> None:
         """Form the group, all-reduce, apply, vote, commit. ``seen``: the peers whose join
         records claim our hash -> their clock code; ``delta_job``: θ − snapshot (``zero``:
-        nothing trained since our delta was last counted: contribute exactly zero)."""
+        nothing trained since our delta was last counted: contribute exactly zero;
+        ``wait_joins``: as leader, wait past ``freeze_at`` for those that did not JOIN yet)."""
         cfg = self.config
         remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
         try:
             members = self._transport.run(
-                self._ar.form_group(leader, freeze_at=freeze_at,
-                                    expected=set(seen), latest=t0 + 0.35 * cfg.deadline_s),
+                self._ar.form_group(leader, freeze_at=freeze_at, expected=set(seen),
+                                    latest=t0 + 0.35 * cfg.deadline_s if wait_joins
+                                    else freeze_at),
                 remaining)
         except (StepFailed, TimeoutError) as e:
             # left out (late JOIN, dead leader): if the others step, their version commits

@@ -24,8 +24,8 @@ the others had already left). So the read lasts until the window of the *longest
 force among the records that claim our state* (``window(longest(codes))``): everyone who
 meets reads at the same time, whatever period brought them there.
 
-A peer whose run ended (``finish``, finish.py) attends every meeting of the ladder's base and
-says so in its code (FINISHED, and PENDING while it has rounds no average counted). A version
+A peer whose run ended (``finish``, finish.py) attends every meeting of the shortest rung
+whose window holds ``min_window_s`` (``_finish_period``) and says so in its code (FINISHED, and PENDING while it has rounds no average counted). A version
 commit carries the period its group agreed on (``agreed_code``): a peer that adopts it
 without having met them (``adopt``) goes to their meetings, not to ones nobody attends.
 
@@ -171,7 +171,7 @@ class Clock:
         with self._lock:
             exchange = self._exchange_s
             if self._finished:
-                return self.min_period_s
+                return self._finish_period()
         p = ladder(max(self.every_rounds * (round_s or 0.0),
                        1.25 * (self.min_window_s + exchange)),
                    base=self.min_period_s, top=self.max_period_s)
@@ -226,10 +226,19 @@ class Clock:
         with self._lock:
             heard, finished = self._heard, self._finished
         if finished:
-            return self.min_period_s
+            return self._finish_period()
         if heard:
             return ladder(heard, base=self.min_period_s, top=self.max_period_s)
         return self.proposal()
+
+    def _finish_period(self) -> float:
+        """The period of a peer whose run ended: the shortest rung whose window can hold
+        ``min_window_s`` (a window is at most half its period). The ladder's base itself (2 s
+        by default) gave 1 s windows, shorter than a rendezvous takes over a WAN (DHT reads
+        and tunnels at 80 ms RTT, a loaded CPU: 1.7-2.7 s measured on the WAN bed), so a
+        finished peer behind NAT came late to every meeting and ended apart. On the ladder,
+        its meetings are still among those of every longer period."""
+        return ladder(2 * self.min_window_s, base=self.min_period_s, top=self.max_period_s)
 
     def window(self, period: float | None = None) -> float:
         """How long after a meeting opens the group is read: 1.5 slowest rounds (a period
@@ -238,6 +247,13 @@ class Clock:
         p = self.period() if period is None else period
         w = 1.5 * p / self.every_rounds
         return min(self.max_window_s, 0.5 * p, max(self.min_window_s, w))
+
+    def closes(self, meet_at: float, codes: list[int]) -> float:
+        """When the read of a meeting opened at ``meet_at`` ended for peers whose join records
+        carry ``codes``: the window of the longest period in force among them (and ours) after
+        the opening, what every one of them reads until (``OuterLoop._read_group``). A join
+        record stored after that came too late for their group."""
+        return meet_at + self.window(self.longest(codes))
 
     def due(self, now: float) -> float | None:
         """Called at a round boundary (``now``: DHT time). The meeting to join now, or None:

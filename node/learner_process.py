@@ -151,7 +151,11 @@ class OuterHook:
             if p.model != self.bridge.model:
                 continue
             if p.addrs and all("/p2p-circuit" in a for a in p.addrs):
-                out.extend(self._tunnelled(p.peer_id))  # behind NAT: nobody can dial it
+                # behind NAT: nobody can dial it. Only once it announced its collective: its
+                # swarm process refuses a tunnel before (nothing to forward to), and our
+                # p2pd then backs off from the tunnel's address (go-libp2p dial backoff)
+                if p.collective_addrs:
+                    out.extend(self._tunnelled(p.peer_id))
             else:
                 out.extend(p.collective_addrs)
         return out

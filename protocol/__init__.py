@@ -18,7 +18,7 @@ Layers, bottom up::
 from __future__ import annotations
 
 from protocol.batching import split_rollouts
-from protocol.envelope import Envelope, max_body_bytes, open_envelope, seal
+from protocol.envelope import Envelope, envelope_map, max_body_bytes, open_envelope, seal
 from protocol.errors import (
     DecodeError,
     DuplicateNonce,
@@ -79,6 +79,7 @@ __all__ = [
     "VersionError",
     "WrongSwarm",
     "atomic_write_bytes",
+    "envelope_map",
     "load_or_create_identity",
     "max_body_bytes",
     "open_envelope",

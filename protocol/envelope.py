@@ -97,18 +97,28 @@ def seal(
     return data
 
 
-def open_envelope(
-    data: bytes, *, swarm_id: str | None = None, limits: Limits = DEFAULT_LIMITS
-) -> Envelope:
-    """Decode, check and verify. Raises only ProtocolError subclasses.
-
-    With ``swarm_id`` set, a message for another swarm raises SchemaError on field 'sw'.
-    """
+def envelope_map(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """The envelope's outer map, decoded within ``limits`` but not checked (a caller that
+    must read a field before verifying, e.g. swarm's announcement spacing, hands the map to
+    ``open_envelope`` rather than decoding twice). Raises only ProtocolError subclasses."""
     # the body travels as one byte string of up to the whole message; every other limit holds
     outer = dataclasses.replace(limits, max_str=max(limits.max_str, limits.max_message_bytes))
     raw = unpackb(data, outer, check_depth=False)  # flat map; unknown keys walked by budget
     if not isinstance(raw, dict):
         raise DecodeError("envelope is not a map")
+    return raw
+
+
+def open_envelope(
+    data: bytes | dict[str, Any], *, swarm_id: str | None = None,
+    limits: Limits = DEFAULT_LIMITS
+) -> Envelope:
+    """Decode, check and verify ``data``: the sealed bytes, or their ``envelope_map``.
+    Raises only ProtocolError subclasses.
+
+    With ``swarm_id`` set, a message for another swarm raises SchemaError on field 'sw'.
+    """
+    raw = data if isinstance(data, dict) else envelope_map(data, limits=limits)
     budget = UnknownBudget()
     v = _field(raw, "v", int)
     if v != PROTOCOL_VERSION:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import collections
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import multiaddr
@@ -55,6 +55,7 @@ from protocol import Limits
 from swarm.config import GossipConfig
 from swarm.peers import PeerTable
 from swarm.ratelimit import TokenBuckets
+from swarm.relay import is_circuit
 
 __all__ = ["BUSY", "FEED_PROTOCOL", "LIVE", "OK", "FeedClient", "FeedServer"]
 
@@ -227,6 +228,10 @@ class FeedClient:
     counters: collections.Counter[str]
     on_frame: FrameHandler
     is_banned: Callable[[ID], bool] = lambda _peer: False
+    dial: Callable[[PeerInfo], Awaitable[bool]] | None = None
+    """Connects to a source we hold no connection to; True when connected (the service's
+    ``Dialer.dial``: through a relay for a peer that announces only ``p2p-circuit``
+    addresses, which ``host.connect`` drops in py-libp2p 0.8.1). None: ``host.connect``."""
     rng: random.Random = field(default_factory=random.Random)
     limits: Limits = field(default_factory=Limits)
     _feeds: dict[ID, _Feed] = field(default_factory=dict, repr=False)
@@ -328,6 +333,17 @@ class FeedClient:
                 out.append(PeerInfo(pid, addrs))
         return out
 
+    async def _connect(self, info: PeerInfo) -> bool:
+        if self.dial is not None:
+            return await self.dial(info)
+        try:
+            with trio.fail_after(self.config.dial_timeout_s):
+                await self.host.connect(info)
+        except Exception as e:  # py-libp2p raises many unrelated types for one failed dial
+            logger.debug("feed dial to %s failed: %s: %s", info.peer_id, type(e).__name__, e)
+            return False
+        return True
+
     def _cool(self, peer: ID, counter: str, *, full: bool = False) -> None:
         """Not picked again for a while: the full ``feed_cooldown_s`` after an invalid frame,
         else ``RETRY_S`` doubled per consecutive failure (capped at ``feed_cooldown_s``)."""
@@ -368,15 +384,16 @@ class FeedClient:
     async def _open(self, info: PeerInfo, *, backfill: bool) -> INetStream | None:
         """Dial if needed, open the stream, send the request; None when refused."""
         if info.peer_id not in self.host.get_connected_peers():
-            try:
-                with trio.fail_after(self.config.dial_timeout_s):
-                    await self.host.connect(info)
-            except Exception:
-                # most likely departed: with long announcement periods (swarm.peers) its entry
-                # would stay for minutes; its next announcement, if any, brings it back
-                self.table.forget(str(info.peer_id))
-                self.counters["feed_forgot_unreachable"] += 1
-                raise
+            if not await self._connect(info):
+                if any(not is_circuit(a) for a in info.addrs):
+                    # most likely departed: with long announcement periods (swarm.peers) its
+                    # entry would stay for minutes; its next announcement brings it back. A
+                    # peer reachable only through relays is kept: a relay that failed once
+                    # says little about the peer, and forgetting it would hide it from our
+                    # dialer too until its next announcement (minutes in a large swarm)
+                    self.table.forget(str(info.peer_id))
+                    self.counters["feed_forgot_unreachable"] += 1
+                raise ConnectionError(f"could not connect to {info.peer_id}")
         with trio.fail_after(self.config.dial_timeout_s):
             stream = await self.host.new_stream(info.peer_id, [FEED_PROTOCOL])
         try:

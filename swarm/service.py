@@ -23,7 +23,6 @@ Task tree (one nursery, closed on shutdown)::
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import logging
 import signal
@@ -43,16 +42,15 @@ from protocol import (
     SOFTWARE_VERSION,
     Identity,
     IdentityError,
-    Limits,
     Message,
     PeerAnnouncement,
     ProtocolError,
     ReplayGuard,
     TooLarge,
+    envelope_map,
     load_or_create_identity,
     seal,
 )
-from protocol.limits import unpackb
 from protocol.ipc import (
     MAX_RECEIVE_ITEMS,
     RECEIVE_BYTES,
@@ -80,8 +78,6 @@ __all__ = ["Ready", "GossipService", "run", "serve"]
 logger = logging.getLogger(__name__)
 
 PUBLISHABLE = ("rollouts", "outer_commit")
-_ENVELOPE_LIMITS = dataclasses.replace(Limits(), max_str=Limits().max_message_bytes)
-"""To read an envelope's outer map (its body is one byte string), as protocol.envelope does."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +125,8 @@ class GossipService:
                                       is_banned=stack.pubsub.is_banned)
         self.feed_client = FeedClient(config=config, host=stack.host, table=self.table,
                                       counters=self.counters, on_frame=self._feed_frame,
-                                      is_banned=stack.pubsub.is_banned)
+                                      is_banned=stack.pubsub.is_banned,
+                                      dial=lambda info: self.dialer.dial(info, force=True))
         self.addrs: list[str] = []
         self.profile = {"model": config.model, "capabilities": config.capabilities,
                         "collective_addrs": config.collective_addrs}
@@ -144,9 +141,10 @@ class GossipService:
                 return True  # our own publish
             try:
                 from_peer = ID(msg.from_id).to_base58()
+                data: bytes | dict[str, Any] = msg.data
                 if type_ == "announce":  # before validation records the nonce: see below
-                    self._check_announce_gap(from_peer, msg.data)
-                env = self.validator.check(msg.data, from_peer=from_peer, expected_type=type_)
+                    data = self._check_announce_gap(from_peer, msg.data)
+                env = self.validator.check(data, from_peer=from_peer, expected_type=type_)
             except Rejected as e:
                 if not e.penalise:
                     raise Ignored(e.reason) from None
@@ -155,26 +153,29 @@ class GossipService:
             return True
         return validate
 
-    def _check_announce_gap(self, sender: str, data: bytes) -> None:
+    def _check_announce_gap(self, sender: str, data: bytes) -> bytes | dict[str, Any]:
         """An honest peer spaces its announcements by ``announce_min_gap_s``: one signed less
         than half of that after the sender's latest recorded one (by the sender's own clock,
         so network delays do not matter; an older one arriving late included) is ignored, not
         relayed, so one key makes the swarm relay at most one announcement per half gap.
-        Checked before validation: an ignored message is not marked seen, so its other copies
+        Checked before validation (a copy costs a decode, not a signature check nor a token
+        of the sender's bucket): an ignored message is not marked seen, so its other copies
         come here again and are ignored again, rather than counted as replays. The creation
         time is read unverified; the pubsub signature already binds the data to ``sender``,
-        and validation proper follows."""
+        and validation proper follows, from the map decoded here (returned; ``data`` itself
+        when there was nothing to check or it does not decode: validation rejects it)."""
         last = self.table.created_ms(sender)
         if last is None:
-            return
+            return data
         try:
-            raw = unpackb(data, _ENVELOPE_LIMITS, check_depth=False)
+            raw = envelope_map(data)
         except ProtocolError:
-            return  # validation rejects it
-        created = raw.get("ts") if isinstance(raw, dict) else None
+            return data
+        created = raw.get("ts")
         if type(created) is int and created - last < 500 * self.config.announce_min_gap_s:
             self.counters["ignored_announce_too_soon"] += 1
             raise Rejected("announce_too_soon", "announcement sooner than the minimum gap")
+        return raw
 
     def _feed_frame(self, source: ID, data: bytes) -> bool:
         """A frame from a feed we opened: the source must have signed it (it serves only its

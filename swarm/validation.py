@@ -19,6 +19,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from protocol import (
     Envelope,
@@ -67,9 +68,10 @@ class Validator:
     log_every_s: float = 10.0
     _last_log: dict[str, float] = field(default_factory=dict, repr=False)
 
-    def check(self, data: bytes, *, from_peer: str, expected_type: str,
+    def check(self, data: bytes | dict[str, Any], *, from_peer: str, expected_type: str,
               now_ms: int | None = None) -> Envelope:
-        """Return the accepted envelope or raise Rejected (already counted and logged)."""
+        """Return the accepted envelope or raise Rejected (already counted and logged).
+        ``data``: the sealed bytes, or their ``protocol.envelope_map`` when already decoded."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         try:
             return self._check(data, from_peer, expected_type, now)
@@ -78,7 +80,8 @@ class Validator:
             self._log(e, from_peer)
             raise
 
-    def _check(self, data: bytes, from_peer: str, expected_type: str, now: int) -> Envelope:
+    def _check(self, data: bytes | dict[str, Any], from_peer: str, expected_type: str,
+               now: int) -> Envelope:
         if not self.buckets.take(from_peer, now / 1000):
             raise Rejected("rate_limited", "sender exceeds its message rate")
         try:

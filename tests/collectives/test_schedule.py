@@ -252,3 +252,32 @@ def test_a_version_adopted_at_the_meeting_that_made_it_ends_the_attempt_there() 
     assert not loop._made_at(128.0)  # a later meeting: they come at version 1
     loop._lineage = Lineage(hash="ab" * 32, version=1, witnesses=frozenset({"someone"}))
     assert not loop._made_at(96.0)  # made elsewhere
+
+
+def test_a_join_stored_after_the_window_of_the_longest_period_present_is_late() -> None:
+    """OuterLoop: a peer whose join record was stored after the others' read ended (the
+    meeting + the window of the longest period among the records) does not wait for their
+    JOINs: they already grouped without it (on the WAN bed a NATed peer with the smallest
+    id, 2 s late, led such a group alone for 28 s, 0.35 x deadline_s, twice in a row)."""
+    c = clock(every_rounds=2, min_period_s=2.0, max_window_s=8.0)
+    c.finish()  # finished peers: the base period (2 s), a 1 s window
+    fin = c.code()
+    assert c.closes(100.0, [fin, fin]) == pytest.approx(101.0)
+    trainer = clock(every_rounds=2, min_period_s=2.0, max_window_s=8.0)
+    trainer.observe_round(8.0)  # a peer still training on a 16 s period: 12 s -> 8 s cap
+    assert c.closes(100.0, [fin, trainer.code()]) == pytest.approx(100.0 + c.window(16.0))
+    assert c.window(16.0) == pytest.approx(8.0)
+
+
+def test_a_finished_peer_meets_on_a_period_whose_window_holds_the_least_window() -> None:
+    """A peer whose run ended attends the meetings of the shortest rung whose window holds
+    ``min_window_s``: the ladder's base (2 s) gave it 1 s windows, and on the WAN bed the
+    rendezvous of a loaded or NATed peer took 1.7-2.7 s, so it came late to every meeting."""
+    c = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_window_s=600.0)
+    c.finish()
+    assert c.period() == 8.0 and c.proposal() == 8.0
+    assert c.window() >= 3.0
+    assert c.due(16.5) == 16.0 and c.due(20.0) is None  # multiples of 8 s only
+    trainer = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_window_s=600.0)
+    trainer.observe_round(8.0)
+    assert trainer.period() % c.period() == 0  # its meetings are among a longer period's

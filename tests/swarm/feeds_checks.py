@@ -281,6 +281,66 @@ class FakeHost:
         return self.stream
 
 
+class UnconnectedHost:
+    """A host connected to nobody whose own ``connect`` cannot use ``p2p-circuit``
+    addresses (py-libp2p 0.8.1 drops them before choosing a transport)."""
+
+    def __init__(self) -> None:
+        self.connect_calls: list[PeerInfo] = []
+
+    def get_connected_peers(self) -> list[ID]:
+        return []
+
+    async def connect(self, info: PeerInfo) -> None:
+        self.connect_calls.append(info)
+        raise ConnectionError("All addresses are unusable (relay-only)")
+
+
+@check
+def a_source_behind_nat_is_dialled_through_its_relay_and_kept_when_that_fails() -> None:
+    """A source that announces only circuit addresses is dialled through the relay-aware
+    dial (swarm.discovery.Dialer), not host.connect, which cannot use those addresses; when
+    the relayed dial fails the peer stays in the table (only cooled down): it is behind
+    NAT, not gone, and forgetting it would hide it from our dialer until its next
+    announcement. A source with a direct address that cannot be dialled is forgotten."""
+    async def main() -> None:
+        nated, relay, public = (Identity.generate().peer_id for _ in range(3))
+        table = PeerTable(ttl_s=60)
+        circuit = f"/ip4/10.0.0.1/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{nated}"
+        table.update(PeerAnnouncement(peer_id=nated, addrs=(circuit,)), 0.0)
+        table.update(PeerAnnouncement(peer_id=public,
+                                      addrs=(f"/ip4/10.0.0.2/tcp/1/p2p/{public}",)), 0.0)
+        dialled: list[PeerInfo] = []
+
+        async def dial(info: PeerInfo) -> bool:
+            dialled.append(info)
+            return False  # the relay is down
+
+        host = UnconnectedHost()
+        c = FeedClient(config=config(), host=host, table=table,
+                       counters=collections.Counter(), on_frame=lambda _p, _d: True, dial=dial)
+        me = ID.from_base58(Identity.generate().peer_id)
+        infos = {str(i.peer_id): i for i in c._candidates(me)}
+        for pid in (nated, public):
+            feed = _Feed(peer=infos[pid].peer_id, started=0.0, scope=trio.CancelScope())
+            c._feeds[feed.peer] = feed
+            await c._follow(infos[pid], feed)
+        assert [str(i.peer_id) for i in dialled] == [nated, public], dialled
+        assert all("/p2p-circuit" in str(a) for a in dialled[0].addrs), dialled[0].addrs
+        assert host.connect_calls == []
+        assert {a.peer_id for a in table.live()} == {nated}  # the public one is forgotten
+        assert c.counters["feed_forgot_unreachable"] == 1 and c.counters["feed_failed"] == 2
+        assert ID.from_base58(nated) in c._cooldown and not c._feeds
+        # without a dial callable (host.connect only) a circuit-only source is kept too
+        c2 = FeedClient(config=config(), host=host, table=table,
+                        counters=collections.Counter(), on_frame=lambda _p, _d: True)
+        feed = _Feed(peer=infos[nated].peer_id, started=0.0, scope=trio.CancelScope())
+        c2._feeds[feed.peer] = feed
+        await c2._follow(infos[nated], feed)
+        assert len(host.connect_calls) == 1 and {a.peer_id for a in table.live()} == {nated}
+    trio.run(main)
+
+
 @check
 def an_invalid_frame_closes_the_feed_and_cools_its_source_down() -> None:
     """Through the service's frame check: a batch signed by another key than the source's

@@ -22,6 +22,7 @@ NAMES = [
     "a_rotation_asks_for_live_batches_only_and_a_gap_fill_for_the_newest",
     "an_invalid_frame_closes_the_feed_and_cools_its_source_down",
     "announcements_signed_closer_than_half_the_min_gap_are_ignored",
+    "a_source_behind_nat_is_dialled_through_its_relay_and_kept_when_that_fails",
 ]
 
 
