@@ -5,7 +5,11 @@ config, on loopback and optionally through a rate-limited link (one network name
 peer, veth into a bridge, ``tc qdisc ... tbf rate 100mbit`` on each peer's egress; needs
 root). In the same run it times a raw TCP transfer of the same number of bytes per peer
 over the same path. Per row: ``fraction_of_raw`` = raw TCP s / all-reduce s (medians) and
-``step_overhead_s`` = whole step s − raw TCP s.
+``step_overhead_s`` = whole step s − raw TCP s (the issue's metric: raw TCP one way, peer 0
+to peer 1). The exchange sends and receives at once, so each host's egress also carries the
+reverse flow's ACKs: ``raw_tcp_bidir_s`` times the same bytes sent both ways at the same
+time (one connection each way), with ``fraction_of_raw_bidir`` and ``step_overhead_bidir_s``
+against it.
 
 What "whole step" means depends on ``--mode`` (STEP_DEFINITION, also in the JSON):
 
@@ -106,6 +110,20 @@ while True:
 c.sendall(b"k"); c.close()
 """
 
+RAW_CLIENT = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); buf = b"x" * (1 << 20)
+n = int(sys.argv[3])
+if len(sys.argv) > 4:
+    time.sleep(max(0.0, float(sys.argv[4]) - time.time()))
+t = time.perf_counter()
+while n > 0:
+    k = min(n, len(buf)); c.sendall(buf[:k]); n -= k
+c.shutdown(socket.SHUT_WR); c.recv(1); print(time.perf_counter() - t)
+"""
+"""Sends argv[3] bytes to argv[1]:argv[2] and prints the seconds until the server read them
+all; with a 4th argument, first waits for that wall-clock time (connected already)."""
+
 
 def raw_tcp_seconds(nbytes: int, *, netns: list[str] | None) -> float:
     """Seconds to push ``nbytes`` over one TCP connection (peer 0 -> peer 1 path)."""
@@ -114,17 +132,37 @@ def raw_tcp_seconds(nbytes: int, *, netns: list[str] | None) -> float:
     srv = subprocess.Popen(pre_srv + [sys.executable, "-c", RAW_SERVER, host],
                            stdout=subprocess.PIPE, text=True)
     port = int(srv.stdout.readline())  # type: ignore[union-attr]
-    client = (
-        "import socket,sys,time\n"
-        "c=socket.create_connection((sys.argv[1],int(sys.argv[2])));buf=b'x'*(1<<20)\n"
-        "n=int(sys.argv[3]);t=time.perf_counter()\n"
-        "while n>0:\n    k=min(n,len(buf));c.sendall(buf[:k]);n-=k\n"
-        "c.shutdown(socket.SHUT_WR);c.recv(1);print(time.perf_counter()-t)\n")
     pre_cli = ["ip", "netns", "exec", netns[0]] if netns else []
-    out = subprocess.run(pre_cli + [sys.executable, "-c", client, host, str(port), str(nbytes)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(pre_cli + [sys.executable, "-c", RAW_CLIENT, host, str(port),
+                                    str(nbytes)], capture_output=True, text=True, check=True)
     srv.wait(30)
     return float(out.stdout.strip())
+
+
+def raw_tcp_bidir_seconds(nbytes: int, *, netns: list[str] | None) -> float:
+    """Seconds until ``nbytes`` crossed both ways at once between peer 0 and peer 1: one
+    TCP connection each way, started together, as the exchange sends and receives at the
+    same time (each host's egress then also carries the ACKs of the reverse flow). The
+    larger of the two one-way times."""
+    hosts = [f"{SUBNET}.{i + 1}" if netns else "127.0.0.1" for i in (0, 1)]
+    pre = [["ip", "netns", "exec", netns[i]] if netns else [] for i in (0, 1)]
+    servers = [subprocess.Popen(pre[i] + [sys.executable, "-c", RAW_SERVER, hosts[i]],
+                                stdout=subprocess.PIPE, text=True) for i in (0, 1)]
+    ports = [int(srv.stdout.readline()) for srv in servers]  # type: ignore[union-attr]
+    start = time.time() + 3.0  # both start sending on the same wall-clock instant (after
+    # their interpreters started and connected, on a loaded machine too)
+    clients = [subprocess.Popen(pre[i] + [sys.executable, "-c", RAW_CLIENT, hosts[1 - i],
+                                          str(ports[1 - i]), str(nbytes), repr(start)],
+                                stdout=subprocess.PIPE, text=True) for i in (0, 1)]
+    times = []
+    for c in clients:
+        out, _ = c.communicate(timeout=600)
+        if c.returncode != 0:
+            raise RuntimeError(f"raw bidirectional client failed ({c.returncode})")
+        times.append(float(out.strip()))
+    for srv in servers:
+        srv.wait(30)
+    return max(times)
 
 
 # --- one all-reduce config --------------------------------------------------------------
@@ -220,6 +258,7 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
         ar = [r["allreduce_seconds"] for r in ok]
         sent = statistics.median(r["bytes_sent"] for r in ok)
         raw = raw_tcp_seconds(int(sent), netns=netns)
+        raw_bidir = raw_tcp_bidir_seconds(int(sent), netns=netns)
         step = statistics.median(step_of(r) for r in ok)
         later = [step_of(r) for r in ok if r[key] != meets[0]]
         phases = sorted({p for r in ok for p in r.get("phase_seconds", {})})
@@ -229,6 +268,9 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
                    achieved_bytes_per_s=sent / statistics.median(ar), raw_tcp_s=raw,
                    raw_tcp_bytes_per_s=sent / raw,
                    fraction_of_raw=round(raw / statistics.median(ar), 3),
+                   raw_tcp_bidir_s=raw_bidir,
+                   fraction_of_raw_bidir=round(raw_bidir / statistics.median(ar), 3),
+                   step_overhead_bidir_s=round(step - raw_bidir, 3),
                    step_overhead_s=round(step - raw, 3),
                    step_overhead_later_s=None if not later else round(_median(later) - raw, 3),
                    phase_seconds_median={p: _median([r["phase_seconds"][p] for r in ok
