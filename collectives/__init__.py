@@ -16,11 +16,12 @@ Public surface::
 Layers, bottom up: ``codec`` (fp32/fp16/int8 strategies) and ``reduce`` (bounded,
 deterministic shard mean) are pure; ``state`` (θ_global, momentum, hash, Nesterov);
 ``streams`` (frames); ``transport`` (p2pd with the node identity, DHT, asyncio thread);
-``allreduce`` (group formation, reduce-scatter/all-gather with bit-parity);
+``allreduce`` (group formation, state transfers; the reduce-scatter/all-gather with
+bit-parity: ``exchange`` on the member side, ``reducer`` on the reducer side);
 ``consistency`` (signed commits, canonical state); ``schedule`` (the clock: when to meet);
 ``adopt`` (catch-up, state fetches); ``commit`` (vote, commit); ``join`` (the group
-read); ``background`` (attempts off the training thread, rebases); ``finish`` (the last
-step); ``loop`` (OuterLoop).
+read); ``attempt`` (one attempt, rendezvous to commit); ``background`` (attempts off the
+training thread, rebases); ``finish`` (the last step); ``loop`` (OuterLoop).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What ``OuterLoop``'s mixins share: the loop's attributes they read (loop.py creates them).
 
-The mixins (adopt.py, commit.py, finish.py, join.py) each hold one concept of the outer
+The mixins (adopt.py, attempt.py, commit.py, finish.py, join.py) each hold one concept of the outer
 step; they inherit these annotations instead of repeating them.
 """
 
