@@ -24,6 +24,11 @@ __all__ = ["Joiner"]
 
 logger = logging.getLogger(__name__)
 
+READ_POLL_S = 0.05
+"""Between two reads of a meeting's join records while a peer we expect has not joined:
+the wait after its record lands is on every step's critical path (0.1 s cost 0.05 s a step
+on average; a read is one local DHT get)."""
+
 
 class Joiner(LoopParts):
     """The group read (the attributes are ``OuterLoop``'s)."""
@@ -154,4 +159,4 @@ class Joiner(LoopParts):
                 and anyone <= set(signed) | set(holders)
             if early or time.monotonic() >= read_at:
                 return holders, early
-            time.sleep(min(0.1, max(0.0, read_at - time.monotonic())))
+            time.sleep(min(READ_POLL_S, max(0.0, read_at - time.monotonic())))
