@@ -47,7 +47,6 @@ from collectives.background import Work
 from collectives.errors import StepFailed
 from collectives.parts import LoopParts
 from collectives.schedule import Clock
-from collectives.state import flatten
 
 __all__ = ["Finisher", "LEFT"]
 
@@ -90,7 +89,7 @@ class Finisher(LoopParts):
             if meet is None:
                 time.sleep(POLL_S)
                 continue
-            work = Work(snapshot=flatten(self._params), rounds=self._rounds_pending,
+            work = Work(snapshot=self._snapshot(), rounds=self._rounds_pending,
                         weight=None, meet=meet, final=True,
                         last_call=time.monotonic() - start > self.config.final_wait_s)
             self._pending = (work, self._pool.submit(self._run, work))

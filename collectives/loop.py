@@ -248,7 +248,7 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         every peer we expect or discovered has joined)."""
         if self._pending is not None:
             return False
-        work = Work(snapshot=flatten(self._params), rounds=self._rounds_pending,
+        work = Work(snapshot=self._snapshot(), rounds=self._rounds_pending,
                     weight=weight, meet=meet, window=window)
         self._pending = (work, self._pool.submit(self._run, work))
         return True

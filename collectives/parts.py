@@ -45,4 +45,5 @@ class LoopParts:
     _now: Callable[[], float]
     _rebase: Callable[..., None]
     _safe_discover: Callable[[], list[str]]
+    _snapshot: Callable[[], torch.Tensor]
     _mark: Callable[[dict[str, Any], str], None]

@@ -129,6 +129,33 @@ def test_rounds_trained_during_a_background_step_survive_its_application() -> No
     assert (rec["rounds_pending"], rec["discarded_rounds"]) == (2, 0)
 
 
+def test_snapshots_reuse_one_buffer_and_equal_the_params() -> None:
+    """An attempt's snapshot goes into the previous attempt's buffer (no 400 MB allocation
+    per step at 100M values): it holds exactly the params now, and a collected attempt's
+    result does not depend on the buffer being overwritten by the next snapshot."""
+    g = torch.Generator().manual_seed(1)
+    params = [torch.nn.Parameter(torch.randn(30, 3, generator=g)),
+              torch.nn.Parameter(torch.randn(5, generator=g))]
+    loop = _loop(params)
+    first = Work(snapshot=loop._snapshot(), rounds=1, weight=None)
+    assert torch.equal(first.snapshot, flatten(params))
+    loop._work = first
+    theta_new = loop._state.theta + 1.0
+    loop._rebase(onto=theta_new, base=first.params())
+    loop._work = None
+    loop._collect(first, {})
+    after_first = flatten(params)
+    assert torch.allclose(after_first, theta_new, atol=1e-6)
+    with torch.no_grad():
+        params[1].add_(3.0)
+    second = loop._snapshot()
+    assert second.data_ptr() == first.snapshot.data_ptr()  # the same buffer, refilled
+    assert torch.equal(second, flatten(params))
+    assert torch.equal(flatten(params)[:90], after_first[:90])  # nothing written back
+    half = [torch.nn.Parameter(torch.ones(4, dtype=torch.float16))]
+    assert _loop(half)._snapshot().dtype == torch.float32  # other dtypes: a fresh flatten
+
+
 def test_a_failed_step_leaves_the_params_exactly_as_trained() -> None:
     params = [torch.nn.Parameter(torch.ones(10))]
     loop = _loop(params)
