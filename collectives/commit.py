@@ -22,6 +22,11 @@ __all__ = ["Committer"]
 
 logger = logging.getLogger(__name__)
 
+VOTE_POLL_S = 0.05
+"""Between two reads of the votes while a peer we expect has not voted: the wait after its
+vote lands is on every step's critical path (0.1 s: vote phases of 0.17 s seen at 100M
+values where the first read came just before the other vote)."""
+
 
 class Committer(LoopParts):
     """The end of an attempt (the attributes are ``OuterLoop``'s)."""
@@ -67,9 +72,9 @@ class Committer(LoopParts):
             votes = self._book.verify(self._transport.dht_get(
                 self._book.vote_key(v), timeout=max(0.1, until - time.monotonic())),
                 step=v + 1, kind="vote")
-            if expect <= set(votes) or time.monotonic() + 0.1 > until:
+            if expect <= set(votes) or time.monotonic() + VOTE_POLL_S > until:
                 break
-            time.sleep(0.1)
+            time.sleep(VOTE_POLL_S)
         rec["votes"] = len(votes)
         self._mark(rec, "vote")
         decided = decide_votes(votes, mine=mine, parent=parent, voters=voters, me=self.peer_id)
