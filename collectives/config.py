@@ -61,7 +61,8 @@ class OuterConfig:
     state_requests_per_minute: int = 6
     """State transfers this node serves to one peer per minute; more are refused."""
     dht_min_interval_s: float = 0.05
-    """Throttle: at least this long between two DHT calls of this node."""
+    """Throttle: this long between two DHT calls of this node on average (up to
+    ``transport.DHT_BURST`` calls back to back)."""
     dht_timeout_s: float = 10.0
     """Timeout of one DHT call."""
     startup_timeout_s: float = 30.0

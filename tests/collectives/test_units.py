@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -392,3 +393,25 @@ def test_a_member_that_trained_little_accepts_an_honest_mean_not_a_blown_up_one(
     assert ar._check_shard(mean[:100], own[:100], rms)[0] is None  # scaled to the length
     assert ar._check_shard(mean * 11, mean * 2, rms)[0] is None  # or by our own input
     assert ar._check_shard(mean * float("nan"), own, rms)[0] == "non_finite"
+
+
+def test_dht_calls_go_back_to_back_in_a_burst_then_one_per_interval() -> None:
+    """A step's phase boundaries (store then read) do not wait for the throttle; a polling
+    loop still gets one call per ``dht_min_interval_s``."""
+    from collectives.transport import DHT_BURST, Transport
+
+    t = object.__new__(Transport)  # only the throttle's state: no p2pd, no DHT
+    t.config = OuterConfig(dht_min_interval_s=0.05)
+    t._last_dht_call, t._dht_tokens = 0.0, float(DHT_BURST)
+    start = time.monotonic()
+    for _ in range(DHT_BURST):
+        t._dht_throttle()
+    assert time.monotonic() - start < 0.04  # the burst: no wait
+    for _ in range(6):
+        t._dht_throttle()
+    assert time.monotonic() - start >= 6 * 0.05 * 0.99  # then the interval
+    time.sleep(0.3)  # the bucket refills while idle, up to the burst
+    start = time.monotonic()
+    for _ in range(DHT_BURST):
+        t._dht_throttle()
+    assert time.monotonic() - start < 0.04
