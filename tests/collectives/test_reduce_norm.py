@@ -52,8 +52,8 @@ def test_own_delta_zero_accepts_an_honest_peer_and_excludes_a_blown_up_one() -> 
         hostile = {"a": own, "b": peer * 1000}
         assert _reduce(hostile, "a", last_mean_rms).excluded == {"b": "norm"}
         assert not _holds(hostile, "a", last_mean_rms)
-        # the limit is max_norm_ratio x the reference: 10x the last mean's size passes
-        # barely above it does not
+        # the limit is max_norm_ratio x the reference: just under 10x the last mean's size
+        # (scaled to the shard's length) passes, just over does not
         edge = peer / float(peer.norm()) * last_mean_rms * math.sqrt(N)
         assert _reduce({"a": own, "b": edge * 9.99}, "a", last_mean_rms).excluded == {}
         assert _reduce({"a": own, "b": edge * 10.01}, "a", last_mean_rms).excluded \
