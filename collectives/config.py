@@ -49,9 +49,11 @@ class OuterConfig:
     max_norm: float = math.inf
     """Absolute bound on the L2 norm of a contribution's shard and of a returned mean shard."""
     max_norm_ratio: float = 10.0
-    """Reducer: a shard whose norm exceeds this multiple of the median shard norm (of the
-    reducer's own, in a group of two) is excluded. Member: a returned mean shard whose norm
-    exceeds this multiple of its own input's norm for that shard fails the step."""
+    """Reducer: a shard whose norm exceeds this multiple of the median shard norm (in a group
+    of two: of the larger of the reducer's own shard's norm and the last accepted mean's
+    size for that shard's length, reduce.py) is excluded. Member: a returned mean shard whose
+    norm exceeds this multiple of the larger of its own input's norm for that shard and the
+    last accepted mean's size fails the step (allreduce.py)."""
     minority_patience: int = 3
     """A group without a strict majority of the current version's contributors does not
     advance (no forks); after this many such attempts in a row it advances anyway (the

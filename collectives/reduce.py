@@ -3,10 +3,22 @@
 A reducer receives one contribution per group member for its shard (its own included).
 
 1. **Exclusion.** Contributions that are non-finite or declare a weight outside
-   (0, max_weight] are dropped; so is one whose L2 norm exceeds ``max_norm``, or
-   ``max_norm_ratio`` x a reference norm: the median norm of the finite contributions when
-   there are >= 3 of them, else the reducer's own contribution's norm (``own``), so the bound
-   also holds in a group of two.
+   (0, max_weight] are dropped; so is one whose L2 norm exceeds ``max_norm`` (absolute), or
+   ``max_norm_ratio`` x a reference norm. With >= 3 finite contributions the reference is
+   their median norm. In a group of two it is the reducer's own scale, so the bound holds
+   against the other member: the larger of its own contribution's norm (``own``) and
+   ``ref_rms`` x sqrt(shard length), ``ref_rms`` being the root mean square of the last
+   mean the reducer accepted as a member (``AllReduce.mean_rms``: a joiner's is the
+   adopted momentum's step size, adopt.py), the same reference as the member check in
+   allreduce.py. Without the second term a reducer whose own delta is ~0 (it just rebased,
+   trained a round since its delta was counted, finished training) would exclude every
+   honest peer and "average" only itself. A hostile peer of a group of two still gets at
+   most ``max_norm_ratio`` x that reference; grown through accepted means, at most
+   ``max_norm_ratio``-fold per step. A reducer with no scale at all (own shard exactly
+   zero and no mean accepted yet: it never trained nor stepped) accepts only zero
+   contributions. Declared weights do not scale the limit: they are the sender's word, and
+   a weight-scaled limit would let a hostile peer buy more norm by declaring max_weight.
+   The reference depends only on the reducer's own state; members need not agree on it.
 2. **Weights.** A declared weight (inner rounds since the sender's delta was last counted) is
    capped by the median declared weight of the contributions left: one peer declaring 1000
    against 1.0 counts as the median, never more.
@@ -37,7 +49,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Contribution", "ShardResult", "reduce_shard", "shard_bounds", "CLIP_FACTOR",
-           "capped_weights", "plain_mean_holds", "chunk_stats"]
+           "capped_weights", "plain_mean_holds", "chunk_stats", "norm_limit"]
 
 CLIP_FACTOR = 2.0
 """Centred clipping radius as a multiple of the median distance to the coordinate median."""
@@ -82,13 +94,26 @@ def _norm(t: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(t)) if t.numel() else 0.0
 
 
+def norm_limit(norms: dict[str, float], *, own: str | None, ref_rms: float, numel: int,
+               max_norm: float, max_norm_ratio: float) -> float:
+    """The largest L2 norm a contribution to a shard of ``numel`` values may have, given the
+    finite contributions' ``norms`` (peer id -> norm); see the module docstring."""
+    if len(norms) >= 3:
+        ref = _median(list(norms.values()))
+        return min(max_norm, max_norm_ratio * ref) if ref > 0 else max_norm
+    history = ref_rms * math.sqrt(numel) if math.isfinite(ref_rms) and ref_rms > 0 else 0.0
+    ref = max(norms.get(own, 0.0) if own is not None else 0.0, history)
+    return min(max_norm, max_norm_ratio * ref)  # no scale at all: only zero passes
+
+
 def reduce_shard(contributions: list[Contribution], *, max_weight: float, max_norm: float,
-                 max_norm_ratio: float, own: str | None = None,
+                 max_norm_ratio: float, own: str | None = None, ref_rms: float = 0.0,
                  clip_factor: float = CLIP_FACTOR) -> ShardResult:
     """Robust weighted mean of the contributions that pass the bounds, in peer-id order.
 
-    ``own``: the reducer's peer id; its contribution is the norm reference of a group of two.
-    """
+    ``own``: the reducer's peer id; ``ref_rms``: the RMS of the last mean it accepted. In a
+    group of two the larger of its contribution's norm and ``ref_rms`` x sqrt(length) is
+    the norm reference (``norm_limit``)."""
     excluded: dict[str, str] = {}
     finite: list[tuple[Contribution, float]] = []
     for c in sorted(contributions, key=lambda c: c.peer):
@@ -100,15 +125,9 @@ def reduce_shard(contributions: list[Contribution], *, max_weight: float, max_no
             excluded[c.peer] = "non_finite"
             continue
         finite.append((c, norm))
-    limit = max_norm
-    if len(finite) >= 3:
-        ref = _median([n for _, n in finite])
-        if ref > 0:
-            limit = min(limit, max_norm_ratio * ref)
-    else:
-        ref = next((n for c, n in finite if c.peer == own), 0.0)
-        if ref > 0:
-            limit = min(limit, max_norm_ratio * ref)
+    numel = finite[0][0].values.numel() if finite else 0
+    limit = norm_limit({c.peer: n for c, n in finite}, own=own, ref_rms=ref_rms, numel=numel,
+                       max_norm=max_norm, max_norm_ratio=max_norm_ratio)
     accepted: list[Contribution] = []
     for c, norm in finite:
         if norm > limit:
@@ -163,17 +182,18 @@ def chunk_stats(parts: dict[str, torch.Tensor]) -> tuple[dict[str, float], dict[
 
 def plain_mean_holds(*, weights: dict[str, float], sq_norms: dict[str, float],
                      sq_offsets: dict[str, float], max_weight: float, max_norm: float,
-                     max_norm_ratio: float, own: str | None = None,
-                     clip_factor: float = CLIP_FACTOR) -> bool:
+                     max_norm_ratio: float, own: str | None = None, ref_rms: float = 0.0,
+                     numel: int = 0, clip_factor: float = CLIP_FACTOR) -> bool:
     """True when ``reduce_shard`` would accept every contribution and clip none, given their
-    declared ``weights``, squared norms and (>= 3 peers) squared offsets summed over chunks."""
+    declared ``weights``, squared norms and (>= 3 peers) squared offsets summed over chunks
+    of a shard of ``numel`` values (``own``, ``ref_rms``: as for ``reduce_shard``)."""
     if any(not (math.isfinite(w) and 0 < w <= max_weight) for w in weights.values()):
         return False
     norms = {p: math.sqrt(v) for p, v in sq_norms.items()}
     if any(not math.isfinite(n) for n in norms.values()):
         return False
-    ref = _median(list(norms.values())) if len(norms) >= 3 else norms.get(own or "", 0.0)
-    limit = min(max_norm, max_norm_ratio * ref) if ref > 0 else max_norm
+    limit = norm_limit(norms, own=own, ref_rms=ref_rms, numel=numel, max_norm=max_norm,
+                       max_norm_ratio=max_norm_ratio)
     if any(n > limit for n in norms.values()):
         return False
     if len(norms) >= 3:

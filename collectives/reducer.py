@@ -10,7 +10,9 @@ streamed mean *is* the robust mean and the verdict is "ok". Otherwise (an exclud
 clipped contribution, a member that sent garbage or never finished) the reducer computes
 ``reduce_shard`` on the whole shards and sends its result after a "redo" verdict; members
 overwrite what they decoded. The hostile-peer checks are therefore exactly those of a
-whole-shard reduction; a hostile peer only costs one more transfer of the shard.
+whole-shard reduction; a hostile peer only costs one more transfer of the shard. Both take
+the norm reference of a group of two from our state when the shard is set up
+(``Session.ref_rms``: our ``mean_rms`` then), so they agree on it.
 
 A member sends its part of a shard on ``stripes`` streams (see ``STRIPES``): stream k
 opens with a header ``{step, digest, weight, stripe: k, stripes: n}`` and carries chunks
@@ -88,6 +90,9 @@ class Session:
     """Member -> how many of its stripes were read completely."""
     excluded: dict[str, str] = field(default_factory=dict)
     # --- our reducer's shard ---
+    ref_rms: float = 0.0
+    """``AllReduce.mean_rms`` when our shard was set up: the history half of our norm
+    reference in a group of two (reduce.py), fixed for the attempt."""
     chunks: list[tuple[int, int]] = field(default_factory=list)
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
     """Member -> its part of our shard, decoded in place chunk by chunk."""
@@ -132,6 +137,8 @@ class ReducerMixin:
     codec: Codec
     peer_id: str
     session: Session | None
+    mean_rms: float
+    """RMS of the last mean we accepted as a member (allreduce.py, adopt.py)."""
 
     def _current(self, step: object) -> Session | None:
         s = self.session
@@ -151,6 +158,7 @@ class ReducerMixin:
         s.stats = [None] * len(s.chunks)
         s.declared[self.peer_id] = s.weight
         s.parts[self.peer_id] = torch.empty(hi - lo, dtype=torch.float32)
+        s.ref_rms = self.mean_rms
 
     async def _on_reduce(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
         head = await asyncio.wait_for(recv_header(reader), 10)
@@ -313,13 +321,15 @@ class ReducerMixin:
         return plain_mean_holds(weights=s.declared, sq_norms=sq,
                                 sq_offsets=off if len(sq) >= 3 else {},
                                 max_weight=cfg.max_weight, max_norm=cfg.max_norm,
-                                max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id)
+                                max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id,
+                                ref_rms=s.ref_rms, numel=s.parts[self.peer_id].numel())
 
     def _reduce(self, s: Session, contribs: list[Contribution]) -> ShardResult:
         """Our shard's robust mean of ``contribs`` (pure; runs in the work pool)."""
         cfg = self.config
         return reduce_shard(contribs, max_weight=cfg.max_weight, max_norm=cfg.max_norm,
-                            max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id)
+                            max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id,
+                            ref_rms=s.ref_rms)
 
     async def _finish(self, s: Session) -> None:
         """Whole-shard reduction: the "redo" (or "none") verdict."""

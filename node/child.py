@@ -123,7 +123,10 @@ class Child:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             log.warning("%s did not stop within %.0f s; killing it", self.name, timeout_s)
-            self.proc.kill()
+            # its whole session, now: the reader thread reaps the group only at EOF on the
+            # child's stdout, which hivemind's forked DHT process holds open, and that
+            # process keeps p2pd's pipe open too: both would outlive us, orphaned
+            _kill_group(self.proc.pid)
             return self.proc.wait()
 
     def record_crash(self, *, window_s: float, now: float | None = None) -> int:

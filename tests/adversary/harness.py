@@ -156,7 +156,8 @@ class Attacker:
         with open(log, "ab") as logf:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.adversary.hostile", attack.value, json.dumps(args)],
-                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=os.environ.copy())
+                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=os.environ.copy(),
+                start_new_session=True)  # kill() reaches its p2pd and DHT child (takeover)
         self.log = log
         self.ready: dict[str, Any] = {}
 
@@ -178,13 +179,21 @@ class Attacker:
         try:
             out, _ = self.proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             out, _ = self.proc.communicate()
         lines = [json.loads(x) for x in out.decode().splitlines() if x.startswith("{")]
         done = lines[-1] if lines and lines[-1].get("event") == "done" else {
             "event": "no_result", "code": self.proc.returncode,
             "log": self.log.read_text(errors="replace")[-2000:]}
         return {**self.ready, **done}
+
+    def kill(self) -> None:
+        """SIGKILL its process group: a takeover's p2pd and DHT child die with it (SIGKILL of
+        the python alone leaves both running, orphaned: the DHT child holds p2pd's pipe)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def run_swarm(plan: Plan) -> dict[str, Any]:
@@ -240,8 +249,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
         results = {a.attack.value: a.stop() for a in attackers}
     finally:
         for a in attackers:
-            if a.proc.poll() is None:
-                a.proc.kill()
+            a.kill()  # also what a finished attacker may have left in its group
         for p in procs.values():
             if p.poll() is None:
                 p.kill()

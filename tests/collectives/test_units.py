@@ -225,13 +225,15 @@ def test_weights_are_capped_by_the_median_and_two_peers_are_norm_bounded() -> No
     xs = [torch.randn(32, generator=g) for _ in range(2)]
     a = Contribution(peer="a", weight=1.0, values=xs[0])
     heavy = Contribution(peer="b", weight=1000.0, values=xs[1])
-    res = reduce_shard([a, heavy], **BOUNDS)
+    res = reduce_shard([a, heavy], own="a", **BOUNDS)
     assert res.weights == {"a": 1.0, "b": 1.0}
     assert torch.allclose(res.mean, (xs[0] + xs[1]) / 2, atol=1e-6)
     huge = Contribution(peer="b", weight=1.0, values=xs[1] * 1e6)
     # two contributions: bounded relative to the reducer's own
     assert reduce_shard([a, huge], own="a", **BOUNDS).excluded == {"b": "norm"}
     assert reduce_shard([a, huge], own="a", **{**BOUNDS, "max_norm_ratio": 1e9}).excluded == {}
+    # no reference at all (no own contribution, no accepted mean): nothing non-zero passes
+    assert reduce_shard([a, heavy], **BOUNDS).excluded == {"a": "norm", "b": "norm"}
 
 
 def test_centred_clipping_bounds_an_outlier_and_keeps_honest_means_exact() -> None:

@@ -1,0 +1,93 @@
+"""Session-wide checks of the whole suite.
+
+No p2pd may outlive the session. hivemind's p2pd dies when the read end of its stdout pipe
+closes, i.e. with the process that started it, unless a forked child of that process (hivemind's
+DHT process) still holds the pipe: a process with a ``Transport`` that gets SIGKILL without its
+process group leaves its p2pd and DHT child running, orphaned, for good. Every process this
+session starts inherits ``RUN_MARK`` in its environment (hivemind hands p2pd a copy of it), so
+at the end the daemons of this session are told apart from other users' (their /proc environ
+lacks the mark). Teardowns end daemons asynchronously: the check waits up to ``GRACE_S``.
+Leftovers are killed (with the orphans of this session) and fail the session.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+RUN_MARK = "SWARM_NODE_TEST_RUN"
+GRACE_S = 20.0
+
+
+def _marked(mark: str) -> dict[int, tuple[int, str]]:
+    """pid -> (ppid, argv) of live processes whose environment carries ``RUN_MARK=mark``."""
+    want = f"{RUN_MARK}={mark}".encode()
+    found: dict[int, tuple[int, str]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if want not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        found[int(d.name)] = (ppid, argv.strip())
+    return found
+
+
+def _is_p2pd(argv: str) -> bool:
+    return os.path.basename(argv.split(" ", 1)[0]) == "p2pd"
+
+
+def _descends_from(pid: int, root: int, procs: dict[int, tuple[int, str]]) -> bool:
+    seen = set()
+    while pid in procs and pid not in seen:
+        seen.add(pid)
+        pid = procs[pid][0]
+        if pid == root:
+            return True
+    return pid == root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_p2pd_survives_the_session():
+    if not Path("/proc/self/environ").exists():  # not Linux: nothing to check with
+        yield
+        return
+    mark = uuid.uuid4().hex
+    old = os.environ.get(RUN_MARK)
+    os.environ[RUN_MARK] = mark
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(RUN_MARK, None)
+        else:
+            os.environ[RUN_MARK] = old
+        me = os.getpid()
+        end = time.monotonic() + GRACE_S
+        while True:
+            procs = _marked(mark)
+            left = {p: v for p, v in procs.items() if _is_p2pd(v[1])}
+            if not left or time.monotonic() > end:
+                break
+            time.sleep(0.5)
+        if left:
+            # our orphans (reparented away from this process tree: e.g. the DHT child that
+            # holds the daemon's pipe) go with them
+            orphans = {p: v for p, v in procs.items()
+                       if p != me and not _descends_from(p, me, procs)}
+            for pid in {**orphans, **left}:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            lines = "\n".join(f"  pid {p} (ppid {pp}): {argv[:300]}"
+                              for p, (pp, argv) in sorted({**orphans, **left}.items()))
+            pytest.fail(f"{len(left)} p2pd of this test session outlived it by {GRACE_S:.0f} s "
+                        f"(killed now, with this session's orphans):\n{lines}", pytrace=False)
