@@ -161,7 +161,7 @@ class Adopter(LoopParts):
             self._lineage = lineage or Lineage(hash=target.hash, version=target.version,
                                                witnesses=frozenset(target.members))
             self._minority_streak = 0
-            # the member check's reference (allreduce.py): a joiner that trained little
+            # the member check's reference (exchange.py): a joiner that trained little
             # since it rebased must not fail every honest mean of the others' deltas
             self._ar.mean_rms = max(self._ar.mean_rms,
                                     _step_rms(state, self.config.outer_momentum))

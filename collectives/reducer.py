@@ -138,7 +138,7 @@ class ReducerMixin:
     peer_id: str
     session: Session | None
     mean_rms: float
-    """RMS of the last mean we accepted as a member (allreduce.py, adopt.py)."""
+    """RMS of the last mean we accepted as a member (exchange.py, adopt.py)."""
 
     def _current(self, step: object) -> Session | None:
         s = self.session

@@ -60,11 +60,13 @@ def _le_f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.numpy(), dtype="<f4")
 
 
-def flatten(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """All parameters as one contiguous fp32 CPU vector (a copy)."""
+def flatten(params: list[torch.nn.Parameter], *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """All parameters as one contiguous fp32 CPU vector (a copy); into ``out`` (an fp32 CPU
+    vector of the total length, returned) when given."""
     if not params:
-        return torch.zeros(0, dtype=torch.float32)
-    return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
+        return torch.zeros(0, dtype=torch.float32) if out is None else out
+    parts = [p.detach().reshape(-1).to("cpu", torch.float32) for p in params]
+    return torch.cat(parts) if out is None else torch.cat(parts, out=out)
 
 
 def unflatten_into(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:

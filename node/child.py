@@ -87,7 +87,7 @@ class Child:
                 log.info("%s: %s", self.name, line)
         proc.stdout.close()
         proc.wait()
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         self.events.put(Event(child=self.name, data={"event": "exit", "code": proc.returncode,
                                                      "pid": proc.pid}))
 
@@ -126,7 +126,7 @@ class Child:
             # its whole session, now: the reader thread reaps the group only at EOF on the
             # child's stdout, which hivemind's forked DHT process holds open, and that
             # process keeps p2pd's pipe open too: both would outlive us, orphaned
-            _kill_group(self.proc.pid)
+            kill_group(self.proc.pid)
             return self.proc.wait()
 
     def record_crash(self, *, window_s: float, now: float | None = None) -> int:
@@ -138,7 +138,7 @@ class Child:
         return len(self.crashes)
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
     """Reap what the child left behind in its session (hivemind's forked DHT process, p2pd)."""
     try:
         os.killpg(pgid, signal.SIGKILL)

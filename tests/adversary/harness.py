@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 from cryptography.hazmat.primitives import serialization
 
+from node.child import kill_group
 from protocol import Identity, atomic_write_bytes
 from tests.adversary.attacks import Attack
 from tests.e2e.procs import Bootstrap, join, log_tail
@@ -190,10 +191,7 @@ class Attacker:
     def kill(self) -> None:
         """SIGKILL its process group: a takeover's p2pd and DHT child die with it (SIGKILL of
         the python alone leaves both running, orphaned: the DHT child holds p2pd's pipe)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(self.proc.pid)
 
 
 def run_swarm(plan: Plan) -> dict[str, Any]:
