@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 
 import pytest
@@ -397,23 +398,38 @@ def test_a_member_that_trained_little_accepts_an_honest_mean_not_a_blown_up_one(
     assert ar._check_shard(mean * float("nan"), own, rms)[0] == "non_finite"
 
 
-def test_dht_calls_go_back_to_back_in_a_burst_then_one_per_interval() -> None:
+def test_dht_calls_go_back_to_back_in_a_burst_then_one_per_interval(monkeypatch) -> None:
     """A step's phase boundaries (store then read) do not wait for the throttle; a polling
-    loop still gets one call per ``dht_min_interval_s``."""
+    loop still gets one call per ``dht_min_interval_s``. On a fake clock: no timed test."""
+    from collectives import transport
     from collectives.transport import DHT_BURST, Transport
 
+    now = [1000.0]
+    waits: list[float] = []
+    me, real_sleep, real_clock = threading.get_ident(), time.sleep, time.monotonic
+
+    def sleep(s: float) -> None:  # (time is one module: other threads keep the real one)
+        if threading.get_ident() != me:
+            return real_sleep(s)
+        waits.append(s)
+        now[0] += s
+
+    monkeypatch.setattr(transport.time, "monotonic",
+                        lambda: now[0] if threading.get_ident() == me else real_clock())
+    monkeypatch.setattr(transport.time, "sleep", sleep)
     t = object.__new__(Transport)  # only the throttle's state: no p2pd, no DHT
     t.config = OuterConfig(dht_min_interval_s=0.05)
     t._last_dht_call, t._dht_tokens = 0.0, float(DHT_BURST)
-    start = time.monotonic()
+    assert DHT_BURST >= 2  # a phase's store and read at least
+    start = now[0]
     for _ in range(DHT_BURST):
         t._dht_throttle()
-    assert time.monotonic() - start < 0.04  # the burst: no wait
+    assert now[0] - start < 0.04 and not waits  # the burst: no wait
     for _ in range(6):
         t._dht_throttle()
-    assert time.monotonic() - start >= 6 * 0.05 * 0.99  # then the interval
-    time.sleep(0.3)  # the bucket refills while idle, up to the burst
-    start = time.monotonic()
+    assert now[0] - start >= 6 * 0.05 * 0.99  # then the interval
+    now[0] += 0.3  # the bucket refills while idle, up to the burst
+    start, waits[:] = now[0], []
     for _ in range(DHT_BURST):
         t._dht_throttle()
-    assert time.monotonic() - start < 0.04
+    assert now[0] - start < 0.04 and not waits
