@@ -9,9 +9,20 @@ Two modes, both real processes and real hivemind on 127.0.0.1:
 - ``--mode workers``: N ``tests/collectives/clock_worker.py`` peers (OuterLoop.after_round
   with synthetic rounds of ``--round-s`` x the same slowdowns): the outer loop alone.
 
-Bars: utilisation >= 0.9 on every node, every outer step after a node's first has >= 2
-peers, ``discarded_rounds`` = 0 on every node. Never fails for slowness; writes
-bench/results/utilisation-<mode>.json (atomically) with the load average next to it.
+An outer step is an attempt that applied a version (``STEPS``): the node's group averaged
+(``ok``, ``peers`` members) or it adopted a version others averaged (``resynced``, made by
+``made_by`` peers). ``alone``, ``failed`` and ``minority`` attempts change nothing (issue 17:
+nothing published, nothing lost), so they are not steps, but once a node has made its first
+step each of them is a meeting it attended in vain, and fails it.
+
+Bars on every node: utilisation >= 0.9; every outer step after its first was made by >= 2
+peers; after its first step no attempt was alone, failed or in a minority (but its last: the
+others may have stopped first); at least one step
+was its own group's average (``ok``: a node that only ever adopts never contributes);
+``discarded_rounds`` = 0. Also reported, not a bar: the attempts before the first step (a cold
+swarm's first node attends meetings before anyone else trains) and the stricter count of
+records after the first that grouped (``later_records_grouped``). Never fails for slowness;
+writes bench/results/utilisation-<mode>.json (atomically) with the load average next to it.
 
     PYTHONPATH=$PWD python bench/utilisation.py --mode nodes --nodes 4 --seconds 150
     PYTHONPATH=$PWD python bench/utilisation.py --mode workers --nodes 4 --seconds 40
@@ -43,15 +54,40 @@ def slowdowns(n: int) -> list[float]:
     return [1.0 + (i / (n - 1) if n > 1 else 0.0) for i in range(n)]
 
 
-def judge(name: str, utilisation: float | None, steps: list[dict[str, Any]],
+STEPS = ("ok", "resynced")
+"""Statuses of the attempts that applied a version (see the module docstring)."""
+
+
+def made_by(rec: dict[str, Any]) -> int:
+    """How many peers' average made the version an outer step applied."""
+    key = "peers" if rec.get("status") == "ok" else "made_by"
+    return int(rec.get(key) or 0)
+
+
+def judge(name: str, utilisation: float | None, records: list[dict[str, Any]],
           discarded: int | None) -> dict[str, Any]:
-    later = steps[1:]
-    return {"name": name, "compute_utilisation": utilisation, "outer_steps": len(steps),
-            "peers": [s.get("peers") for s in steps], "status": [s.get("status") for s in steps],
-            "later_steps_with_2_peers": sum(1 for s in later if (s.get("peers") or 0) >= 2),
-            "later_steps": len(later), "discarded_rounds": discarded,
+    """The bars for one node; ``records``: every attempt it reported, in order."""
+    status = [r.get("status") for r in records]
+    first = next((i for i, s in enumerate(status) if s in STEPS), len(records))
+    steps = [r for r in records if r.get("status") in STEPS]
+    # the last attempt may find the others gone: runs end apart (workers: their start
+    # delays), and a node stopped by the bench leaves without its final steps
+    later, after = steps[1:], status[first + 1:-1]
+    vain = [s for s in after if s not in STEPS]
+    grouped = [r for r in steps if r.get("status") == "ok" and made_by(r) >= 2]
+    return {"name": name, "compute_utilisation": utilisation, "attempts": len(records),
+            "status": status, "peers": [r.get("peers") for r in records],
+            "outer_steps": len(steps), "made_by": [made_by(r) for r in steps],
+            "before_first_step": status[:first], "later_steps": len(later),
+            "later_steps_with_2_peers": sum(1 for r in later if made_by(r) >= 2),
+            "vain_after_first_step": vain, "grouped_steps": len(grouped),
+            "resynced_after_first_step": after.count("resynced"),
+            "later_records_grouped": sum(1 for r in records[1:] if r.get("status") == "ok"
+                                         and (r.get("peers") or 0) >= 2),
+            "later_records": max(0, len(records) - 1), "discarded_rounds": discarded,
             "ok": bool(utilisation is not None and utilisation >= 0.9 and later
-                       and all((s.get("peers") or 0) >= 2 for s in later) and discarded == 0)}
+                       and all(made_by(r) >= 2 for r in later) and not vain and grouped
+                       and discarded == 0)}
 
 
 class SlowLocalSwarm(LocalSwarm):
@@ -163,8 +199,10 @@ def main() -> None:
     path = RESULTS / f"utilisation-{args.mode}.json"
     atomic_write_bytes(path, json.dumps(result, indent=1).encode())
     for r in rows:
-        print(f"{r['name']}: utilisation {r['compute_utilisation']}, steps {r['outer_steps']} "
-              f"peers {r['peers']}, discarded {r['discarded_rounds']}, ok {r['ok']}")
+        print(f"{r['name']}: utilisation {r['compute_utilisation']}, {r['outer_steps']} steps "
+              f"made by {r['made_by']}, before the first {r['before_first_step']}, in vain "
+              f"after it {r['vain_after_first_step']}, discarded {r['discarded_rounds']}, "
+              f"ok {r['ok']}")
     print(f"{'PASS' if result['ok'] else 'FAIL'}: {path}")
 
 

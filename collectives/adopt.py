@@ -170,6 +170,7 @@ class Adopter(LoopParts):
             elif self._lineage.parent != held.parent:
                 self._parent_theta = None  # a sibling keeps our parent; else it is unknown
         rec["status"] = "resynced"
+        rec["made_by"] = len(target.members)  # the peers whose average made that version
         rec["resync_bytes"] += size
         logger.info("adopted outer state %s… (version %d)", target.hash[:12], target.version)
 

@@ -31,6 +31,10 @@ __all__ = ["Attempt"]
 
 logger = logging.getLogger(__name__)
 
+FREEZE_GRACE_S = 0.5
+"""On the clock, the leader freezes the group at most this long after its read ended (for
+JOINs already on their way)."""
+
 
 class Attempt(LoopParts):
     """One attempt (the attributes are ``OuterLoop``'s)."""
@@ -92,6 +96,16 @@ class Attempt(LoopParts):
             holders, early, late = self._join(work, v, my_hash, expected, discovered)
         if late is not None:
             rec["late_s"] = late
+            if late > FREEZE_GRACE_S and not work.final:
+                # the others froze their group (their read's end + at most the grace)
+                # before our record was even stored: nobody admits us, and with the smallest
+                # id we would lead nobody (seen: a slow newcomer 11 s late stood there alone).
+                # The meeting passes; our delta waits for the next
+                if rec["status"] != "resynced":
+                    rec["status"] = "skipped"
+                logger.info("%.1f s late for the meeting at %.1f: letting it pass", late,
+                            work.meet)
+                return
         if work.meet is not None:  # finished peers (finish.py): who steps here
             stepping = self._who_steps(rec, work, holders, expected | discovered)
             if stepping is None:
@@ -106,7 +120,7 @@ class Attempt(LoopParts):
             rec["window"] = round(window, 3)
         else:
             window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
-        grace = min(0.5 * window, 0.5) if work.meet is not None else 0.5 * window
+        grace = min(0.5 * window, FREEZE_GRACE_S) if work.meet is not None else 0.5 * window
         freeze_at = rec["read_at"] + (0.0 if early else grace)
         if work.meet is not None or work.window is not None:
             # the deadline's shares count from the read, as if it came join_window_s after

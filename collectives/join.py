@@ -158,5 +158,9 @@ class Joiner(LoopParts):
             early = bool(anyone) and expected <= set(holders) \
                 and anyone <= set(signed) | set(holders)
             if early or time.monotonic() >= read_at:
+                if len(holders) == 1:  # why we are alone: nobody came, or not at our state
+                    logger.info("alone at version %d (%s…): %d other join record(s) at other "
+                                "states, %d discovered peer(s) did not join", v, my_hash[:8],
+                                len(set(signed) - {self.peer_id}), len(anyone - set(signed)))
                 return holders, early
             time.sleep(min(READ_POLL_S, max(0.0, read_at - time.monotonic())))

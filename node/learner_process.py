@@ -184,7 +184,13 @@ class OuterHook:
                                   trust=self.bridge.trusted, genesis=self._genesis(model))
             self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
             self.bridge.announce(model=self.bridge.model or "unknown")
-        record = self.loop.after_round(round_)
+        if self.stop is not None and self.stop.is_set():
+            # leaving (SIGTERM): collect a step that finished, start none. Seen: a node
+            # whose last round ended as the signal came started an attempt at the next
+            # meeting, which the others, leaving too, never attended; it waited there alone
+            record = self.loop.collect()
+        else:
+            record = self.loop.after_round(round_)
         if record is not None:
             emit("outer", record=record)
         return record

@@ -95,6 +95,23 @@ def install_faults() -> None:
     OuterLoop._reconcile = before_vote  # type: ignore[method-assign]
 
 
+def late_joins(by: float, count: int) -> None:
+    """The first ``count`` attempts on the clock join ``by`` seconds after their meeting
+    opened (a slow newcomer's round boundary, a rendezvous over a WAN)."""
+    if count <= 0:
+        return
+    original = OuterLoop._join
+    left = [count]
+
+    def join(self, work, *a, **kw):  # type: ignore[no-untyped-def]
+        if work.meet is not None and left[0] > 0:
+            left[0] -= 1
+            time.sleep(max(0.0, work.meet + by - self._now()))
+        return original(self, work, *a, **kw)
+
+    OuterLoop._join = join  # type: ignore[method-assign]
+
+
 def make_model(numel: int | None) -> torch.nn.ParameterList:
     g = torch.Generator().manual_seed(1234)  # the same initial weights on every peer
     shapes = SHAPES if numel is None else [(numel,)]
@@ -185,9 +202,14 @@ def main() -> None:
     ap.add_argument("--min-period", type=float, default=2.0)
     ap.add_argument("--duration", type=float, default=300.0,
                     help="--clock: stop after this many seconds anyway")
+    ap.add_argument("--late-by", type=float, default=0.0,
+                    help="--clock: store the join record this many seconds after the meeting "
+                    "opened, at the first --late-joins meetings")
+    ap.add_argument("--late-joins", type=int, default=0)
     args = ap.parse_args()
     if args.clock:
         install_faults()
+        late_joins(args.late_by, args.late_joins)
     poison_reducer(args.poison_reducer)
     skip = {int(x) for x in args.skip_steps.split(",") if x}
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -285,7 +307,7 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[tor
     others = [f.stem for f in (root / "addrs").glob("*.txt") if f.stem != args.name]
     done_at: dict[int, float] = {}
     grouped = i = r = 0
-    k_started = -1
+    started = None  # the attempt whose end we note (one that was let pass writes no record)
     drift = True
     end = time.monotonic() + args.duration
     fault = root / "fault" / args.name
@@ -318,9 +340,9 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[tor
             drift = False
         loop.after_round(r, seconds=args.round_s)  # collects nothing: may start an attempt
         r += 1
-        if loop.in_flight and k_started != i:  # an attempt started: note when it ends
-            k_started = i
-            loop._pending[1].add_done_callback(  # type: ignore[index]
+        if loop.in_flight and loop._pending[1] is not started:  # type: ignore[index]
+            started = loop._pending[1]  # type: ignore[index]  # an attempt started: note
+            started.add_done_callback(  # when it ends
                 lambda _f, k=i: done_at.__setitem__(k, get_dht_time()))
     finish(loop, root, args.name)
 

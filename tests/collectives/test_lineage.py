@@ -77,6 +77,7 @@ def test_rebase_keeps_work_made_after_the_last_version(swarm: Swarm) -> None:
     assert recs["a"][1]["peers"] == 2 and recs["a"][1]["version"] == 2
     c2 = recs["c"][2]
     assert c2["resync_bytes"] > 0 and c2["status"] == "ok" and c2["peers"] == 3, c2
+    assert c2["made_by"] == 2  # the version it adopted was a's and b's average
     assert len({recs[n][2]["param_hash"] for n in names}) == 1
     # c adopted version 2 by rebasing: its contribution at step 2 is all its work since
     # version 1 (4 rounds); an overwrite would have contributed only 2 rounds

@@ -34,3 +34,30 @@ def test_a_peer_behind_nat_is_tunnelled_only_once_it_announced_its_collective() 
     hook = OuterHook({}, bridge, "/nonexistent")  # type: ignore[arg-type]
     assert hook._discover() == ["/ip4/127.0.0.1/tcp/4001/p2p/B", "/ip4/10.0.0.3/tcp/7/p2p/C"]
     assert tunnels == ["B"]
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def after_round(self, round_: int) -> None:
+        self.calls.append("after_round")
+
+    def collect(self) -> None:
+        self.calls.append("collect")
+
+
+def test_a_leaving_node_starts_no_outer_step_after_its_last_round() -> None:
+    """Once SIGTERM set the stop event, the round that was ending only collects a finished
+    attempt: starting one at the next meeting would keep the node there alone, since the
+    others are leaving too."""
+    import threading
+
+    stop = threading.Event()
+    hook = OuterHook({}, SimpleNamespace(model="m"), "/nonexistent",  # type: ignore[arg-type]
+                     stop=stop)
+    hook.loop = loop = _Loop()
+    hook(None, 0)
+    stop.set()
+    hook(None, 1)
+    assert loop.calls == ["after_round", "collect"]
