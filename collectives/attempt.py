@@ -114,7 +114,11 @@ class Attempt(LoopParts):
         self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
-        rec["leader"] = min(holders)
+        # late: the others never read our record, so their leader is the smallest of them,
+        # not us (with the smallest id we would lead nobody); its freeze grace may admit us
+        others = set(holders) - {self.peer_id}
+        leader = min(others) if late is not None and others else min(holders)
+        rec["leader"] = leader
         if work.meet is not None:
             window = self.clock.window(self.clock.longest(list(holders.values())))
             rec["window"] = round(window, 3)
@@ -130,7 +134,7 @@ class Attempt(LoopParts):
             self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
         # late: wait for no JOIN past the freeze (with the smallest id we would lead peers
         # that already stepped until 0.35 x deadline_s, and miss the next meetings too)
-        self._run_group(rec, v, my_hash, min(holders), delta_job, snapshot, t0, freeze_at,
+        self._run_group(rec, v, my_hash, leader, delta_job, snapshot, t0, freeze_at,
                         holders, zero=work.final and work.rounds == 0, wait_joins=late is None)
 
     def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,

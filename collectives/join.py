@@ -104,7 +104,8 @@ class Joiner(LoopParts):
             # their group (our rendezvous outlasted the window: DHT reads and tunnels to
             # peers behind NAT take seconds at 80 ms RTT). Their records are all we read,
             # yet none of them will JOIN us
-            closed = self.clock.closes(meet_at, list(holders.values()))
+            closed = self.clock.closes(
+                meet_at, [c for p, c in holders.items() if p != self.peer_id])
             if t_store > closed:  # even the store began after their read
                 late = round(t_store - closed, 3)
         return holders, early, late

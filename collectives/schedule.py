@@ -249,11 +249,14 @@ class Clock:
         return min(self.max_window_s, 0.5 * p, max(self.min_window_s, w))
 
     def closes(self, meet_at: float, codes: list[int]) -> float:
-        """When the read of a meeting opened at ``meet_at`` ended for peers whose join records
-        carry ``codes``: the window of the longest period in force among them (and ours) after
-        the opening, what every one of them reads until (``OuterLoop._read_group``). A join
-        record stored after that came too late for their group."""
-        return meet_at + self.window(self.longest(codes))
+        """When the read of a meeting opened at ``meet_at`` ended for the other peers, whose
+        join records carry ``codes``: the window of the longest period in force among them
+        after the opening (ours only if there are none), what every one of them reads until
+        (``OuterLoop._read_group``). A join record stored after that came too late for their
+        group: they never read it, so our own period did not lengthen their read (seen: a
+        newcomer on its own 16 s period counted on an 8 s window, stored 0.03 s after the
+        others' 4 s read ended and led a group of nobody for 10 s)."""
+        return meet_at + self.window(self.longest(codes, ours=False))
 
     def due(self, now: float) -> float | None:
         """Called at a round boundary (``now``: DHT time). The meeting to join now, or None:

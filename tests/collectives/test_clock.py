@@ -152,3 +152,29 @@ def test_a_peer_later_than_the_groups_freeze_lets_the_meeting_pass(swarm: Swarm)
         before  # a and b stepped without c at the meetings it let pass
     for r in c[1:]:
         assert a_by_meet[r["meet"]]["param_hash"] == r["param_hash"]
+
+
+def test_a_peer_slightly_late_asks_the_others_leader_not_itself(swarm: Swarm) -> None:
+    """attempt.py: a join record stored just after the others' read ended (within the freeze
+    grace) was never read by them, so their leader is the smallest of *them*. ``c`` has the
+    smallest id (seed 6) and stores 0.15 s after their 2 s read at its first two meetings.
+    Before, it led a group of nobody (``alone``); now it asks their leader, which admits it
+    if its freeze grace still runs (``ok``, 3 peers) or refuses (``failed``): never alone."""
+    opts = dict(clock=True, period=4.0, every_rounds=2, round_s=0.1, join_window=1.0,
+                deadline=8.0, compression="int8", trust="all", no_save=True, duration=90.0,
+                peers=3)
+    for k, n in enumerate("ab"):
+        swarm.spawn(n, seed=k + 1, steps=5, **opts)
+    swarm.spawn("c", seed=6, steps=1, late_by=2.15, late_joins=2, **opts)
+    swarm.wait_done(["a", "b", "c"], timeout=150)
+    c = sorted(swarm.records("c").values(), key=lambda r: r["i"])
+    late = [r for r in c if "late_s" in r]
+    assert late, (c, swarm.logs(["c"]))
+    from protocol import Identity
+
+    ids = {n: Identity.from_seed(k.to_bytes(32, "little")).peer_id
+           for n, k in (("a", 1), ("b", 2), ("c", 6))}
+    assert ids["c"] == min(ids.values())
+    for r in late:
+        assert r["status"] != "alone" and r["leader"] == min(ids["a"], ids["b"]), \
+            (r, swarm.logs(["c"]))

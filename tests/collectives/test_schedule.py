@@ -294,6 +294,10 @@ def test_a_join_stored_after_the_window_of_the_longest_period_present_is_late() 
     trainer.observe_round(8.0)  # a peer still training on a 16 s period: 12 s -> 8 s cap
     assert c.closes(100.0, [fin, trainer.code()]) == pytest.approx(100.0 + c.window(16.0))
     assert c.window(16.0) == pytest.approx(8.0)
+    # our own period does not lengthen the others' read: they never saw our record if it
+    # came after theirs ended (a newcomer on its own 16 s period among peers on 2 s)
+    assert trainer.closes(100.0, [fin, fin]) == pytest.approx(101.0)
+    assert trainer.closes(100.0, []) == pytest.approx(100.0 + trainer.window())  # alone
 
 
 def test_a_finished_peer_meets_on_a_period_whose_window_holds_the_least_window() -> None:
