@@ -51,6 +51,8 @@ class Attempt(LoopParts):
         work = self._work
         assert work is not None
         self._stage("rendezvous")
+        if work.meet is not None:  # > 0: started before the opening (config.prepare_s)
+            rec["before_meet_s"] = round(work.meet - self._now(), 4)
         found = self._safe_discover()
         discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
         rec["discovered"] = len(discovered)

@@ -140,7 +140,8 @@ class Joiner(LoopParts):
 
         ``meet_at`` (a meeting on the clock, monotonic): the read lasts at least until the
         window of the longest period in force among the holders' codes after it, so peers
-        that came with different periods read at the same time (schedule.py)."""
+        that came with different periods read at the same time (schedule.py), and it never
+        ends before ``meet_at`` (a peer that joined before the opening waits for it)."""
         mine = {self.peer_id: code}
         anyone = (expected | discovered) - {self.peer_id}
         signed: dict[str, OuterStepCommit] = {}
@@ -157,6 +158,10 @@ class Joiner(LoopParts):
                     self.clock.longest(list(holders.values()))))
             early = bool(anyone) and expected <= set(holders) \
                 and anyone <= set(signed) | set(holders)
+            if early and meet_at is not None and time.monotonic() < meet_at:
+                # joined before the opening (loop.py: prepare_s): everyone we wait for is
+                # here, but the group is not read before the meeting opens
+                time.sleep(max(0.0, meet_at - time.monotonic()))
             if early or time.monotonic() >= read_at:
                 return holders, early
             time.sleep(min(READ_POLL_S, max(0.0, read_at - time.monotonic())))
