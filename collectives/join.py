@@ -84,10 +84,12 @@ class Joiner(LoopParts):
             window = self.clock.window()
         join_key = self._book.join_key(v, meet=work.meet)
         code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
+        # stored up to prepare_s before the meeting opens (loop.py): it lives as long after
+        ahead = 0.0 if work.meet is None else max(0.0, work.meet - self._now())
         t_store = time.monotonic()
         self._transport.dht_store(join_key, self.peer_id,
                                   self._book.seal(v, my_hash, code, kind="join"),
-                                  ttl=2 * window + 2, timeout=window)
+                                  ttl=2 * window + 2 + ahead, timeout=window)
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
         meet_at = None if work.meet is None else t_join + work.meet - self._now()
         read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
