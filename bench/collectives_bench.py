@@ -19,7 +19,10 @@ What "whole step" means depends on ``--mode`` (STEP_DEFINITION, also in the JSON
   it as nodes do, which lets the second meeting open before the first step ends). A step counts from the meeting's opening (DHT time)
   to the result applied to that peer's params: rendezvous, exchange, apply, vote, commit
   and the rebase; not the wait for the next round boundary after it finished (training goes
-  on meanwhile). The first meeting also dials peers and warms the DHT
+  on meanwhile). Once the period is agreed (a fixed one is) the attempt starts up to
+  ``OuterConfig.prepare_s`` before the opening (snapshot, catch-up, join record, local
+  delta: ``before_meet_s`` per record); the group is read and the exchange starts no
+  earlier than the opening. The first meeting also dials peers and warms the DHT
   (``step_s_later_median`` leaves it out). ``--every-rounds`` is large so that the window
   (1.5 x period / H, at least ``--join-window``) is the join window.
 - ``blocking``: a file barrier, then ``maybe_outer_step`` (the record's ``seconds``).
@@ -173,7 +176,11 @@ STEP_DEFINITION = {
              "group (rendezvous: head read, join record, group read, freeze), the exchange, "
              "apply, vote, version commit and head stored in the DHT, and the rebase of the "
              "params (apply_s); it excludes the wait until the peer's next round boundary "
-             "after the attempt finished (training goes on meanwhile). The first meeting "
+             "after the attempt finished (training goes on meanwhile), and the preparation "
+             "before the opening: once the period is agreed an attempt starts up to "
+             "OuterConfig.prepare_s before it (snapshot, head read, join record, local "
+             "delta; before_meet_s per record, start_after_meet_s_median < 0), while the "
+             "group read and the exchange start no earlier than the opening. The first meeting "
              "also dials the peers and warms the DHT; step_s_later_median leaves it out.",
     "blocking": "peers meet at a file barrier and call maybe_outer_step (waits for the step); "
                 "step_s = the record's seconds: catch-up, join window, freeze, exchange, "
@@ -285,7 +292,7 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
     meet0 = meets[0] if meets else None
     out["records_detail"] = [
         {k: r.get(k) for k in ("i", "status", "peers", "allreduce_seconds", "step_s", "apply_s",
-                               "phase_seconds", "seconds")}
+                               "phase_seconds", "seconds", "before_meet_s")}
         | {"peer": n, "meeting": None if r.get(key) is None or meet0 is None
            else round(r[key] - meet0, 3)}
         for n in names for r in swarm_records[n]]

@@ -55,6 +55,8 @@ class Attempt(LoopParts):
         work = self._work
         assert work is not None
         self._stage("rendezvous")
+        if work.meet is not None:  # > 0: started before the opening (config.prepare_s)
+            rec["before_meet_s"] = round(work.meet - self._now(), 4)
         found = self._safe_discover()
         discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
         rec["discovered"] = len(discovered)
@@ -113,6 +115,8 @@ class Attempt(LoopParts):
             holders = stepping
         self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
+        if work.meet is not None:  # >= 0: the group is never read before the opening
+            rec["read_after_meet_s"] = round(self._now() - work.meet, 4)
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
         # late: the others never read our record, so their leader is the smallest of them,
         # not us (with the smallest id we would lead nobody); its freeze grace may admit us

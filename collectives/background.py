@@ -46,10 +46,15 @@ class Work:
 
 
 def _finite(t: torch.Tensor) -> bool:
-    """Whether every value of ``t`` is finite: its max and min are (both propagate NaN).
-    ``torch.isfinite(t).all()`` allocates temporaries of t's size: 1-3 s at 100M values
-    on a loaded machine, against 0.07 s for the two reductions."""
-    return t.numel() == 0 or bool(torch.isfinite(t.amax()) and torch.isfinite(t.amin()))
+    """Whether every value of ``t`` is finite: its max and min are (``aminmax`` propagates
+    NaN). ``torch.isfinite(t).all()`` allocates temporaries of t's size: 1-3 s at 100M
+    values on a loaded machine; ``amax`` and ``amin`` read it twice (0.12 s at load 6),
+    ``aminmax`` once (0.05-0.06 s): this runs on the training thread, in every step's
+    apply."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) and torch.isfinite(hi))
 
 
 def _add_in_place(params: list[torch.nn.Parameter], shift: torch.Tensor) -> bool:

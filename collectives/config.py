@@ -32,6 +32,11 @@ class OuterConfig:
     """Shortest adaptive period (the ladder's base: keep it equal across a swarm)."""
     max_period_s: float = 600.0
     """Longest adaptive period (bounds how far a peer's proposal can slow the pace)."""
+    prepare_s: float = 1.0
+    """Clock rendezvous, once the period is agreed: an attempt starts at the first round
+    boundary up to this long before its meeting opens (at most a quarter of the period), so
+    that the snapshot, the catch-up, the join record and the local delta are ready when it
+    opens; the group is read from the opening on, never before (schedule.py ``due``)."""
     final_wait_s: float = 30.0
     """``OuterLoop.finish`` (a node whose run ended keeps attending the meetings until its
     peers ended too, see finish.py): how long it waits for a peer it expects (its version's
@@ -95,6 +100,8 @@ class OuterConfig:
             raise ValueError("period_s must be >= 0 (0 = adaptive)")
         if not 0 < self.min_period_s <= self.max_period_s <= 100_000:
             raise ValueError("need 0 < min_period_s <= max_period_s <= 100000")
+        if not (0 <= self.prepare_s and math.isfinite(self.prepare_s)):
+            raise ValueError("prepare_s must be >= 0")
         if not (self.final_wait_s > 0 and math.isfinite(self.final_wait_s)):
             raise ValueError("final_wait_s must be a positive finite number")
         if self.min_peers < 2:

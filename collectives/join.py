@@ -84,10 +84,12 @@ class Joiner(LoopParts):
             window = self.clock.window()
         join_key = self._book.join_key(v, meet=work.meet)
         code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
+        # stored up to prepare_s before the meeting opens (loop.py): it lives as long after
+        ahead = 0.0 if work.meet is None else max(0.0, work.meet - self._now())
         t_store = time.monotonic()
         self._transport.dht_store(join_key, self.peer_id,
                                   self._book.seal(v, my_hash, code, kind="join"),
-                                  ttl=2 * window + 2, timeout=window)
+                                  ttl=2 * window + 2 + ahead, timeout=window)
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
         meet_at = None if work.meet is None else t_join + work.meet - self._now()
         read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
@@ -141,7 +143,8 @@ class Joiner(LoopParts):
 
         ``meet_at`` (a meeting on the clock, monotonic): the read lasts at least until the
         window of the longest period in force among the holders' codes after it, so peers
-        that came with different periods read at the same time (schedule.py)."""
+        that came with different periods read at the same time (schedule.py), and it never
+        ends before ``meet_at`` (a peer that joined before the opening waits for it)."""
         mine = {self.peer_id: code}
         anyone = (expected | discovered) - {self.peer_id}
         signed: dict[str, OuterStepCommit] = {}
@@ -158,6 +161,10 @@ class Joiner(LoopParts):
                     self.clock.longest(list(holders.values()))))
             early = bool(anyone) and expected <= set(holders) \
                 and anyone <= set(signed) | set(holders)
+            if early and meet_at is not None and time.monotonic() < meet_at:
+                # joined before the opening (loop.py: prepare_s): everyone we wait for is
+                # here, but the group is not read before the meeting opens
+                time.sleep(max(0.0, meet_at - time.monotonic()))
             if early or time.monotonic() >= read_at:
                 if len(holders) == 1:  # why we are alone: nobody came, or not at our state
                     logger.info("alone at version %d (%s…): %d other join record(s) at other "

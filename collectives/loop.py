@@ -207,7 +207,10 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         rec = self.collect()
         if self._pending is None and self.clock.round_s is not None \
                 and self._period_known():  # a pace to propose
-            meet = self.clock.due(self._now())
+            # agreed period: start up to prepare_s before the meeting (the group is read
+            # from its opening on, join.py); else among the meetings open now
+            meet = self.clock.due(self._now(), lead=self.config.prepare_s
+                                  if self.clock.agreed else 0.0)
             # with no peer known (none discovered, none met) nobody can come: no attempt
             if meet is not None and (self._lineage.witnesses or self._last_group
                                      or self._safe_discover()):

@@ -258,14 +258,16 @@ class Clock:
         others' 4 s read ended and led a group of nobody for 10 s)."""
         return meet_at + self.window(self.longest(codes, ours=False))
 
-    def due(self, now: float) -> float | None:
+    def due(self, now: float, *, lead: float = 0.0) -> float | None:
         """Called at a round boundary (``now``: DHT time). The meeting to join now, or None:
-        the latest meeting ``k·P <= now`` not joined or let pass yet, if it opened less than
-        a window ago (a peer that is later than that waits for the next one). Computed
-        with the period in force now: when it shrinks, the next meeting is the next
-        multiple of the new one."""
+        the latest meeting ``k·P <= now + lead`` not joined or let pass yet, if it opened
+        less than a window ago (a peer that is later than that waits for the next one).
+        ``lead`` (at most a quarter of the period): a meeting that opens within it is due
+        already, so the attempt prepares before the opening (the caller reads the group
+        from the opening on). Computed with the period in force now: when it shrinks, the
+        next meeting is the next multiple of the new one."""
         p = self.period()
-        meet = math.floor(now / p) * p
+        meet = math.floor((now + min(max(0.0, lead), 0.25 * p)) / p) * p
         with self._lock:
             if meet <= self._last:
                 return None

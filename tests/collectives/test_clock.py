@@ -31,6 +31,12 @@ def test_drifting_peers_meet_on_the_clock_and_keep_the_rounds_made_meanwhile(
             assert r["discarded_rounds"] == 0, r
             by_meet.setdefault(r["meet"], {})[n] = r
     meets = sorted(by_meet)
+    # prepared before the opening (OuterConfig.prepare_s: snapshot, catch-up, join record),
+    # but no group was read before it opened
+    assert any(r.get("before_meet_s", 0.0) > 0 for n in names for r in recs[n]), recs
+    for n in names:
+        for r in recs[n]:
+            assert r.get("read_after_meet_s") is None or r["read_after_meet_s"] >= -0.005, r
     for n in names:  # every step after a peer's first averaged with others (but the last:
         # the others may have stopped)
         for r in recs[n][1:-1]:

@@ -70,6 +70,18 @@ def test_a_peer_joins_the_meeting_that_opened_during_its_round_not_a_stale_one()
     assert c.due(131.0) is None and c.due(140.5) == 140.0
 
 
+def test_a_meeting_that_opens_within_the_lead_is_due_before_it_opens() -> None:
+    c = clock(period_s=10.0)
+    assert c.due(98.5, lead=1.0) is None  # opens in 1.5 s: not yet (only 100 - 10 passed)
+    assert c.due(99.2, lead=1.0) == 100.0  # opens in 0.8 s: prepare now
+    assert c.due(100.5, lead=1.0) is None  # joined already
+    assert c.due(109.5, lead=100.0) == 110.0  # the lead is capped at a quarter period ...
+    assert c.due(117.0, lead=100.0) is None  # ... 2.5 s: 120 is not due 3 s early
+    assert c.due(117.6, lead=100.0) == 120.0
+    late = clock(period_s=10.0)
+    assert late.due(109.3, lead=1.0) == 110.0  # 100 is stale (9.3 s > window): the next
+
+
 def test_a_shorter_period_takes_effect_at_once_and_one_slow_round_does_not_stretch_it() -> None:
     c = clock()
     c.observe_round(30.0)  # the first round loaded the model
