@@ -130,6 +130,19 @@ def test_a_late_joiner_steps_with_the_running_peers_at_its_first_meeting(swarm: 
         assert (r["status"], r["param_hash"]) == ("ok", first["param_hash"]), (n, r)
 
 
+def _run_late(swarm: Swarm, *, seed_c: int, steps: tuple[int, int], late_by: float) -> None:
+    """a and b (seeds 1, 2) meet every 4 s (fixed period: their read lasts 2 s); c stores its
+    join record ``late_by`` s after its first two meetings opened; a and b make ``steps[0]``
+    grouped steps, c ``steps[1]``."""
+    opts = dict(clock=True, period=4.0, every_rounds=2, round_s=0.1, join_window=1.0,
+                deadline=8.0, compression="int8", trust="all", no_save=True, duration=90.0,
+                peers=3)
+    for k, n in enumerate("ab"):
+        swarm.spawn(n, seed=k + 1, steps=steps[0], **opts)
+    swarm.spawn("c", seed=seed_c, steps=steps[1], late_by=late_by, late_joins=2, **opts)
+    swarm.wait_done(["a", "b", "c"], timeout=150)
+
+
 def test_a_peer_later_than_the_groups_freeze_lets_the_meeting_pass(swarm: Swarm) -> None:
     """attempt.py: a peer whose join record is stored more than the freeze grace after the
     others' read ended lets the meeting pass (no record: nothing was attempted) instead of
@@ -137,13 +150,7 @@ def test_a_peer_later_than_the_groups_freeze_lets_the_meeting_pass(swarm: Swarm)
     meeting gave it a `failed` (or `alone`) record: a slow newcomer on the nodes bench stood
     11 s late at one. Fixed period 4 s: the others read for 2 s; ``c`` stores at +3.5 s at
     its first two meetings, then meets in time."""
-    opts = dict(clock=True, period=4.0, every_rounds=2, round_s=0.1, join_window=1.0,
-                deadline=8.0, compression="int8", trust="all", no_save=True, duration=90.0,
-                peers=3)
-    for k, n in enumerate("ab"):
-        swarm.spawn(n, seed=k + 1, steps=6, **opts)
-    swarm.spawn("c", seed=3, steps=2, late_by=3.5, late_joins=2, **opts)
-    swarm.wait_done(["a", "b", "c"], timeout=150)
+    _run_late(swarm, seed_c=3, steps=(6, 2), late_by=3.5)
     recs = {n: sorted(swarm.records(n).values(), key=lambda r: r["i"]) for n in "abc"}
     c = recs["c"]
     # at its second late meeting it adopted the version a and b made at the first (a step
@@ -166,13 +173,7 @@ def test_a_peer_slightly_late_asks_the_others_leader_not_itself(swarm: Swarm) ->
     smallest id (seed 6) and stores 0.15 s after their 2 s read at its first two meetings.
     Before, it led a group of nobody (``alone``); now it asks their leader, which admits it
     if its freeze grace still runs (``ok``, 3 peers) or refuses (``failed``): never alone."""
-    opts = dict(clock=True, period=4.0, every_rounds=2, round_s=0.1, join_window=1.0,
-                deadline=8.0, compression="int8", trust="all", no_save=True, duration=90.0,
-                peers=3)
-    for k, n in enumerate("ab"):
-        swarm.spawn(n, seed=k + 1, steps=5, **opts)
-    swarm.spawn("c", seed=6, steps=1, late_by=2.15, late_joins=2, **opts)
-    swarm.wait_done(["a", "b", "c"], timeout=150)
+    _run_late(swarm, seed_c=6, steps=(5, 1), late_by=2.15)
     c = sorted(swarm.records("c").values(), key=lambda r: r["i"])
     late = [r for r in c if "late_s" in r]
     assert late, (c, swarm.logs(["c"]))
