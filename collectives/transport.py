@@ -189,14 +189,17 @@ class Transport:
         ``maddrs``, the discovered ones, within ``timeout``): a process that died closed its
         connections. Nothing (unknown) if p2pd does not answer in time."""
         async def absent() -> set[str]:
-            missing = set(peers) - await self._connected()
+            def gone(connected: set[str]) -> set[str]:
+                return set(peers) - connected
+
+            missing = gone({p.peer_id.to_base58() for p in await self.p2p.list_peers()})
             dial = [m for m in maddrs if m.rsplit("/p2p/", 1)[-1] in missing]
             if dial:
                 try:
                     await asyncio.wait_for(self.connect(dial), max(0.01, 0.8 * timeout))
                 except asyncio.TimeoutError:
                     pass  # a dial that hangs did not connect
-                missing -= await self._connected()
+                missing = gone({p.peer_id.to_base58() for p in await self.p2p.list_peers()})
             return missing
 
         try:
@@ -205,13 +208,10 @@ class Transport:
             logger.debug("liveness check failed: %r", e)
             return set()
 
-    async def _connected(self) -> set[str]:
-        return {p.peer_id.to_base58() for p in await self.p2p.list_peers()}
-
     async def _reachable(self, maddrs: list[str]) -> list[str]:
         """The maddrs of peers we could dial (p2pd refuses to start on dead bootstraps)."""
         await self.connect(maddrs)
-        connected = await self._connected()
+        connected = {p.peer_id.to_base58() for p in await self.p2p.list_peers()}
         return [m for m in maddrs if Multiaddr(m).value_for_protocol("p2p") in connected]
 
     # --- DHT ------------------------------------------------------------------------------
