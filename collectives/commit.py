@@ -28,16 +28,6 @@ vote lands is on every step's critical path (0.1 s: vote phases of 0.17 s seen a
 values where the first read came just before the other vote)."""
 
 
-GONE_AFTER_S = 0.2
-"""How long after our vote a missing one is first checked for: a peer whose vote is missing
-that long and that our p2pd can no longer reach (its process died: in the churn bench, a
-member killed after its contribution) is not waited for. Waiting until 0.9 x deadline for
-it ended some survivors' attempts after the next meeting opened while others (which never
-counted it: they suspected it, or their reducer never had its part) went there alone."""
-GONE_PROBE_S = 1.0
-"""Between two checks (and the longest one check takes: a dial that hangs)."""
-
-
 class Committer(LoopParts):
     """The end of an attempt (the attributes are ``OuterLoop``'s)."""
 
@@ -78,29 +68,14 @@ class Committer(LoopParts):
                             members=sorted(voters | {self.peer_id}), kind="vote"),
             ttl=3 * self.config.deadline_s + 60, timeout=min(5.0, self.config.deadline_s / 4))
         votes: dict = {}
-        gone: set[str] = set()
-        probe_at = time.monotonic() + GONE_AFTER_S
         while expect:
             votes = self._book.verify(self._transport.dht_get(
                 self._book.vote_key(v), timeout=max(0.1, until - time.monotonic())),
                 step=v + 1, kind="vote")
-            missing = expect - set(votes) - gone
-            if not missing or time.monotonic() + VOTE_POLL_S > until:
+            if expect <= set(votes) or time.monotonic() + VOTE_POLL_S > until:
                 break
-            if time.monotonic() >= probe_at:  # a vote that cannot come is not waited for
-                probe_at = time.monotonic() + GONE_PROBE_S
-                left = self._transport.unreachable(
-                    missing, self._safe_discover(),
-                    timeout=max(0.1, min(GONE_PROBE_S, until - time.monotonic())))
-                if left:
-                    gone |= left
-                    logger.info("not waiting for the votes of %s: no longer reachable",
-                                sorted(left))
-                    continue  # one more read: a vote stored just before it left counts
             time.sleep(VOTE_POLL_S)
         rec["votes"] = len(votes)
-        if gone:
-            rec["gone_voters"] = sorted(gone)[:16]
         self._mark(rec, "vote")
         decided = decide_votes(votes, mine=mine, parent=parent, voters=voters, me=self.peer_id)
         if decided == parent and pre is not None:  # we applied, the group did not: undo

@@ -30,8 +30,7 @@ One attempt (attempt.py), all under ``deadline_s`` from its start ``t0``:
                status "minority": no fork; that delta waits for the majority's version)
     vote       signed vote in <gid>/vote/<version> (our new hash, or the old one if we
                failed); the hash with most votes among the peers our reducer saw contribute
-               wins: a failed member adopts it, an applied member that lost rolls back;
-               a missing vote of a peer our p2pd can no longer reach is not waited for
+               wins: a failed member adopts it, an applied member that lost rolls back
     commit     if the version advanced: <gid>/commit/<version+1> and <gid>/head
 
 Alone or failed: nothing is published, nothing is lost; θ_global, the version and the hash

@@ -184,30 +184,6 @@ class Transport:
         # first round) is pinged again next time, or separately started DHTs never merge
         self._dht_known.update(answered or ())
 
-    def unreachable(self, peers: set[str], maddrs: list[str], *, timeout: float) -> set[str]:
-        """Those of ``peers`` that our p2pd holds no connection to and cannot dial (with
-        ``maddrs``, the discovered ones, within ``timeout``): a process that died closed its
-        connections. Nothing (unknown) if p2pd does not answer in time."""
-        async def absent() -> set[str]:
-            def gone(connected: set[str]) -> set[str]:
-                return set(peers) - connected
-
-            missing = gone({p.peer_id.to_base58() for p in await self.p2p.list_peers()})
-            dial = [m for m in maddrs if m.rsplit("/p2p/", 1)[-1] in missing]
-            if dial:
-                try:
-                    await asyncio.wait_for(self.connect(dial), max(0.01, 0.8 * timeout))
-                except asyncio.TimeoutError:
-                    pass  # a dial that hangs did not connect
-                missing = gone({p.peer_id.to_base58() for p in await self.p2p.list_peers()})
-            return missing
-
-        try:
-            return self.run(absent(), timeout)
-        except Exception as e:  # noqa: BLE001 - unknown: the caller keeps waiting
-            logger.debug("liveness check failed: %r", e)
-            return set()
-
     async def _reachable(self, maddrs: list[str]) -> list[str]:
         """The maddrs of peers we could dial (p2pd refuses to start on dead bootstraps)."""
         await self.connect(maddrs)
