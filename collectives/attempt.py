@@ -100,9 +100,9 @@ class Attempt(LoopParts):
             rec["late_s"] = late
             if late > FREEZE_GRACE_S and not work.final:
                 # the others froze their group (their read's end + at most the grace)
-                # before our record was even stored: nobody admits us, and with the smallest
-                # id we would lead nobody (seen: a slow newcomer 11 s late stood there alone).
-                # The meeting passes; our delta waits for the next
+                # before our record was even stored: their leader admits nobody now (seen:
+                # a slow newcomer 11 s late stood there alone). The meeting passes; our
+                # delta waits for the next
                 if rec["status"] != "resynced":
                     rec["status"] = "skipped"
                 logger.info("%.1f s late for the meeting at %.1f: letting it pass", late,
@@ -136,8 +136,8 @@ class Attempt(LoopParts):
             # caller)
             t0 = max(t0, time.monotonic() - cfg.join_window_s)
             self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
-        # late: wait for no JOIN past the freeze (with the smallest id we would lead peers
-        # that already stepped until 0.35 x deadline_s, and miss the next meetings too)
+        # late (then never the leader while others came): as a group of one, wait for no
+        # JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next meetings)
         self._run_group(rec, v, my_hash, leader, delta_job, snapshot, t0, freeze_at,
                         holders, zero=work.final and work.rounds == 0, wait_joins=late is None)
 
