@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from collectives.consistency import Candidate, Lineage, decide_votes
+from collectives.consistency import Candidate, Lineage, decide_votes, settled_vote
 from collectives.errors import SyncError
 from collectives.parts import LoopParts
 from collectives.state import OuterState
@@ -73,6 +73,12 @@ class Committer(LoopParts):
                 self._book.vote_key(v), timeout=max(0.1, until - time.monotonic())),
                 step=v + 1, kind="vote")
             if expect <= set(votes) or time.monotonic() + VOTE_POLL_S > until:
+                break
+            if settled_vote(votes, mine=mine, parent=parent, voters=voters, me=self.peer_id):
+                # the votes still missing cannot change the outcome (e.g. a member that
+                # died after its contribution: waiting for it until ``until`` would let
+                # the next meeting pass)
+                rec["settled_without"] = sorted(expect - set(votes))
                 break
             time.sleep(VOTE_POLL_S)
         rec["votes"] = len(votes)

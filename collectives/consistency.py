@@ -70,8 +70,8 @@ from typing import Callable
 
 from protocol import Identity, OuterStepCommit, ProtocolError, open_envelope, seal
 
-__all__ = ["CommitBook", "Lineage", "Candidate", "decide_votes", "extension", "sibling",
-           "trusted_head", "head_rejections"]
+__all__ = ["CommitBook", "Lineage", "Candidate", "decide_votes", "settled_vote", "extension",
+           "sibling", "trusted_head", "head_rejections"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +149,34 @@ def decide_votes(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
     """The hash a group's attempt from ``parent`` ends at (rule 1): most votes among
     ``voters`` (the peers our reducer accepted, and us with ``mine``); ties go to an advanced
     state (hash != parent), then the larger hash."""
+    return _ranked(_tally(votes, mine=mine, parent=parent, voters=voters, me=me), parent)[0][0]
+
+
+def settled_vote(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
+                 voters: set[str], me: str) -> str | None:
+    """``decide_votes``' hash if no vote still missing from ``voters`` could change it (the
+    winner leads the runner-up by more than the number of voters that have not voted), else
+    None. A member may stop waiting then: it decides what it would decide with every vote in,
+    so members that stop at different times still agree (a voter that died after its
+    contribution, whose vote never comes, costs nobody the wait until the deadline)."""
+    tally = _tally(votes, mine=mine, parent=parent, voters=voters, me=me)
+    missing = len(voters - set(votes) - {me})
+    ranked = _ranked(tally, parent)
+    runner_up = ranked[1][1] if len(ranked) > 1 else 0
+    return ranked[0][0] if ranked[0][1] - runner_up > missing else None
+
+
+def _tally(votes: dict[str, OuterStepCommit], *, mine: str, parent: str, voters: set[str],
+           me: str) -> Counter[str]:
     tally: Counter[str] = Counter({mine: 1})
     for peer, c in votes.items():
         if peer != me and peer in voters and c.kind == "vote" and c.parent == parent:
             tally[c.state_hash] += 1
-    return max(tally.items(), key=lambda kv: (kv[1], kv[0] != parent, kv[0]))[0]
+    return tally
+
+
+def _ranked(tally: Counter[str], parent: str) -> list[tuple[str, int]]:
+    return sorted(tally.items(), key=lambda kv: (kv[1], kv[0] != parent, kv[0]), reverse=True)
 
 
 def trusted_head(heads: dict[str, OuterStepCommit], *, anchor: str,

@@ -106,11 +106,12 @@ def _until(cond: Callable[[], bool], timeout: float) -> bool:
 
 
 def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
-              opts: dict[str, object] | None = None, timeout: float = 90.0) -> list[dict]:
+              opts: dict[str, object] | None = None, timeout: float = 90.0,
+              kinds: tuple[str, ...] = ("member", "reducer")) -> list[dict]:
     """``trials`` kills on the path nodes use (peer_worker ``--clock``: ``after_round`` /
     ``collect``, meetings on the clock). Each trial: a random live peer that has grouped
-    SIGKILLs its process group at a random point of its next all-reduce (Fault.MEMBER /
-    Fault.REDUCER after a random number of exchanges), a fresh peer (new identity) starts
+    SIGKILLs its process group at a random point of its next all-reduce (one of ``kinds``:
+    Fault.MEMBER / Fault.REDUCER after a random number of exchanges, Fault.VOTE), a fresh peer (new identity) starts
     right after and takes part from a later meeting; the next trial starts once it grouped.
 
     Per trial: the survivors' records at the kill meeting (``kill_*``), at the next meeting
@@ -142,7 +143,7 @@ def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
     results = []
     for t in range(trials):
         victim = rng.choice([n for n in live if grouped(n)])
-        kind, after = rng.choice(["member", "reducer"]), rng.randrange(0, peers - 1)
+        kind, after = rng.choice(kinds), rng.randrange(0, peers - 1)
         atomic_write_bytes(swarm.root / "fault" / victim, f"{kind} {after}".encode())
         survivors = [n for n in live if n != victim]
         r: dict = {"trial": t, "victim": victim, "fault": kind, "after": after,

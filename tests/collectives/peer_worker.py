@@ -44,6 +44,9 @@ class Fault(enum.Enum):
     """After `after` completed member-side exchanges (0: before sending anything)."""
     REDUCER = "reducer"
     """After answering `after` members with its reduced shard (a partial all-gather)."""
+    VOTE = "vote"
+    """After a whole exchange, before its vote (`after` is ignored): every member's reducer
+    accepted its contribution, so every survivor counts it among the voters."""
 
 
 FAULT: dict[str, object] = {"kind": Fault.NONE, "after": 0, "n": 0, "loop": None,
@@ -64,7 +67,7 @@ def install_faults() -> None:
     """Wrap AllReduce's member and reducer exchanges in this (test) process only, before
     the loop registers its stream handlers: a fault ordered in FAULT strikes in the next
     all-reduce (MEMBER: after ``after`` completed exchanges with reducers; REDUCER: after
-    answering ``after`` members)."""
+    answering ``after`` members; VOTE: once the exchange is over, before the vote)."""
     for fault, name in ((Fault.MEMBER, "_exchange_with"), (Fault.REDUCER, "_on_reduce")):
         original = getattr(AllReduce, name)
 
@@ -82,6 +85,14 @@ def install_faults() -> None:
             return wrapped
 
         setattr(AllReduce, name, wrap())
+    reconcile = OuterLoop._reconcile
+
+    def before_vote(self, *a, **kw):  # type: ignore[no-untyped-def]
+        if FAULT["kind"] is Fault.VOTE:
+            crash()
+        return reconcile(self, *a, **kw)
+
+    OuterLoop._reconcile = before_vote  # type: ignore[method-assign]
 
 
 def late_joins(by: float, count: int) -> None:

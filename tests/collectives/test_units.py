@@ -15,7 +15,7 @@ from collectives import OuterConfig, get_codec
 from collectives.codec import CODECS, CodecError
 from collectives.allreduce import RateLimit
 from collectives.consistency import (Candidate, CommitBook, Lineage, decide_votes, extension,
-                                     head_rejections, sibling, trusted_head)
+                                     head_rejections, settled_vote, sibling, trusted_head)
 from collectives.reduce import Contribution, reduce_shard, shard_bounds
 from collectives.state import OuterState, flatten, unflatten_into
 from protocol import Identity, OuterStepCommit
@@ -202,6 +202,36 @@ def test_votes_count_only_peers_we_saw_contribute() -> None:
                         me="me") == "old"  # we applied, they did not: roll back
     assert decide_votes({"a": up}, mine="old", parent="old", voters={"a"}, me="me") == "new"
 
+
+
+def test_a_vote_is_settled_only_when_the_missing_votes_cannot_change_it() -> None:
+    up, down = _c(5, "new", parent="old", kind="vote"), _c(5, "old", parent="old", kind="vote")
+
+    def settled(votes: dict, mine: str, voters: set[str]) -> str | None:
+        return settled_vote(votes, mine=mine, parent="old", voters=voters, me="me")
+
+    # three survivors applied, the fourth member died before its vote: 3 - 0 > 1 missing
+    assert settled({"a": up, "b": up}, "new", {"a", "b", "k"}) == "new"
+    # every survivor failed: the rollback is settled the same way
+    assert settled({"a": down, "b": down}, "old", {"a", "b", "k"}) == "old"
+    # two of us agree, one vote missing: 2 - 0 > 1
+    assert settled({"a": up}, "new", {"a", "k"}) == "new"
+    # 2 against 1 with one missing: the missing vote could tie it -> wait
+    assert settled({"a": up, "b": down}, "new", {"a", "b", "k"}) is None
+    # a pair whose other member has not voted: its vote could go either way -> wait
+    assert settled({}, "new", {"a"}) is None
+    # votes of peers we did not see contribute neither count nor are waited for
+    sybils = {f"s{i}": _c(5, "evil", parent="old", kind="vote") for i in range(10)}
+    assert settled({**sybils, "a": up}, "new", {"a"}) == "new"
+    # whenever settled, it is what every vote in would decide, however the missing vote goes
+    for votes, mine, voters in (({"a": up, "b": up}, "new", {"a", "b", "k"}),
+                                ({"a": up}, "old", {"a", "b", "c", "k"}),
+                                ({"a": down, "b": up, "c": up}, "new", {"a", "b", "c", "k"})):
+        got = settled(votes, mine, voters)
+        for late in (up, down, _c(5, "other", parent="old", kind="vote")):
+            full = decide_votes({**votes, "k": late}, mine=mine, parent="old", voters=voters,
+                                me="me")
+            assert got is None or got == full, (votes, mine, late)
 
 def test_joiner_adopts_only_anchored_or_trusted_heads() -> None:
     heads = {"t": _c(4, "good", parent="p", members=("t", "u")),
