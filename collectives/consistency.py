@@ -154,16 +154,22 @@ def decide_votes(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
 
 def settled_vote(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
                  voters: set[str], me: str) -> str | None:
-    """``decide_votes``' hash if no vote still missing from ``voters`` could change it (the
-    winner leads the runner-up by more than the number of voters that have not voted), else
-    None. A member may stop waiting then: it decides what it would decide with every vote in,
-    so members that stop at different times still agree (a voter that died after its
-    contribution, whose vote never comes, costs nobody the wait until the deadline)."""
+    """``decide_votes``' hash if no votes still missing from ``voters`` could change it,
+    however they go, else None. A member may stop waiting then: it decides what it would
+    decide with every vote in, so members that stop at different times still agree (a voter
+    that died after its contribution, whose vote never comes, costs nobody the wait until
+    the deadline). The worst case for the winner: every missing vote goes to one challenger,
+    a hash already counted or one not seen yet (which could win a tie)."""
     tally = _tally(votes, mine=mine, parent=parent, voters=voters, me=me)
     missing = len(voters - set(votes) - {me})
     ranked = _ranked(tally, parent)
-    runner_up = ranked[1][1] if len(ranked) > 1 else 0
-    return ranked[0][0] if ranked[0][1] - runner_up > missing else None
+    (winner, count), rest = ranked[0], ranked[1:]
+    if missing and count <= missing:  # an unseen hash with every missing vote
+        return None
+    key = _rank_key(parent)
+    if any(key((h, c + missing)) > key((winner, count)) for h, c in rest):
+        return None
+    return winner
 
 
 def _tally(votes: dict[str, OuterStepCommit], *, mine: str, parent: str, voters: set[str],
@@ -176,7 +182,12 @@ def _tally(votes: dict[str, OuterStepCommit], *, mine: str, parent: str, voters:
 
 
 def _ranked(tally: Counter[str], parent: str) -> list[tuple[str, int]]:
-    return sorted(tally.items(), key=lambda kv: (kv[1], kv[0] != parent, kv[0]), reverse=True)
+    return sorted(tally.items(), key=_rank_key(parent), reverse=True)
+
+
+def _rank_key(parent: str) -> Callable[[tuple[str, int]], tuple[int, bool, str]]:
+    """Most votes, then an advanced state (hash != parent), then the larger hash."""
+    return lambda kv: (kv[1], kv[0] != parent, kv[0])
 
 
 def trusted_head(heads: dict[str, OuterStepCommit], *, anchor: str,
