@@ -111,7 +111,7 @@ class MemberExchange:
                 errors[members[j]] = f"bad shard: {why}"
             squares, checked = squares + norm ** 2, checked + bounds[j][1] - bounds[j][0]
         s.suspects |= set(errors) - {self.peer_id}
-        s.suspects |= {p for p, why in s.excluded.items() if why == "missing"}
+        s.suspects |= {p for p, why in s.excluded.items() if why in ("missing", "gone", "broken")}
         s.marks["end"] = loop.time()
         logger.info("step %d exchange phases (s since start): %s", s.step,
                     {k: round(v - s.marks["start"], 3) for k, v in s.marks.items()})

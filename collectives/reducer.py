@@ -57,6 +57,13 @@ direction (that sender's TCP socket empty, its p2pd blocked on windows with pyth
 sockets full) while the other filled the link: 42-50 s against 33.4 s of raw TCP; 4 streams
 behaved the same; with 16 (4 MiB of window per direction for the parts, as much for the
 means) both TCP send queues stayed full and every exchange took 34 s."""
+GONE_PROBE_S = 0.25
+"""Between two looks at p2pd's connections while a member's contribution is missing. A
+member whose process died (its kernel closed its connections) is excluded within about two
+looks instead of being waited for until the reduce deadline: in the churn bench (deadline 8
+s, period 4 s) that wait ended the survivors' kill attempts at the next meeting's opening,
+some just before it and some just after (churn_clock_25_votes.json trial 18: a minority at
+the retry). A live member that lost its connection that long loses this attempt's shard."""
 
 
 def stripes(nchunks: int) -> int:
@@ -209,6 +216,12 @@ class ReducerMixin:
         except (CodecError, ValueError) as e:
             logger.warning("step %d: contribution of %s rejected: %s", s.step, peer, e)
             self._exclude(s, peer, "decode")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # the stripe broke off (the member died or dropped us): it cannot be sent again
+            # (one stream per stripe), so nothing it sends can count in this attempt
+            self._exclude(s, peer, "broken")
+            sender.cancel()
+            raise
         except BaseException:
             sender.cancel()
             raise
@@ -361,5 +374,27 @@ class ReducerMixin:
         s.shard_done.set()
 
     async def _reducer_timer(self, s: Session, at: float) -> None:
-        await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+        """Finish our shard at ``at`` with what came; before that, exclude members that are
+        gone: connected to our p2pd at some look during this exchange (the first look is at
+        its start), absent from two looks in a row while their contribution is missing."""
+        loop = asyncio.get_running_loop()
+        seen: set[str] = set()
+        absent: set[str] = set()
+        while s.finishing is None and loop.time() < at:
+            waiting = set(s.members or ()) - set(s.contribs) - set(s.excluded) - {self.peer_id}
+            if waiting:
+                try:
+                    connected = {p.peer_id.to_base58() for p in await asyncio.wait_for(
+                        self.p2p.list_peers(), GONE_PROBE_S)}
+                except Exception as e:  # noqa: BLE001 - no answer: nobody is judged gone
+                    logger.debug("step %d: p2pd's peers not listed: %r", s.step, e)
+                else:
+                    seen |= waiting & connected
+                    gone = (waiting & seen) - connected
+                    for peer in sorted(gone & absent):
+                        logger.info("step %d: %s is gone (no connection): not waiting for "
+                                    "its contribution", s.step, peer)
+                        self._exclude(s, peer, "gone")
+                    absent = gone
+            await asyncio.sleep(max(0.0, min(GONE_PROBE_S, at - loop.time())))
         self._maybe_finish(s, force=True)

@@ -107,12 +107,14 @@ def _until(cond: Callable[[], bool], timeout: float) -> bool:
 
 def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
               opts: dict[str, object] | None = None, timeout: float = 90.0,
-              kinds: tuple[str, ...] = ("member", "reducer")) -> list[dict]:
+              kinds: tuple[str, ...] = ("member", "reducer"),
+              after: int | None = None) -> list[dict]:
     """``trials`` kills on the path nodes use (peer_worker ``--clock``: ``after_round`` /
     ``collect``, meetings on the clock). Each trial: a random live peer that has grouped
     SIGKILLs its process group at a random point of its next all-reduce (one of ``kinds``:
-    Fault.MEMBER / Fault.REDUCER after a random number of exchanges, Fault.VOTE), a fresh peer (new identity) starts
-    right after and takes part from a later meeting; the next trial starts once it grouped.
+    Fault.MEMBER / Fault.REDUCER after a random number of exchanges, or ``after`` of them;
+    Fault.VOTE), a fresh peer (new identity) starts right after and takes part from a later
+    meeting; the next trial starts once it grouped.
 
     Per trial: the survivors' records at the kill meeting (``kill_*``), at the next meeting
     any of them attended (the retry, ``retry_*``: the joiner's too if it was there), and
@@ -143,10 +145,11 @@ def run_churn(swarm: Swarm, *, trials: int, seed: int, peers: int = 4,
     results = []
     for t in range(trials):
         victim = rng.choice([n for n in live if grouped(n)])
-        kind, after = rng.choice(kinds), rng.randrange(0, peers - 1)
-        atomic_write_bytes(swarm.root / "fault" / victim, f"{kind} {after}".encode())
+        kind, k = rng.choice(kinds), rng.randrange(0, peers - 1)
+        k = k if after is None else after
+        atomic_write_bytes(swarm.root / "fault" / victim, f"{kind} {k}".encode())
         survivors = [n for n in live if n != victim]
-        r: dict = {"trial": t, "victim": victim, "fault": kind, "after": after,
+        r: dict = {"trial": t, "victim": victim, "fault": kind, "after": k,
                    "survivors": survivors}
         results.append(r)
         try:

@@ -55,3 +55,28 @@ def test_survivors_of_a_member_that_died_before_its_vote_go_to_the_next_meeting(
         for n in r["survivors"]:
             rec = by_meet(swarm, n)[r["kill_meet"]]
             assert len(rec.get("settled_without", [])) == 1, (n, rec)
+
+
+def test_survivors_do_not_wait_for_the_parts_of_a_member_that_died_before_sending(
+        swarm: Swarm) -> None:
+    """A member killed before it sent any part (Fault.MEMBER after 0): each survivor's
+    reducer sees the victim's connection go and excludes it ("gone") instead of waiting for
+    its part until the reduce deadline (0.55 x deadline from the attempt's start: about the
+    next meeting's opening with a 4 s period, so some survivors made that meeting and some
+    did not: churn_clock_25_votes.json trial 18, a minority at the retry). Every survivor
+    fails the kill attempt alike (the victim's shard is missing) and all are at the next
+    meeting."""
+    period = 4.0
+    results = run_churn(swarm, trials=2, seed=5, peers=3, kinds=("member",), after=0,
+                        opts={"period": period})
+    assert len(results) == 2, results
+    for r in results:
+        names = r["survivors"] + [f"j{r['trial']}"]
+        assert "error" not in r, (r, swarm.logs(names))
+        assert r["kill_ok"], (r, swarm.logs(r["survivors"]))
+        for n in r["survivors"]:
+            rec = by_meet(swarm, n)[r["kill_meet"]]
+            assert "gone" in rec["excluded"].values(), (n, rec)
+        assert r["retry_meet"] == r["kill_meet"] + period, (r, swarm.logs(names))
+        assert set(r["survivors"]) <= set(r["retry_status"]), (r, swarm.logs(names))
+        assert r["retry_ok"], (r, swarm.logs(names))
