@@ -152,8 +152,10 @@ class AllReduce(MemberExchange, ReducerMixin):
     async def open_session(self, *, step: int, state_hash: str, numel: int, weight: float,
                            deadline: float) -> None:
         loop = asyncio.get_running_loop()
-        self.session = Session(step=step, state_hash=state_hash, numel=numel, weight=weight,
-                               deadline=deadline, members_fut=loop.create_future())
+        self.session = s = Session(step=step, state_hash=state_hash, numel=numel,
+                                   weight=weight, deadline=deadline,
+                                   members_fut=loop.create_future())
+        s.connected = await self._connected(s, 1.0) or set()
 
     # --- handlers -------------------------------------------------------------------------
     async def _on_join(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from collectives._hivemind import P2P
 from collectives.codec import Codec, CodecError, chunk_bounds
 from collectives.config import OuterConfig
 from collectives.reduce import (Contribution, ShardResult, capped_weights, chunk_stats,
@@ -126,6 +127,8 @@ class Session:
     bad_shards: dict[str, str] = field(default_factory=dict)
     """Reducer -> why the shard it returned was rejected ("non_finite", "norm")."""
     clipped: tuple[str, ...] = ()
+    connected: set[str] = field(default_factory=set)
+    """The peers our p2pd was connected to when the session opened (reducer timer)."""
     marks: dict[str, float] = field(default_factory=dict)
     """Phase -> loop.time() of this attempt's exchange (logged: where the time goes)."""
 
@@ -140,6 +143,7 @@ def _quiet(fut: asyncio.Future) -> None:  # type: ignore[type-arg]
 class ReducerMixin:
     """Reducer handlers of :class:`collectives.allreduce.AllReduce`."""
 
+    p2p: P2P
     config: OuterConfig
     codec: Codec
     peer_id: str
@@ -373,22 +377,29 @@ class ReducerMixin:
         s.verdict = "redo" if mean is not None else "none"
         s.shard_done.set()
 
+    async def _connected(self, s: Session, timeout: float) -> set[str] | None:
+        """The peers p2pd holds a connection to (None if it did not answer in time)."""
+        try:
+            return {p.peer_id.to_base58() for p in await asyncio.wait_for(
+                self.p2p.list_peers(), timeout)}
+        except Exception as e:  # noqa: BLE001
+            logger.debug("step %d: p2pd's peers not listed: %r", s.step, e)
+            return None
+
     async def _reducer_timer(self, s: Session, at: float) -> None:
         """Finish our shard at ``at`` with what came; before that, exclude members that are
         gone: connected to our p2pd at some look during this exchange (the first look is at
-        its start), absent from two looks in a row while their contribution is missing."""
+        its start) or when the session opened (before the meeting: a member that died
+        before our exchange started), absent from two looks in a row while their
+        contribution is missing."""
         loop = asyncio.get_running_loop()
-        seen: set[str] = set()
+        seen = set(s.connected)
         absent: set[str] = set()
         while s.finishing is None and loop.time() < at:
             waiting = set(s.members or ()) - set(s.contribs) - set(s.excluded) - {self.peer_id}
             if waiting:
-                try:
-                    connected = {p.peer_id.to_base58() for p in await asyncio.wait_for(
-                        self.p2p.list_peers(), GONE_PROBE_S)}
-                except Exception as e:  # noqa: BLE001 - no answer: nobody is judged gone
-                    logger.debug("step %d: p2pd's peers not listed: %r", s.step, e)
-                else:
+                connected = await self._connected(s, GONE_PROBE_S)
+                if connected is not None:  # no answer: nobody is judged gone
                     seen |= waiting & connected
                     gone = (waiting & seen) - connected
                     for peer in sorted(gone & absent):
