@@ -217,5 +217,5 @@ class Attempt(LoopParts):
         self._stage("commit")
         voters = set(s.witnessed) - set(s.bad_shards) - {self.peer_id}
         expect = (set(members) - s.suspects) & voters
-        self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members,
+        self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members, nonce=s.nonce,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)

@@ -55,22 +55,22 @@ class Committer(LoopParts):
 
     def _reconcile(self, rec: dict[str, Any], v: int, parent: str, pre: OuterState | None,
                    snapshot: torch.Tensor, voters: set[str], expect: set[str],
-                   members: list[str], *, until: float, end: float) -> None:
+                   members: list[str], *, nonce: str, until: float, end: float) -> None:
         """Vote, gather the votes of the peers we saw contribute, follow their decision.
 
         ``pre``: the state before we applied this step (None if we did not); ``snapshot``:
-        the params whose delta we contributed."""
+        the params whose delta we contributed; ``nonce``: the group's, naming this attempt."""
         with self._lock:
             mine = self._state.hash()
         self._transport.dht_store(
-            self._book.vote_key(v), self.peer_id,
+            self._book.vote_key(v, nonce), self.peer_id,
             self._book.seal(v + 1, mine, len(members), parent=parent,
                             members=sorted(voters | {self.peer_id}), kind="vote"),
             ttl=3 * self.config.deadline_s + 60, timeout=min(5.0, self.config.deadline_s / 4))
         votes: dict = {}
         while expect:
             votes = self._book.verify(self._transport.dht_get(
-                self._book.vote_key(v), timeout=max(0.1, until - time.monotonic())),
+                self._book.vote_key(v, nonce), timeout=max(0.1, until - time.monotonic())),
                 step=v + 1, kind="vote")
             if expect <= set(votes) or time.monotonic() + VOTE_POLL_S > until:
                 break

@@ -16,8 +16,9 @@ Records (``OuterStepCommit``, sealed with the node identity via ``protocol.seal`
   step (``finish``, finish.py).
 - ``<gid>/left``  kind "join", hash ``finish.LEFT``: "I left at version v before my last
   step": peers waiting for my last step stop waiting (only ever shortens a bounded wait).
-- ``<gid>/vote/<v>``  kind "vote": a member's result of one attempt from version v: the new
-  hash if it applied the average, its unchanged hash if it failed. Members decide together.
+- ``<gid>/vote/<v>/<nonce>``  kind "vote": a member's result of one attempt from version v
+  (the group's nonce names the attempt): the new hash if it applied the average, its
+  unchanged hash if it failed. Members decide together.
 - ``<gid>/commit/<v>`` kind "version", and ``<gid>/head`` (the signer's latest): "version v
   is ``state_hash``, made from ``parent`` by the contributions of ``members``"; ``peers``
   carries the meeting period the group agreed on (``schedule.Clock.agreed_code``), which a
@@ -261,8 +262,12 @@ class CommitBook:
             return f"{self.gid}/join/{version}"
         return f"{self.gid}/join/{version}/{round(meet * 10)}"
 
-    def vote_key(self, version: int) -> str:
-        return f"{self.gid}/vote/{version}"
+    def vote_key(self, version: int, attempt: str) -> str:
+        """``attempt``: the group's nonce (chosen by its leader at the freeze): the votes of
+        an earlier attempt from the same version (a failed one: its members voted for the
+        parent) must not be read as this one's (seen: a member that read two such stale
+        votes before the new ones were stored rolled back a step the group applied)."""
+        return f"{self.gid}/vote/{version}/{attempt}"
 
     @property
     def head_key(self) -> str:
