@@ -87,6 +87,14 @@ class Adopter(LoopParts):
                 timeout=max(0.1, deadline - time.monotonic())), step=lineage.version + 1,
                 kind="version")
             nxt = extension(commits, lineage, self.peer_id)
+            if nxt is None and any(c.parent == lineage.hash for c in commits.values()) \
+                    and any(c.step > lineage.version + 1 for c in heads.values()):
+                # too few of our witnesses signed it: count those that stepped from it
+                children = self._book.verify(self._transport.dht_get(
+                    self._book.key(lineage.version + 2),
+                    timeout=max(0.1, deadline - time.monotonic())),
+                    step=lineage.version + 2, kind="version")
+                nxt = extension(commits, lineage, self.peer_id, children)
             if nxt is None:
                 for p, c in commits.items():
                     if c.state_hash != lineage.hash:

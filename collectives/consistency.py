@@ -112,27 +112,38 @@ def _quorum(signers: set[str], witnesses: frozenset[str], me: str) -> bool:
 
 
 def _supported(commits: dict[str, OuterStepCommit], *, version: int, parent: str,
-               witnesses: frozenset[str], me: str, exclude: str) -> Candidate | None:
+               witnesses: frozenset[str], me: str, exclude: str,
+               children: dict[str, OuterStepCommit] | None = None) -> Candidate | None:
     groups: dict[str, set[str]] = {}
     for peer, c in commits.items():
         if c.kind == "version" and c.step == version and c.parent == parent \
                 and c.state_hash not in (parent, exclude):
             groups.setdefault(c.state_hash, set()).add(peer)
     for h, signers in sorted(groups.items()):
-        if _quorum(signers, witnesses, me):
+        vouchers = {p for p, c in (children or {}).items()
+                    if c.kind == "version" and c.step == version + 1 and c.parent == h}
+        if _quorum(signers | vouchers, witnesses, me):
             vouched = [set(commits[p].members) for p in sorted(signers & witnesses)]
-            members = set.intersection(*vouched) if vouched else set()
+            if not vouched:  # nobody we know says who made it
+                continue
+            members = set.intersection(*vouched)
             return Candidate(hash=h, version=version, members=tuple(sorted(members)),
                              holders=tuple(sorted(signers)))
     return None
 
 
-def extension(commits: dict[str, OuterStepCommit], lineage: Lineage,
-              me: str) -> Candidate | None:
+def extension(commits: dict[str, OuterStepCommit], lineage: Lineage, me: str,
+              children: dict[str, OuterStepCommit] | None = None) -> Candidate | None:
     """The version commit for ``lineage.version + 1`` that a quorum of our witnesses signed
-    (rule 2), else None. At most one can have a strict majority."""
+    (rule 2), else None. At most one can have a strict majority. ``children``: the commits
+    for the version after it, if read: a witness that signed a child of a commit (a version
+    made from its hash) vouches for it as if it had signed it (it held that state and
+    stepped from it). Without them, a version whose makers partly failed to sign it (a
+    member that rolled back, died before its commit, or whose DHT store failed) was refused
+    for good by every peer still at its parent, though the group went on from it."""
     return _supported(commits, version=lineage.version + 1, parent=lineage.hash,
-                      witnesses=lineage.witnesses, me=me, exclude=lineage.hash)
+                      witnesses=lineage.witnesses, me=me, exclude=lineage.hash,
+                      children=children)
 
 
 def sibling(commits: dict[str, OuterStepCommit], lineage: Lineage,

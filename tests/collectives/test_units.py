@@ -179,6 +179,32 @@ def test_lineage_extension_needs_a_quorum_of_our_witnesses() -> None:
     assert extension({"a": _c(1, "h2", parent="g0")}, Lineage("g0", 0), "me") is None
 
 
+
+def test_witnesses_that_stepped_from_a_version_vouch_for_it() -> None:
+    """Churn trial 15 of churn_clock_100_votes.json: version 42 was made by j10, j11 and j12
+    from version 41 (witnesses j10, j11, j12, j14), but only j10 and j12 signed it (j11 rolled
+    back); all three then made version 43 from it. A joiner at version 41 refused 42 as
+    no_quorum at every meeting for the rest of the run."""
+    lin = Lineage(hash="h41", version=41, witnesses=frozenset({"j10", "j11", "j12", "j14"}))
+    v42 = _c(42, "h42", parent="h41", members=("j10", "j11", "j12"))
+    v43 = _c(43, "h43", parent="h42", members=("j10", "j11", "j12"))
+    signed = {"j10": v42, "j12": v42}
+    assert extension(signed, lin, "me") is None  # 2 of 4
+    got = extension(signed, lin, "me", children={"j10": v43, "j11": v43, "j12": v43})
+    assert got == Candidate(hash="h42", version=42, members=("j10", "j11", "j12"),
+                            holders=("j10", "j12"))
+    # a child of another hash, or at another version, vouches for nothing
+    other = _c(43, "x43", parent="x42")
+    far = _c(44, "h44", parent="h42")
+    assert extension(signed, lin, "me", children={"j11": other, "j14": far}) is None
+    # fresh keys' children count no more than their commits
+    sybils = {f"s{i}": v43 for i in range(20)}
+    assert extension(signed, lin, "me", children=sybils) is None
+    # children alone, with no signer of the version among our witnesses: nobody we know
+    # says who made it, so it is not followed
+    assert extension({"s1": v42}, lin, "me",
+                     children={"j10": v43, "j11": v43, "j12": v43}) is None
+
 def test_a_fork_is_settled_by_the_parents_witnesses() -> None:
     # we (me, d) made "ours" from "p" while a, b, c made "theirs" from "p" in another window
     mine = Lineage(hash="ours", version=5, witnesses=frozenset({"me", "d"}), parent="p",
