@@ -22,7 +22,6 @@ import torch
 
 from collectives.background import Work
 from collectives.errors import StepFailed, SyncError
-from collectives.gcpause import young_collections_only
 from collectives.landing import Landing
 from collectives.parts import LoopParts
 from collectives.state import OuterState
@@ -52,11 +51,6 @@ class Attempt(LoopParts):
 
     def _attempt(self, rec: dict[str, Any], t0: float, weight: float,
                  rejected: dict[tuple[str, str, int], str]) -> None:
-        with young_collections_only():  # no 0.1-0.3 s full collection inside the step
-            self._attempt_steps(rec, t0, weight, rejected)
-
-    def _attempt_steps(self, rec: dict[str, Any], t0: float, weight: float,
-                       rejected: dict[tuple[str, str, int], str]) -> None:
         cfg = self.config
         work = self._work
         assert work is not None
