@@ -292,7 +292,8 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
     meet0 = meets[0] if meets else None
     out["records_detail"] = [
         {k: r.get(k) for k in ("i", "status", "peers", "allreduce_seconds", "step_s", "apply_s",
-                               "phase_seconds", "seconds", "before_meet_s")}
+                               "phase_seconds", "seconds", "before_meet_s", "exchange_marks",
+                               "exchange_start_wall")}
         | {"peer": n, "meeting": None if r.get(key) is None or meet0 is None
            else round(r[key] - meet0, 3)}
         for n in names for r in swarm_records[n]]

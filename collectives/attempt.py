@@ -186,7 +186,8 @@ class Attempt(LoopParts):
                 self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s,
                                   out=landing.avg, on_landed=landing.land),
                 t0 + 0.7 * cfg.deadline_s - time.monotonic() + 1)
-            rec["allreduce_seconds"] = round(time.monotonic() - t_ar, 4)
+            t_ret = time.monotonic()
+            rec["allreduce_seconds"] = round(t_ret - t_ar, 4)
         except (StepFailed, TimeoutError) as e:
             rec["error"] = repr(e)[:500]
         else:
@@ -206,6 +207,17 @@ class Attempt(LoopParts):
             s = self._ar.session
             if s is not None:
                 rec["bytes_sent"], rec["bytes_received"] = s.bytes_sent, s.bytes_received
+                if "start" in s.marks:  # where the exchange's time went: s since its start
+                    # (the last of each phase's events); the start on the wall clock lines
+                    # up the peers' timelines (and a link trace) in a bench
+                    marks = dict(s.marks, called=t_ar)
+                    if "allreduce_seconds" in rec:
+                        marks["returned"] = t_ret
+                    rec["exchange_start_wall"] = time.time() - (time.monotonic()
+                                                                 - s.marks["start"])
+                    rec["exchange_marks"] = {k: round(t - s.marks["start"], 4)
+                                             for k, t in sorted(marks.items(),
+                                                                key=lambda kv: kv[1])}
                 rec["excluded"] = dict(s.excluded)
                 if s.bad_shards:
                     rec["bad_shards"] = dict(s.bad_shards)

@@ -29,6 +29,10 @@ __all__ = ["MemberExchange"]
 logger = logging.getLogger(__name__)
 
 
+def _norm(x: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(x)) if x.numel() else 0.0
+
+
 def _shifted(fn: Callable[[int, int], None] | None, offset: int
              ) -> Callable[[int, int], None] | None:
     """``fn`` for ranges relative to ``offset`` (a shard's start)."""
@@ -77,6 +81,10 @@ class MemberExchange:
             s, peer, delta[slice(*bounds[j])], digest, out=out[slice(*bounds[j])],
             landed=_shifted(on_landed, bounds[j][0])))
                  for j, peer in enumerate(members) if j != me}
+        # the norms of our own parts (the check's reference) while the wire is busy, not
+        # after the last byte arrived (50M values: ~15-30 ms on the critical path)
+        own_norms = {j: loop.run_in_executor(work_pool(), _norm, delta[slice(*bounds[j])])
+                     for j in tasks}
         lo, hi = bounds[me]
         own = s.parts[self.peer_id]
         for c, (a, b) in enumerate(s.chunks):  # one chunk at a time: the senders share the pool
@@ -105,7 +113,8 @@ class MemberExchange:
         for j in sorted(got - {me}):
             why, norm = await loop.run_in_executor(
                 work_pool(), self._check_shard, out[slice(*bounds[j])],
-                delta[slice(*bounds[j])], self.mean_rms)
+                await own_norms[j], self.mean_rms)
+            s.marks["checked"] = loop.time()
             if why is not None:
                 s.bad_shards[members[j]] = why
                 errors[members[j]] = f"bad shard: {why}"
@@ -148,14 +157,15 @@ class MemberExchange:
         if landed is not None:
             landed(a, b)
 
-    def _check_shard(self, shard: torch.Tensor, own: torch.Tensor,
+    def _check_shard(self, shard: torch.Tensor, own: torch.Tensor | float,
                      ref_rms: float = 0.0) -> tuple[str | None, float]:
         """Why a reducer's returned shard must not be applied (else None), and its norm.
-        ``ref_rms``: the root mean square of the last mean we accepted (``mean_rms``)."""
-        norm = float(torch.linalg.vector_norm(shard)) if shard.numel() else 0.0
+        ``own``: our input for that shard, or its norm; ``ref_rms``: the root mean square
+        of the last mean we accepted (``mean_rms``)."""
+        norm = _norm(shard)
         if not math.isfinite(norm):
             return "non_finite", 0.0
-        own_norm = float(torch.linalg.vector_norm(own)) if own.numel() else 0.0
+        own_norm = own if isinstance(own, float) else _norm(own)
         ref = max(own_norm if math.isfinite(own_norm) else 0.0,
                   ref_rms * math.sqrt(shard.numel()))
         limit = self.config.max_norm
@@ -189,6 +199,7 @@ class MemberExchange:
         its mean back into ``out``."""
         _, reader, writer = await self.p2p.call_binary_stream_handler(
             PeerID.from_base58(peer), self.names["reduce"])
+        s.mark_last("stream_open")
 
         async def send() -> None:
             sent = await send_header(writer, {"step": s.step, "digest": digest,
@@ -198,7 +209,7 @@ class MemberExchange:
             # not `s.bytes_sent += await ...`: that reads the counter before the await and
             # loses what other tasks added meanwhile
             s.bytes_sent += sent
-            s.marks["sent"] = max(s.marks.get("sent", 0.0), asyncio.get_running_loop().time())
+            s.mark_last("sent")
 
         sender = asyncio.create_task(send())
         try:
@@ -247,8 +258,10 @@ class MemberExchange:
                 if not isinstance(verdict, str) or (verdict == "ok" and c != len(chunks)):
                     raise FrameError(f"bad verdict {verdict!r} after {c} chunks")
                 break
+            s.mark_last("last_frame_in")
             for fut in decoding:
                 await fut
+            s.mark_last("last_decoded")
         finally:
             for fut in decoding:
                 fut.cancel()
