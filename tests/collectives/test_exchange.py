@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from collectives import OuterConfig, get_codec
+from collectives import reducer as reducer_mod
 from collectives._hivemind import P2P, PeerID
 from collectives.allreduce import AllReduce, members_digest
 from collectives.codec import CHUNK_VALUES
@@ -41,12 +42,15 @@ async def _members(p2ps: list[P2P], codec: str, numel: int, cfg: OuterConfig
     return ars
 
 
+@pytest.mark.parametrize("per_stripe", [1, reducer_mod.CHUNKS_PER_STRIPE])
 @pytest.mark.parametrize("codec,hostile", [("none", False), ("int8", False), ("fp16", True)])
-def test_multi_chunk_exchange_gives_every_member_the_same_reference_mean(codec: str,
-                                                                         hostile: bool) -> None:
+def test_multi_chunk_exchange_gives_every_member_the_same_reference_mean(
+        codec: str, hostile: bool, per_stripe: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Honest: the streamed plain mean stands (verdict "ok"). Hostile: one member's delta is
     100x too large; every reducer's whole-shard check excludes it ("redo"), and the members
-    still end with equal bytes: the mean of the two others."""
+    still end with equal bytes: the mean of the two others. ``per_stripe`` 1: each shard on
+    as many streams as it has chunks (the path large shards take)."""
+    monkeypatch.setattr(reducer_mod, "CHUNKS_PER_STRIPE", per_stripe)
     numel = 3 * 2 * CHUNK_VALUES + 1234  # every shard spans several chunks and a tail
 
     async def main() -> None:
