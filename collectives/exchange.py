@@ -199,7 +199,7 @@ class MemberExchange:
         its mean back into ``out``."""
         _, reader, writer = await self.p2p.call_binary_stream_handler(
             PeerID.from_base58(peer), self.names["reduce"])
-        s.mark_last("stream_open")
+        s.mark("stream_open")
 
         async def send() -> None:
             sent = await send_header(writer, {"step": s.step, "digest": digest,
@@ -209,7 +209,7 @@ class MemberExchange:
             # not `s.bytes_sent += await ...`: that reads the counter before the await and
             # loses what other tasks added meanwhile
             s.bytes_sent += sent
-            s.mark_last("sent")
+            s.mark("sent")
 
         sender = asyncio.create_task(send())
         try:
@@ -258,10 +258,10 @@ class MemberExchange:
                 if not isinstance(verdict, str) or (verdict == "ok" and c != len(chunks)):
                     raise FrameError(f"bad verdict {verdict!r} after {c} chunks")
                 break
-            s.mark_last("last_frame_in")
+            s.mark("last_frame_in")
             for fut in decoding:
                 await fut
-            s.mark_last("last_decoded")
+            s.mark("last_decoded")
         finally:
             for fut in decoding:
                 fut.cancel()

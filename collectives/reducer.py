@@ -142,11 +142,10 @@ class Session:
     def remaining(self) -> float:
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
 
-    def mark_last(self, phase: str) -> None:
-        """``marks[phase]`` = now, unless a later one is there (the last of many streams or
-        chunks: where the exchange's tail goes, in the step's record)."""
-        now = asyncio.get_running_loop().time()
-        self.marks[phase] = max(self.marks.get(phase, now), now)
+    def mark(self, phase: str) -> None:
+        """``marks[phase]`` = now: called again by each of many streams or chunks, it keeps
+        the last (where the exchange's tail goes, in the step's record)."""
+        self.marks[phase] = asyncio.get_running_loop().time()
 
 
 def _quiet(fut: asyncio.Future) -> None:  # type: ignore[type-arg]
@@ -260,7 +259,7 @@ class ReducerMixin:
             await send_tagged(writer, CHUNK, data)
         await asyncio.wait_for(s.shard_done.wait(), s.remaining())
         await send_tagged(writer, VERDICT, packb({"verdict": s.verdict}))
-        s.mark_last("verdict_sent")
+        s.mark("verdict_sent")
         if s.verdict == "redo":
             assert s.result is not None
             for fut in s.result[k::n]:
@@ -270,7 +269,7 @@ class ReducerMixin:
     # --- streaming the plain mean ---------------------------------------------------------
     def _chunk_in(self, s: Session, c: int) -> None:
         s.have[c] += 1
-        s.mark_last("chunk_in")
+        s.mark("chunk_in")
         if s.streaming and s.members is not None and s.have[c] == len(s.members):
             job = asyncio.get_running_loop().run_in_executor(work_pool(), self._plain_chunk,
                                                              s, c)
@@ -300,7 +299,7 @@ class ReducerMixin:
             self._maybe_finish(s)
             return
         data, s.stats[c] = job.result()
-        s.mark_last("mean_ready")
+        s.mark("mean_ready")
         if not s.stream[c].done():
             s.stream[c].set_result(data)
             s.bytes_sent += (len(data) + 9) * (len(s.parts) - 1)
