@@ -11,6 +11,14 @@ reverse flow's ACKs: ``raw_tcp_bidir_s`` times the same bytes sent both ways at 
 time (one connection each way), with ``fraction_of_raw_bidir`` and ``step_overhead_bidir_s``
 against it.
 
+``--cc`` sets the TCP congestion control on the namespaces' routes (default: what the host
+gives a new namespace; the row's ``tcp_congestion_control`` says which ran). It matters past
+10 s of transfer: with BBR, each direction's ACKs queue behind the other direction's data in
+the tbf, so neither side sees its minimum RTT again and BBR's PROBE_RTT (cwnd 4 packets for
+200 ms once the minimum is 10 s old) stalls each side's egress every ~10 s; one-way raw TCP
+never triggers it (measured at 100M: stalls of 0.18-0.2 s at 9-10 s, ~19 s, ~24-30 s per
+direction; none with cubic).
+
 What "whole step" means depends on ``--mode`` (STEP_DEFINITION, also in the JSON):
 
 - ``clock`` (default; how nodes run it): each peer trains in inner rounds of ``--round-s``
@@ -28,7 +36,8 @@ What "whole step" means depends on ``--mode`` (STEP_DEFINITION, also in the JSON
 - ``blocking``: a file barrier, then ``maybe_outer_step`` (the record's ``seconds``).
 
     PYTHONPATH=$PWD python bench/collectives_bench.py --sizes 10000000 --peers 2,4 \\
-        --codecs none,fp16,int8 [--netns | --netns-only] [--ns-prefix sb] [--churn-trials 50]
+        --codecs none,fp16,int8 [--netns | --netns-only] [--ns-prefix sb] [--cc cubic] \\
+        [--churn-trials 50]
 
 Never fails for slowness; writes bench/results/collectives.json (``--out``) atomically, with
 the command, the load average at the start and end and per row, and the wall time.
@@ -67,7 +76,9 @@ def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
 
-def netns_up(n: int) -> list[str]:
+def netns_up(n: int, cc: str = "") -> list[str]:
+    """``n`` namespaces on the bridge; ``cc``: the TCP congestion control of their links'
+    route ("": what a new namespace gets from the host)."""
     netns_down(n)
     sh("ip", "link", "add", _bridge(), "type", "bridge")
     sh("ip", "link", "set", _bridge(), "up")
@@ -84,8 +95,24 @@ def netns_up(n: int) -> list[str]:
         sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
         sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate",
            RATE, "burst", "256kb", "latency", "50ms")
+        if cc:  # on the route: a namespace's default may only be one the host allows
+            sh("ip", "netns", "exec", ns, "ip", "route", "replace", f"{SUBNET}.0/24", "dev", veth,
+               "proto", "kernel", "scope", "link", "src", f"{SUBNET}.{i + 1}", "congctl", cc)
         names.append(ns)
     return names
+
+
+def congestion_control(netns: list[str] | None) -> str:
+    """The TCP congestion control of peer 0's link: its route's ``congctl``, else the
+    namespace's (or our) default."""
+    pre = ["ip", "netns", "exec", netns[0]] if netns else []
+    if netns:
+        route = subprocess.run([*pre, "ip", "route", "show", f"{SUBNET}.0/24"],
+                               capture_output=True, text=True).stdout.split()
+        if "congctl" in route:
+            return route[route.index("congctl") + 1]
+    return subprocess.run([*pre, "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+                          capture_output=True, text=True).stdout.strip()
 
 
 def netns_down(n: int) -> None:
@@ -255,6 +282,7 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
            "mode": args.mode, "steps": steps, "records": len(recs),
            "grouped_records": len(grouped), "ok_records": len(ok), "meetings": len(meets),
            "hashes_equal": hashes_equal, "join_window_s": args.join_window,
+           "tcp_congestion_control": congestion_control(netns),
            "load_before": load_before}
     if clock:
         out.update(round_s=args.round_s, every_rounds=args.every_rounds,
@@ -320,6 +348,8 @@ def main() -> None:
     ap.add_argument("--ns-prefix", default="coll", help="names of our namespaces/links")
     ap.add_argument("--netns", action="store_true", help="also through a 100mbit tbf link")
     ap.add_argument("--netns-only", action="store_true")
+    ap.add_argument("--cc", default="", help="TCP congestion control in the namespaces (e.g. "
+                    "cubic); default: what a new namespace gets from the host")
     ap.add_argument("--churn-trials", type=int, default=0,
                     help="SIGKILL trials on the clock path (tests/collectives/harness.py)")
     ap.add_argument("--churn-peers", type=int, default=4)
@@ -345,7 +375,7 @@ def main() -> None:
     for netns_mode in modes:
         for size in [int(x) for x in args.sizes.split(",") if x]:
             for peers in map(int, args.peers.split(",")):
-                ns = netns_up(peers) if netns_mode else None
+                ns = netns_up(peers, args.cc) if netns_mode else None
                 try:
                     for codec in args.codecs.split(","):
                         t = time.monotonic()
