@@ -15,7 +15,7 @@ from collectives import OuterConfig, get_codec
 from collectives.codec import CODECS, CodecError
 from collectives.allreduce import RateLimit
 from collectives.consistency import Lineage
-from collectives.reduce import Contribution, reduce_shard, shard_bounds
+from collectives.reduce import Contribution, coordinate_median, reduce_shard, shard_bounds
 from collectives.state import OuterState, flatten, unflatten_into
 from protocol import Identity
 
@@ -77,6 +77,26 @@ def test_reduce_excludes_poison_and_is_order_independent() -> None:
     ref = (torch.stack([c.values.double() for c in honest]) * w[:, None]).sum(0) / w.sum()
     assert torch.allclose(a.mean.double(), ref, atol=1e-6)
     assert reduce_shard([nan], **BOUNDS).mean is None
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 13, 32, 33])
+def test_coordinate_median_is_torch_medians_lower_middle_value(n: int) -> None:
+    """The network's result equals torch.median's value for value (a zero's sign may differ),
+    with ties, signed zeros, infinities and NaN columns (n = 33 takes torch.median itself)."""
+    g = torch.Generator().manual_seed(n)
+    rows = [torch.randn(5000, generator=g) for _ in range(n)]
+    for r in rows:  # ties and special values in some coordinates
+        r[:100] = torch.randint(-2, 3, (100,), generator=g).float()
+        r[100:110] = -0.0
+        r[110] = float("inf")
+        r[111] = -float("inf")
+    rows[0][120] = float("nan")
+    rows[-1][121] = float("nan")
+    want = torch.stack(rows).median(dim=0).values
+    got = coordinate_median(rows)
+    assert torch.equal(got.isnan(), want.isnan()) and bool(got[120].isnan())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+    assert all(r is not got for r in rows)
 
 
 def test_shard_bounds_cover_everything() -> None:
