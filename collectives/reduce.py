@@ -112,6 +112,8 @@ def coordinate_median(rows: list[torch.Tensor]) -> torch.Tensor:
     column is NaN, as with torch.median."""
     if not rows:
         raise ValueError("no rows")
+    if len(rows) == 1:
+        return rows[0].clone()
     if len(rows) > NETWORK_MAX_ROWS:
         return torch.stack(rows).median(dim=0).values
     r = list(rows)
@@ -119,7 +121,7 @@ def coordinate_median(rows: list[torch.Tensor]) -> torch.Tensor:
     for rnd in range(n):  # after n rounds of odd-even transposition the rows are sorted
         for i in range(rnd % 2, n - 1, 2):
             r[i], r[i + 1] = torch.minimum(r[i], r[i + 1]), torch.maximum(r[i], r[i + 1])
-    return r[(n - 1) // 2].clone() if n == 1 else r[(n - 1) // 2]
+    return r[(n - 1) // 2]  # a new tensor: every row took part in an exchange
 
 
 def norm_limit(norms: dict[str, float], *, own: str | None, ref_rms: float, numel: int,

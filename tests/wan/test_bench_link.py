@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,10 +17,9 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"),
     reason="the bench's link needs root, ip and tc")
 
-SERVER = "import socket,sys,time;s=socket.socket();s.bind((sys.argv[1],7001));s.listen(1);" \
-         "c,_=s.accept();time.sleep(30)"
-CLIENT = "import socket,sys,time;c=socket.create_connection((sys.argv[1],7001));c.send(b'x');" \
+CLIENT = "import socket,sys,time;c=socket.create_connection((sys.argv[1],int(sys.argv[2])));" \
          "time.sleep(30)"
+"""Holds one connection to the bench's raw TCP server (``cb.RAW_SERVER``: prints its port)."""
 
 
 def _connection_cc(ns: str) -> str:
@@ -40,27 +40,25 @@ def prefix(monkeypatch):
 def test_cc_is_the_congestion_control_of_tcp_through_the_link(prefix, cc):
     ns = cb.netns_up(2, cc)
     assert cb.congestion_control(ns) == cc
-    procs = [subprocess.Popen(["ip", "netns", "exec", ns[1], sys.executable, "-c", SERVER,
-                               f"{cb.SUBNET}.2"])]
+    server = subprocess.Popen(["ip", "netns", "exec", ns[1], sys.executable, "-c", cb.RAW_SERVER,
+                               f"{cb.SUBNET}.2"], stdout=subprocess.PIPE, text=True)
+    procs = [server]
     try:
-        for _ in range(50):  # until the server listens
-            if subprocess.run(["ip", "netns", "exec", ns[1], "ss", "-tlnH", "sport", "7001"],
-                              capture_output=True, text=True).stdout.strip():
-                break
-            subprocess.run(["sleep", "0.1"])
+        port = server.stdout.readline().strip()  # printed once it listens
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns[0], sys.executable, "-c",
-                                       CLIENT, f"{cb.SUBNET}.2"]))
+                                       CLIENT, f"{cb.SUBNET}.2", port]))
         seen = ""
         for _ in range(50):
             seen = _connection_cc(ns[0])
             if seen:
                 break
-            subprocess.run(["sleep", "0.1"])
+            time.sleep(0.1)
         assert seen == cc
     finally:
         for p in procs:
             p.kill()
             p.wait()
+        server.stdout.close()
 
 
 def test_without_cc_the_row_reports_the_hosts_default(prefix):
