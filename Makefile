@@ -1,21 +1,35 @@
 # Two entry points (README): `make demo` runs a local swarm, `make test` runs the suite.
-# Both create .venv and install what they need. On a CPU machine torch==2.13.0 resolves to
-# the CPU build; if torch is already in .venv (e.g. a CUDA build you installed), it is kept.
+# Both create .venv and install exactly the versions in deploy/constraints.txt (what the suite
+# passed with; the image installs the same file). torch stays the user's choice: on a CPU
+# machine torch==2.13.0 resolves to the CPU build; if torch is already in .venv (e.g. a CUDA
+# build you installed), it is kept.
+#
+# `make pins` is the one way to move to newer releases: a scratch venv with the newest
+# releases pyproject.toml allows, the whole suite on it, and only if it passes, a new
+# deploy/constraints.txt (review the diff, commit it).
 PY ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 NODES ?= 3
 ROUNDS ?= 5
+CONSTRAINTS := deploy/constraints.txt
+PINS_VENV ?= .venv-pins
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo pins clean python-check
+
+# The Python versions the pins were made and the suite passed on (README "Two commands").
+python-check:
+	@$(PY) deploy/python_check.py
 
 $(BIN)/python:
+	@$(PY) deploy/python_check.py
 	$(PY) -m venv $(VENV)
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
+	@$(BIN)/python deploy/python_check.py
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH)"
-	$(BIN)/pip install -e ".[test]"
+	$(BIN)/pip install -c $(CONSTRAINTS) -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -26,5 +40,8 @@ test: setup
 demo: setup
 	$(BIN)/swarm-node local --nodes $(NODES) --rounds $(ROUNDS) --report swarm-report.json
 
+pins:
+	PY=$(PY) TORCH="$(TORCH)" PINS_VENV=$(PINS_VENV) bash deploy/refresh_pins.sh
+
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(PINS_VENV) *.egg-info
