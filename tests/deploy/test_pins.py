@@ -89,3 +89,19 @@ def test_make_accepts_the_tested_python():
     out = subprocess.run(["make", "-s", "python-check", f"PY={sys.executable}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_make_setup_installs_through_the_pins(tmp_path):
+    # what `make setup` would run in a fresh venv (-n: print, run nothing; -B: as if new)
+    out = subprocess.run(["make", "-n", "-B", "setup", f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    installs = [line for line in out.stdout.splitlines() if "pip install" in line]
+    project = [line for line in installs if '-e ".[test]"' in line]
+    assert project and all("-c deploy/constraints.txt" in line for line in project), installs
+
+
+def test_the_image_installs_through_the_same_pins():
+    text = (DEPLOY / "Dockerfile").read_text()
+    project = [line for line in text.splitlines() if "pip install" in line and "/src" in line]
+    assert project and all("-c deploy/constraints.txt" in line for line in project), project
