@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 from concurrent.futures import Future
@@ -45,6 +46,33 @@ async def _ping_peers(_dht: DHT, node: Any, peers: list[str]) -> list[str]:
                                      for p in peers), return_exceptions=True)
     return [p for p, r in zip(peers, results)
             if r is not None and not isinstance(r, BaseException)]
+
+
+class _ParentBoundDHT(DHT):
+    """hivemind's DHT process (a fork of ours) that dies with us.
+
+    The fork inherits our Python signal handlers: the learner's SIGTERM handler only sets a
+    stop flag, here in a copy nobody reads, so ``terminate()`` never stopped it and
+    multiprocessing's exit-time join hung the learner forever. And nothing ended it when we
+    died: it holds copies of our pipes, so it never sees them close. A parent-death signal
+    cannot do it: that fires when the *thread* that forked exits, and DHTs are (re)started
+    from whichever thread needs one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._parent_pid = os.getpid()
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        threading.Thread(target=self._exit_with_parent, name="dht-parent-watch",
+                         daemon=True).start()
+        super().run()
+
+    def _exit_with_parent(self, poll_s: float = 0.5) -> None:
+        while os.getppid() == self._parent_pid:
+            time.sleep(poll_s)
+        logger.warning("DHT process: its parent (pid %d) is gone; exiting", self._parent_pid)
+        os._exit(1)
 
 
 class _All:
@@ -124,7 +152,7 @@ class Transport:
             auto_nat=False, nat_port_map=False, use_relay=False)
 
     def _start_dht(self, initial_peers: list[str]) -> None:
-        dht = DHT(initial_peers=initial_peers or None, start=False, p2p=self.p2p)
+        dht = _ParentBoundDHT(initial_peers=initial_peers or None, start=False, p2p=self.p2p)
         try:  # bounded: a DHT child SIGKILLed inside hivemind's MPFuture lock blocks forever
             dht.run_in_background(await_ready=True, timeout=self.config.startup_timeout_s)
         except Exception as e:

@@ -23,16 +23,63 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+SUPERVISOR_ENV = "SWARM_NODE_SUPERVISOR_PID"
+"""Set in every child's environment: the pid of the process that started it. A child whose
+parent is no longer that pid is an orphan (``watch_parent``, node.locks)."""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    """Linux: SIGTERM the child when the supervisor dies, even by SIGKILL."""
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn``: Linux sends the child ``sig`` when its parent (us) dies, even by
+    SIGKILL. ``prctl`` is looked up here, in the parent: the forked child of a threaded
+    process should do as little as it can before exec.
+
+    Caveats: the signal comes when the parent *thread* that started the child exits, so start
+    children that use it from a thread that lives as long as the process (the main thread);
+    and the parent may have died before prctl ran, so the child checks it still is ours."""
+    parent = os.getpid()
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass  # not Linux: children notice the closed pipe / socket instead
+        prctl = None  # not Linux: children notice the closed pipe / socket instead
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # died before prctl: no signal will come
+            os._exit(1)
+
+    return preexec
+
+
+def supervisor_pid() -> int:
+    """In a child: the pid of the supervisor that started it (its parent when it started)."""
+    try:
+        return int(os.environ[SUPERVISOR_ENV])
+    except (KeyError, ValueError):
+        return os.getppid()
+
+
+def watch_parent(parent: int, *, on_gone: Callable[[str], None],
+                 broken: Callable[[], bool] = lambda: False, poll_s: float = 0.5) -> threading.Thread:
+    """Call ``on_gone(reason)`` once, from a daemon thread, when ``parent`` is no longer our
+    parent (it died and we were re-parented) or ``broken()`` says the pipe to it is closed.
+    A second line besides the parent-death signal, which a busy child may only note."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                on_gone(f"the supervisor (pid {parent}) is gone")
+                return
+            if broken():
+                on_gone(f"the pipe to the supervisor (pid {parent}) is closed")
+                return
+            time.sleep(poll_s)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,11 +105,12 @@ class Child:
     def start(self) -> None:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[SUPERVISOR_ENV] = str(os.getpid())
         stderr = subprocess.PIPE if self.stderr_sink is not None else None
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=stderr,
                                      stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True,  # our signals are ours to forward
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent())
         self._reader = threading.Thread(target=self._read, args=(self.proc,),
                                         name=f"{self.name}-stdout", daemon=True)
         self._reader.start()
@@ -136,6 +184,26 @@ class Child:
         while self.crashes and self.crashes[0] < now - window_s:
             self.crashes.popleft()
         return len(self.crashes)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (Linux /proc; [] elsewhere)."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            out.append(int(entry))
+    return out
 
 
 def kill_group(pgid: int) -> None:

@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from node.child import die_with_parent
 from node.learner.config import VerifyConfig
 from protocol.errors import ProtocolError
 from protocol.limits import Limits, packb, unpackb
@@ -66,7 +67,10 @@ class _Worker:
             argv.append("--preload-rgym")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env={**os.environ, **_ENV_THREADS}, close_fds=True,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     # it dies with the learner; started from the training
+                                     # thread, which lives as long as the learner does
+                                     preexec_fn=die_with_parent(signal.SIGKILL))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.fd_in = self.proc.stdin.fileno()
         self.fd_out = self.proc.stdout.fileno()

@@ -34,14 +34,16 @@ class Bootstrap:
 
 
 def join(data_dir: Path, bootstrap: str, swarm_id: str, *args: str,
-         env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+         env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen[bytes]:
+    """``new_session``: the node leads its own process group (a test may killpg it)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "SWARM_NODE_DEVICE": "cpu", **(env or {})}
     with open(data_dir / "node.log", "ab") as log:  # the child keeps its own copy
         return subprocess.Popen(
             cli("join", "--bootstrap", bootstrap, "--listen", "/ip4/127.0.0.1/tcp/0",
                 "--data-dir", str(data_dir), "--swarm-id", swarm_id, "--plain", *args),
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=full_env)
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=full_env,
+            start_new_session=new_session)
 
 
 def status(data_dir: Path) -> dict:
