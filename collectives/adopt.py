@@ -32,7 +32,7 @@ MAX_HOPS = 64
 
 def _step_rms(state: OuterState, mu: float) -> float:
     """Root mean square of the recent outer steps' mean delta, read from the momentum
-    (m <- mu m + g: (1 - mu) m is a running average of g)."""
+    (m <- mu m + g: (1 - mu) m is a running average of g; with mu 0, the last g)."""
     m = state.momentum
     if not m.numel():
         return 0.0

@@ -195,13 +195,7 @@ class Attempt(LoopParts):
                 rec["status"] = "minority"
                 rec["error"] = "too few of the current version's contributors took part"
             else:
-                with self._lock:  # the old state is the one to roll back to; the new θ
-                    # and the shift go into the buffers of delta and avg, dead from here on
-                    pre = self._state
-                    new = landing.state() if landing.base is pre else None
-                    self._state = new or pre.stepped(avg, lr=cfg.outer_lr,
-                                                     momentum=cfg.outer_momentum, out=delta)
-                    self._rebase(onto=self._state.theta, base=snapshot, out=avg)
+                pre = self._apply(landing, avg, snapshot, out=delta)
                 rec["status"] = "ok"
         finally:  # record what the exchange did, also when it failed
             s = self._ar.session
@@ -231,3 +225,19 @@ class Attempt(LoopParts):
         expect = (set(members) - s.suspects) & voters
         self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members, nonce=s.nonce,
                         until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
+
+    def _apply(self, landing: Landing, avg: torch.Tensor, snapshot: torch.Tensor, *,
+               out: torch.Tensor) -> OuterState:
+        """Apply the group's average: θ_global takes the outer step (as landed, or stepped
+        now if our state changed since the landing began) and our params are rebased onto
+        it (params <- θ_new + (params − snapshot), through the attempt's shift). Returns the
+        state before, the one to roll back to. The new θ and the shift go into the buffers
+        of ``out`` (our delta) and ``avg``, dead from here on."""
+        cfg = self.config
+        with self._lock:
+            pre = self._state
+            new = landing.state() if landing.base is pre else None
+            self._state = new or pre.stepped(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                                             out=out)
+            self._rebase(onto=self._state.theta, base=snapshot, out=avg)
+        return pre

@@ -14,10 +14,16 @@ class OuterConfig:
 
     every_rounds: int = 10
     """H: an outer step is attempted after every H inner rounds."""
-    outer_lr: float = 0.7
-    """Learning rate of the outer Nesterov SGD."""
-    outer_momentum: float = 0.9
-    """Nesterov momentum of the outer SGD (0 disables momentum)."""
+    outer_lr: float = 1.0
+    """Learning rate of the outer Nesterov SGD. With ``outer_momentum`` 0, lr 1 is the plain
+    mean: every member ends at the (robust, weighted) mean of the members' params."""
+    outer_momentum: float = 0.0
+    """Nesterov momentum of the outer SGD (0 disables momentum). Off by default (issue 29):
+    DiLoCo's 0.9 (with lr 0.7) is tuned for pre-training with ~500 inner steps per outer
+    step. Between our steps (a few GRPO steps) consecutive averaged pseudo-gradients point
+    the same way (cosine 0.74-0.97 measured), so momentum multiplies every step by up to
+    lr/(1-mu) = 7 and keeps pushing after the signal is gone: the embedded model collapsed
+    to accuracy 0 (bench/outer_learning.py). Worth trying only with H in the hundreds."""
     compression: str = "fp16"
     """Codec on the wire: "none" (fp32), "fp16" or "int8" (blockwise absmax)."""
     deadline_s: float = 30.0

@@ -38,7 +38,7 @@ class Landing:
             raise ValueError(f"average of {avg.numel()} values for a state of {n}")
         self.base, self.avg, self.lr, self.mu = base, avg, lr, momentum
         self.theta = torch.empty_like(base.theta)
-        self.momentum = torch.empty_like(base.momentum) if momentum > 0 else base.momentum
+        self.momentum = torch.empty_like(base.momentum)
         self._nblocks = -(-n // HASH_BLOCK)
         self._missing = [min(HASH_BLOCK, n - b * HASH_BLOCK) for b in range(self._nblocks)]
         """Block -> values not landed yet (first landings only)."""
@@ -57,7 +57,8 @@ class Landing:
         if self.mu > 0:  # the ops of OuterState.stepped, on a slice
             m = torch.mul(self.base.momentum[lo:hi], self.mu, out=self.momentum[lo:hi]).add_(g)
             update = torch.mul(m, self.mu, out=theta).add_(g)
-        else:
+        else:  # m = 0 m + g (state.py)
+            self.momentum[lo:hi].copy_(g)
             update = theta.copy_(g)
         update.mul_(self.lr)
         torch.sub(self.base.theta[lo:hi], update, out=update)

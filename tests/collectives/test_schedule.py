@@ -106,9 +106,9 @@ def test_the_period_holds_a_window_and_the_last_exchange() -> None:
     assert Clock.pending(c.code(pending=True)) and not Clock.finished(1 + 2 + 32 * 2)
 
 
-def _loop(params: list[torch.nn.Parameter]) -> OuterLoop:
+def _loop(params: list[torch.nn.Parameter], config: OuterConfig | None = None) -> OuterLoop:
     loop = object.__new__(OuterLoop)  # only the param bookkeeping: no transport
-    loop.config, loop._lock, loop._params = OuterConfig(), threading.Lock(), params
+    loop.config, loop._lock, loop._params = config or OuterConfig(), threading.Lock(), params
     theta = flatten(params)
     loop._state = OuterState(theta=theta, momentum=torch.zeros_like(theta))
     loop._rounds_pending, loop._discarded_rounds, loop._work = 0, 0, None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from collectives import OuterConfig
+
 from tests.collectives.harness import Swarm, reference_theta
 
 pytestmark = pytest.mark.slow
-LR, MU = 0.7, 0.9
+LR, MU = OuterConfig().outer_lr, OuterConfig().outer_momentum  # what the workers run
 
 
 def _check_reference(swarm: Swarm, names: list[str], steps: range, rel_tol: float) -> None:

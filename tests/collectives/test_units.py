@@ -318,8 +318,13 @@ def test_a_member_that_trained_little_accepts_an_honest_mean_not_a_blown_up_one(
     own = mean * 1e-3  # we trained a round or two since we rebased
     assert ar._check_shard(mean, own)[0] == "norm"  # the own norm alone fails it
     state = OuterState(theta=torch.zeros(5000), momentum=mean * 10)  # m ~ g / (1 - mu)
-    rms = _step_rms(state, OuterConfig().outer_momentum)
+    rms = _step_rms(state, 0.9)
     assert rms == pytest.approx(float(mean.norm()) / math.sqrt(5000), rel=1e-5)
+    # no momentum (the default): the state's buffer is the last average itself
+    plain = OuterState(theta=torch.zeros(5000), momentum=torch.zeros(5000)).stepped(
+        mean, lr=1.0, momentum=0.0)
+    assert torch.equal(plain.momentum, mean)
+    assert _step_rms(plain, 0.0) == pytest.approx(rms, rel=1e-5)
     assert ar._check_shard(mean, own, rms) == (None, pytest.approx(float(mean.norm())))
     assert ar._check_shard(mean * 11, own, rms)[0] == "norm"  # still bounded
     assert ar._check_shard(mean[:100], own[:100], rms)[0] is None  # scaled to the length
