@@ -93,6 +93,8 @@ class Transport:
         self._dht: DHT | None = None
         self._dht_known: set[str] = set()
         try:
+            if config.slow_start_for_tests_s:
+                time.sleep(config.slow_start_for_tests_s)
             self.p2p: P2P = self.run(self._create_p2p(), config.startup_timeout_s + 5)
             if self.p2p.peer_id.to_base58() != self.peer_id:
                 raise TransportError("p2pd peer id differs from the node identity")
