@@ -4,6 +4,9 @@ Public surface::
 
     loop = OuterLoop(OuterConfig(...), identity=..., group=fingerprint, params=model,
                      data_dir=..., discover=lambda: [maddr, ...])
+                                     # starts p2pd and the DHT; or off the training thread:
+    startup = Startup(lambda abort: OuterLoop(..., abort=abort))
+    loop = startup.take()            # None until it is up; startup.cancel(timeout=...) leaves
     loop.collective_addrs()          # announce these
     loop.after_round(round)          # after every inner round; never blocks: steps meet on
                                      # the clock (schedule.py) and run in the background;
@@ -21,15 +24,18 @@ bit-parity: ``exchange`` on the member side, ``reducer`` on the reducer side);
 ``consistency`` (signed commits, canonical state); ``schedule`` (the clock: when to meet);
 ``adopt`` (catch-up, state fetches); ``commit`` (vote, commit); ``join`` (the group
 read); ``attempt`` (one attempt, rendezvous to commit); ``background`` (attempts off the
-training thread, rebases); ``finish`` (the last step); ``loop`` (OuterLoop).
+training thread, rebases); ``finish`` (the last step); ``loop`` (OuterLoop); ``start`` (a
+loop built off the training thread, abandonable).
 """
 
 from __future__ import annotations
 
 from collectives.codec import CODECS, Codec, get_codec
 from collectives.config import OuterConfig
-from collectives.errors import CollectiveError, StepFailed, SyncError, TransportError
+from collectives.errors import (CollectiveError, StartCancelled, StepFailed, SyncError,
+                                TransportError)
 from collectives.loop import OuterLoop
+from collectives.start import Startup
 
-__all__ = ["OuterConfig", "OuterLoop", "Codec", "CODECS", "get_codec", "CollectiveError",
-           "StepFailed", "SyncError", "TransportError"]
+__all__ = ["OuterConfig", "OuterLoop", "Startup", "Codec", "CODECS", "get_codec",
+           "CollectiveError", "StartCancelled", "StepFailed", "SyncError", "TransportError"]

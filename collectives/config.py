@@ -80,6 +80,10 @@ class OuterConfig:
     """Timeout of one DHT call."""
     startup_timeout_s: float = 30.0
     """Timeout for p2pd and the DHT to start."""
+    slow_start_for_tests_s: float = 0.0
+    """Test knob (0 in production): the transport waits this long before it starts p2pd,
+    emulating a host too loaded to bring the collective up quickly (seen: ~110 s on a busy
+    2-core box), so that tests can stop a node while its collective is starting."""
     swarm_id: str = "swarm-node"
     """Swarm id that signed commits are sealed for (see protocol.seal)."""
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
@@ -124,6 +128,8 @@ class OuterConfig:
             raise ValueError("dht_min_interval_s must be >= 0 and dht_timeout_s > 0")
         if not self.startup_timeout_s > 0:
             raise ValueError("startup_timeout_s must be > 0")
+        if not (0 <= self.slow_start_for_tests_s <= 3600):
+            raise ValueError("slow_start_for_tests_s must be in [0, 3600]")
         if not 0 < len(self.swarm_id) <= 64:
             raise ValueError("swarm_id must be 1..64 characters")
         if not self.host_maddrs:

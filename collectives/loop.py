@@ -106,6 +106,10 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
     ``genesis``: θ of version 0, flat fp32 — the base model every peer of the group starts
     from (default: the params now; pass the base weights when the loop is created after the
     first inner rounds, or every node's genesis differs and none can group with another).
+
+    Construction starts p2pd and the DHT (``Transport``): seconds, up to minutes on a loaded
+    host. ``abort`` set by another thread abandons it (``StartCancelled``, nothing left
+    running); ``start.Startup`` builds a loop that way off the training thread.
     """
 
     def __init__(self, config: OuterConfig, *, identity: Identity, group: str,
@@ -114,7 +118,8 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
                  trust: Callable[[str], bool] = _trust_nobody,
                  genesis: torch.Tensor | None = None,
                  on_stage: Callable[[str], None] | None = None,
-                 now: Callable[[], float] = _dht_time) -> None:
+                 now: Callable[[], float] = _dht_time,
+                 abort: threading.Event | None = None) -> None:
         if not group:
             raise ValueError("group must be a non-empty string")
         self.config = config
@@ -161,10 +166,14 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         self._cache_lock = threading.Lock()
         gid = hashlib.sha256(group.encode()).hexdigest()[:24]
         self._transport = Transport(config, identity=identity, data_dir=data_dir,
-                                    initial_peers=self._safe_discover())
-        self._ar = AllReduce(self._transport.p2p, config, get_codec(config.compression),
-                             peer_id=self.peer_id, gid=gid, state_provider=self._serve_state)
-        self._transport.run(self._ar.start(), 10)
+                                    initial_peers=self._safe_discover(), abort=abort)
+        try:
+            self._ar = AllReduce(self._transport.p2p, config, get_codec(config.compression),
+                                 peer_id=self.peer_id, gid=gid, state_provider=self._serve_state)
+            self._transport.run(self._ar.start(), 10)
+        except BaseException:
+            self._transport.close()  # its p2pd and DHT would outlive us
+            raise
         self._book = CommitBook(identity=identity, group=group, gid=gid,
                                 swarm_id=config.swarm_id)
         self._gid = gid
@@ -185,6 +194,14 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
     def in_flight(self) -> bool:
         """Whether an attempt runs in the background."""
         return self._pending is not None
+
+    def count_rounds(self, rounds: int) -> None:
+        """Count ``rounds`` inner rounds trained before this loop was up (call on the thread
+        that trains, before its first ``after_round``): the delta from genesis holds them,
+        so they weigh in our next contribution like rounds counted by ``after_round``."""
+        if rounds < 0:
+            raise ValueError(f"rounds must be >= 0, got {rounds}")
+        self._rounds_pending += rounds
 
     def after_round(self, round: int, *, seconds: float | None = None,
                     weight: float | None = None) -> dict[str, Any] | None:

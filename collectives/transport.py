@@ -24,7 +24,7 @@ from multiaddr import Multiaddr
 
 from collectives._hivemind import DHT, P2P, PeerID, get_dht_time
 from collectives.config import OuterConfig
-from collectives.errors import TransportError
+from collectives.errors import StartCancelled, TransportError
 from protocol import Identity, atomic_write_bytes
 
 __all__ = ["Transport", "sanitize_maddrs"]
@@ -38,6 +38,11 @@ phases end in a DHT call each (head read, join store then read, vote store then 
 commit store): with one call per interval strictly, every phase waited 0.05 s for the one
 before it (vote and commit phases of 0.055 s at 100M values, of which the store took a few
 ms); polling loops still run at the interval once the burst is spent."""
+
+ABORT_POLL_S = 0.1
+"""How often a start looks at its ``abort`` event while it waits (p2pd, probes, the DHT)."""
+CLEANUP_S = 5.0
+"""What ending a half-started p2pd or DHT process may take before it is killed."""
 
 
 async def _ping_peers(_dht: DHT, node: Any, peers: list[str]) -> list[str]:
@@ -86,6 +91,18 @@ class _All:
         return [f.result(timeout=max(0.0, end - time.monotonic())) for f in self.futs]
 
 
+async def _end_p2pd(p2p: P2P) -> None:
+    """Stop a p2pd that a cut-short start spawned (SIGTERM, then SIGKILL after CLEANUP_S)."""
+    try:
+        await asyncio.wait_for(p2p.shutdown(), CLEANUP_S)
+    except Exception as e:  # noqa: BLE001 - it ignored SIGTERM or was never spawned
+        child = getattr(p2p, "_child", None)
+        if child is not None and child.returncode is None:
+            logger.warning("p2pd (pid %s) ignored SIGTERM: killing it (%s)", child.pid, e)
+            child.kill()
+            await asyncio.wait_for(child.wait(), CLEANUP_S)
+
+
 def sanitize_maddrs(maddrs: list[str]) -> list[str]:
     """The entries that parse as multiaddrs ending in a valid /p2p/<peer id>; others logged."""
     out = []
@@ -103,8 +120,12 @@ class Transport:
     """Owns the asyncio thread, the P2P daemon and the DHT of one node."""
 
     def __init__(self, config: OuterConfig, *, identity: Identity, data_dir: str,
-                 initial_peers: list[str]) -> None:
+                 initial_peers: list[str], abort: threading.Event | None = None) -> None:
+        """Start p2pd, probe ``initial_peers``, start the DHT. ``abort`` set (by another
+        thread) abandons the start within about ``ABORT_POLL_S`` of every wait: what was
+        started is closed and ``StartCancelled`` raised (a p2pd cut short mid-start too)."""
         self.config = config
+        self._abort = abort if abort is not None else threading.Event()
         self.peer_id = identity.peer_id
         os.makedirs(data_dir, exist_ok=True)
         self._identity_path = os.path.join(data_dir, IDENTITY_FILE)
@@ -121,10 +142,15 @@ class Transport:
         self._dht: DHT | None = None
         self._dht_known: set[str] = set()
         try:
-            self.p2p: P2P = self.run(self._create_p2p(), config.startup_timeout_s + 5)
+            if self._abort.wait(config.slow_start_for_tests_s):
+                raise StartCancelled("collective start abandoned before p2pd started")
+            self.p2p: P2P = self.run(self._abortable(self._create_p2p, "p2pd start",
+                                                     config.startup_timeout_s + 5),
+                                     config.startup_timeout_s + 5 + CLEANUP_S)
             if self.p2p.peer_id.to_base58() != self.peer_id:
                 raise TransportError("p2pd peer id differs from the node identity")
-            reachable = self.run(self._reachable(initial_peers), 15)
+            reachable = self.run(self._abortable(partial(self._reachable, initial_peers),
+                                                 "reachability probe", 15), 15 + CLEANUP_S)
             try:  # dead bootstrap peers must not stop us: start alone, merge later
                 self._start_dht(reachable)
             except TransportError:
@@ -136,6 +162,23 @@ class Transport:
         except BaseException:
             self.close()
             raise
+        self._abort = threading.Event()  # started: later DHT restarts are not abandoned
+
+    async def _abortable(self, make: Callable[[], Awaitable[T]], what: str,
+                         timeout: float) -> T:
+        """Await ``make()`` as a task: cancelled (and awaited, so that its own cleanup runs)
+        when ``abort`` is set (``StartCancelled``) or after ``timeout`` s (TimeoutError)."""
+        task = asyncio.ensure_future(make())
+        deadline = self._loop.time() + timeout
+        while not task.done():
+            if self._abort.is_set() or self._loop.time() >= deadline:
+                task.cancel()
+                await asyncio.wait({task})  # its cleanup (a p2pd cut short is ended) ran
+                if self._abort.is_set():
+                    raise StartCancelled(f"collective start abandoned during the {what}")
+                raise TimeoutError(f"the {what} took over {timeout:.0f} s")
+            await asyncio.wait({task}, timeout=ABORT_POLL_S)
+        return task.result()
 
     async def _create_p2p(self) -> P2P:
         cfg = self.config
@@ -145,20 +188,51 @@ class Transport:
         # failed, 0 of 8 without reuse (bench/wan/collectives.py, wan_collectives_run2.json).
         # Our collective never hole-punches (NATed peers are tunnelled, swarm/tunnel.py).
         os.environ.setdefault("LIBP2P_TCP_REUSEPORT", "false")
-        return await P2P.create(
-            host_maddrs=list(cfg.host_maddrs),
-            announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=self._identity_path,
-            startup_timeout=cfg.startup_timeout_s, check_if_identity_free=False,
-            auto_nat=False, nat_port_map=False, use_relay=False)
+        started: list[P2P] = []
+
+        class _Tracked(P2P):
+            """P2P.create makes its instance with ``cls()``: this keeps a handle on it, so
+            that a start cut short (cancelled, or failed after p2pd was spawned) ends its
+            p2pd instead of leaving it to the garbage collector."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                started.append(self)
+
+        try:
+            return await _Tracked.create(
+                host_maddrs=list(cfg.host_maddrs),
+                announce_maddrs=list(cfg.announce_maddrs) or None,
+                identity_path=self._identity_path, startup_timeout=cfg.startup_timeout_s,
+                check_if_identity_free=False, auto_nat=False, nat_port_map=False,
+                use_relay=False)
+        except BaseException:
+            for p2p in started:
+                await _end_p2pd(p2p)
+            raise
 
     def _start_dht(self, initial_peers: list[str]) -> None:
         dht = _ParentBoundDHT(initial_peers=initial_peers or None, start=False, p2p=self.p2p)
         try:  # bounded: a DHT child SIGKILLed inside hivemind's MPFuture lock blocks forever
-            dht.run_in_background(await_ready=True, timeout=self.config.startup_timeout_s)
-        except Exception as e:
+            dht.run_in_background(await_ready=False)
+            deadline = time.monotonic() + self.config.startup_timeout_s
+            while True:
+                if self._abort.is_set():
+                    raise StartCancelled("collective start abandoned during the DHT start")
+                try:
+                    dht.wait_until_ready(timeout=max(0.0, min(ABORT_POLL_S,
+                                                              deadline - time.monotonic())))
+                    break
+                except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
+        except BaseException as e:
             if dht.is_alive():
                 dht.terminate()
-            raise TransportError(f"DHT did not start: {type(e).__name__}: {e}") from e
+                dht.join(CLEANUP_S)
+            if isinstance(e, Exception) and not isinstance(e, StartCancelled):
+                raise TransportError(f"DHT did not start: {type(e).__name__}: {e}") from e
+            raise
         self._dht = dht
 
     # --- asyncio thread -------------------------------------------------------------------

@@ -142,9 +142,19 @@ class AnnouncingBridge:
                               or self.collective_addrs, capabilities=("train", *capabilities))
 
 
+START_WAIT_S = 180.0
+"""How long a run that ended by itself waits for its collective to come up, for its last
+steps (``OuterLoop.finish``): the start took up to ~110 s on a loaded 2-core box."""
+ABANDON_S = 15.0
+"""How long leaving waits for an abandoned collective start to end what it had started
+(``Startup.cancel``); it answers within about a second unless stuck where it starts nothing."""
+
+
 class OuterHook:
-    """``outer(model, round)`` for run_learner: starts the collective lazily (the group is the
-    model fingerprint, known once the learner announced it) and runs its outer steps."""
+    """``outer(model, round)`` for run_learner: starts the collective after the first round
+    (the group is the model fingerprint, known once the learner announced it) on a thread of
+    its own (``collectives.Startup``: p2pd, reachability probes, DHT, genesis weights), never
+    on the training thread; runs its outer steps once it is up."""
 
     def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str,
                  learner_config: Any = None, stop: threading.Event | None = None) -> None:
@@ -156,7 +166,12 @@ class OuterHook:
         self.learner_config = learner_config
         self.loop: Any = None
         self.stop = stop
-        """Set on SIGTERM/SIGINT: cuts the last step's wait for the peers short."""
+        """Set on SIGTERM/SIGINT: cuts the last step's wait for the peers short, and
+        abandons a collective still starting."""
+        self._startup: Any = None
+        """The collective being built (collectives.Startup) until ``loop`` takes it."""
+        self._rounds_waiting = 0
+        """Rounds trained while the collective was starting (they count in its first step)."""
 
     def _genesis(self, model: Any) -> Any:
         """θ of the base model (flat): the outer state's version 0, the same on every node of
@@ -201,20 +216,60 @@ class OuterHook:
             return []
         return [f"/ip4/{host}/tcp/{port}/p2p/{peer_id}"]
 
-    def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:
-        """After every round: never waits for the network. Outer steps start on the clock
-        and run in the background while rounds go on (OuterLoop.after_round); a finished
-        one is applied here, between rounds, and its record returned."""
-        if self.loop is None:
-            from collectives import OuterLoop
-            from protocol import load_or_create_identity
+    def _build(self, model: Any, abort: threading.Event) -> Any:
+        """The outer loop (on the startup thread; ``abort`` set abandons it). Reads the live
+        params only for their count: theta is the genesis weights (the params themselves,
+        read while training moves them, only if those failed to load: a node training alone)."""
+        from collectives import OuterLoop
+        from protocol import load_or_create_identity
 
-            self.loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
-                                  group=self.bridge.model or "unknown", params=model,
-                                  data_dir=self.data_dir, discover=self._discover,
-                                  trust=self.bridge.trusted, genesis=self._genesis(model))
-            self.bridge.collective_addrs = tuple(self.loop.collective_addrs())
-            self.bridge.announce(model=self.bridge.model or "unknown")
+        genesis = self._genesis(model)
+        loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
+                         group=self.bridge.model or "unknown", params=model,
+                         data_dir=self.data_dir, discover=self._discover,
+                         trust=self.bridge.trusted, genesis=genesis, abort=abort)
+        loop.collective_addrs()  # asked once (cached) here: announcing it then costs nothing
+        return loop
+
+    def _started(self, model: Any) -> Any:
+        """The loop once the collective is up (adopted and announced here, on the training
+        thread: the bridge's announcement state belongs to it); None while it starts. The
+        first call starts it; a start that failed raises here, as it did when it ran inline."""
+        if self.loop is not None:
+            return self.loop
+        if self._startup is None:
+            from functools import partial
+
+            from collectives import Startup
+
+            log.info("peer %s: starting the collective in the background",
+                     self.bridge.peer_id[:16])
+            self._startup = Startup(partial(self._build, model))
+        loop = self._startup.take()
+        if loop is None:
+            self._rounds_waiting += 1  # trained without the loop; counted once it is up
+            return None
+        self._adopt(loop)
+        return loop
+
+    def _adopt(self, loop: Any) -> None:
+        loop.count_rounds(self._rounds_waiting)
+        self.loop = loop
+        self.bridge.collective_addrs = tuple(loop.collective_addrs())
+        self.bridge.announce(model=self.bridge.model or "unknown")
+        log.info("peer %s: collective up after %.1f s (%d rounds trained meanwhile): %s",
+                 self.bridge.peer_id[:16], self._startup.seconds or 0.0, self._rounds_waiting,
+                 ", ".join(self.bridge.collective_addrs))
+
+    def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:
+        """After every round: never waits for the network. The collective starts in the
+        background (``_started``); once it is up, outer steps start on the clock and run in
+        the background while rounds go on (OuterLoop.after_round); a finished one is applied
+        here, between rounds, and its record returned."""
+        if self.stop is not None and self.stop.is_set() and self.loop is None:
+            return None  # leaving: close() abandons a collective still starting
+        if self._started(model) is None:
+            return None
         if self.stop is not None and self.stop.is_set():
             # leaving (SIGTERM): collect a step that finished, start none. Seen: a node
             # whose last round ended as the signal came started an attempt at the next
@@ -231,7 +286,11 @@ class OuterHook:
         run ended by itself, not by a signal) the last steps (``OuterLoop.finish``: it keeps
         attending the meetings of the peers still training until they all ended too, steps
         with them and serves the result, bounded by ``final_wait_s``), so the swarm ends at
-        one state; then leave (telling finished peers not to wait for us)."""
+        one state; then leave (telling finished peers not to wait for us). A collective
+        still starting is abandoned (SIGTERM) or, with ``final_step``, waited for (at most
+        START_WAIT_S) for those last steps."""
+        if self.loop is None and self._startup is not None:
+            self._finish_start(final_step=final_step)
         if self.loop is None:
             return
         try:
@@ -244,6 +303,28 @@ class OuterHook:
         except Exception as e:  # noqa: BLE001 - leaving anyway
             log.warning("outer step at exit: %s", e)
         self.loop.close()
+
+    def _finish_start(self, *, final_step: bool) -> None:
+        """Take the loop still starting (the run ended by itself) or abandon it."""
+        stopped = self.stop.is_set if self.stop is not None else (lambda: False)
+        if final_step:
+            deadline = time.monotonic() + START_WAIT_S
+            while not self._startup.wait(0.2) and not stopped() \
+                    and time.monotonic() < deadline:
+                pass
+            if self._startup.done() and not stopped():
+                try:
+                    loop = self._startup.take()
+                except Exception as e:  # noqa: BLE001 - leaving anyway
+                    log.warning("the collective did not start: %s", e)
+                    return
+                if loop is not None:
+                    self._adopt(loop)
+                    return
+        t0 = time.monotonic()
+        ended = self._startup.cancel(timeout=ABANDON_S)
+        log.info("collective start abandoned in %.1f s%s", time.monotonic() - t0,
+                 "" if ended else " (its thread is still in a part that starts nothing)")
 
 
 def main(argv: list[str] | None = None) -> int:

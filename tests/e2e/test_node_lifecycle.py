@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from datetime import datetime
 
@@ -197,6 +198,65 @@ def test_sigterm_leaves_cleanly_within_a_bounded_time(tmp_path, bootstrap):
     report = json.loads((node / "r.json").read_text())
     assert report["status"] == "stopped" and len(report["rounds"]) >= 1
     assert status(node)["phase"] == "stopped"
+
+
+STOP_DURING_START_S = 30.0
+"""How long a node may take to leave when SIGTERM lands while its collective starts: the
+round in progress, the final checkpoint, the swarm process (about 5 s on an idle box). A
+learner that waited for the start took the supervisor's whole 60 s stop budget and was killed
+before it checkpointed."""
+
+
+def _processes_of(data_dir) -> list[str]:
+    """Live processes whose command line names ``data_dir`` (the node's children, hivemind's
+    DHT fork, p2pd: its -id is the data dir's hivemind_identity.key)."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{d}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, ValueError, IndexError):
+            continue
+        if str(data_dir) in cmd and not zombie:
+            found.append(f"{d}: {cmd[:200]}")
+    return found
+
+
+def test_sigterm_while_the_collective_starts_checkpoints_and_leaves_promptly(tmp_path, bootstrap):
+    """Issue 28: the learner starts its collective (p2pd, DHT, reachability, genesis) after
+    the first round; a SIGTERM during that start must not wait for it."""
+    node = tmp_path / "node"
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("[outer]\nslow_start_for_tests_s = 300.0\n")  # the start lasts 5 minutes
+    p = join(node, bootstrap.addr, SWARM, "--report", str(node / "r.json"), "--config", str(cfg))
+    try:
+        # round 0 reported: the learner is now starting its collective
+        wait_for(lambda: status(node).get("round") is not None, timeout_s=300, poll_s=0.1,
+                 what="a first round")
+        started = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=STOP_DURING_START_S)
+        except subprocess.TimeoutExpired:
+            rc = p.wait(timeout=120)  # let it leave (the supervisor kills at 60 s), then fail
+            pytest.fail(f"the node took {time.monotonic() - started:.0f} s to stop (exit {rc}), "
+                        f"over {STOP_DURING_START_S:.0f} s:\n{log_tail(node)}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    took = time.monotonic() - started
+    assert rc == 0, log_tail(node)
+    report = json.loads((node / "r.json").read_text())
+    assert report["status"] == "stopped" and report["rounds"], report.get("status")
+    last = report["rounds"][-1]["round"]  # the final checkpoint holds every trained round
+    assert (node / "checkpoints" / f"round-{last + 1:08d}").is_dir(), \
+        (last, sorted(d.name for d in (node / "checkpoints").iterdir()), log_tail(node))
+    wait_for(lambda: not _processes_of(node), timeout_s=15,
+             what=f"the node's processes to exit: {_processes_of(node)}")
+    print(f"stopped {took:.1f} s after SIGTERM, {len(report['rounds'])} rounds")
 
 
 def test_unknown_model_stops_the_node_with_a_clear_error(tmp_path, bootstrap):
