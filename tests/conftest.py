@@ -91,3 +91,18 @@ def no_p2pd_survives_the_session():
                               for p, (pp, argv) in sorted({**orphans, **left}.items()))
             pytest.fail(f"{len(left)} p2pd of this test session outlived it by {GRACE_S:.0f} s "
                         f"(killed now, with this session's orphans):\n{lines}", pytrace=False)
+
+
+IMAGE_TEST = "tests/deploy/test_image_build.py::"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the image test's build (tools, base image, wheelhouse, `podman build`: minutes,
+    mostly downloads and a niced build) now, on a thread, when that test is selected: it then
+    overlaps the tests that run before it instead of adding its whole length to the suite."""
+    if session.config.option.collectonly:
+        return
+    if any(item.nodeid.startswith(IMAGE_TEST) for item in session.items):
+        from tests.deploy.podman import IMAGE_BUILD
+
+        IMAGE_BUILD.start()

@@ -18,11 +18,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
-__all__ = ["CONTAINERS_CONF", "Podman", "ensure_tools", "base_image", "build_context",
-           "wheelhouse"]
+__all__ = ["CONTAINERS_CONF", "IMAGE_BUILD", "ImageBuild", "Podman", "Unavailable",
+           "base_image", "build_context", "ensure_tools", "prepare_image", "wheelhouse"]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -198,3 +200,104 @@ def read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+class Unavailable(Exception):
+    """The image cannot be built here (not root, no Python 3.11, tools missing): skip."""
+
+
+def prepare_image(work: Path, measured: dict[str, float]) -> tuple[Podman, str]:
+    """Tools, base image, wheelhouse and `podman build --target cpu`: the image test's slow,
+    mostly I/O-bound part. Returns podman (with its containers.conf under ``work``) and the
+    image tag; the caller removes the tag. Phase times go into ``measured``."""
+    if sys.version_info[:2] != (3, 11):
+        raise Unavailable("the wheelhouse must be made by Python 3.11, the Debian bookworm "
+                          "base's")
+    start = time.monotonic()
+    reason = ensure_tools()
+    if reason:
+        raise Unavailable(reason)
+    conf = work / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    podman = Podman(conf)
+    measured["tools_s"] = round(time.monotonic() - start, 1)
+    start, cpu = time.monotonic(), children_cpu_s()
+    base = base_image(podman, work)
+    measured["base_image_s"] = round(time.monotonic() - start, 1)
+    measured["base_image_cpu_s"] = round(children_cpu_s() - cpu, 1)
+    cpu = children_cpu_s()
+    wheels, wheel_s = wheelhouse()
+    measured["wheelhouse_s"] = round(wheel_s, 1)
+    measured["wheelhouse_cpu_s"] = round(children_cpu_s() - cpu, 1)
+    context = build_context(work / "context", wheels)
+    measured["context_mb"] = round(dir_mb(context), 1)
+    tag = f"localhost/swarm-node-test:{os.urandom(6).hex()}"
+    start, cpu = time.monotonic(), children_cpu_s()
+    podman.run("build", "--format", "docker", "--layers=false", "--network", "host",
+               "--target", "cpu", "-f", str(DEPLOY / "Dockerfile"),
+               "--ignorefile", str(DEPLOY / "Dockerfile.dockerignore"),
+               "--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", "WHEELHOUSE=1",
+               "-t", tag, str(context), timeout=1200, nice=True)
+    measured["build_s"] = round(time.monotonic() - start, 1)
+    measured["build_cpu_s"] = round(children_cpu_s() - cpu, 1)
+    measured["image_mb"] = round(int(podman.run(
+        "image", "inspect", "--format", "{{.Size}}", tag).stdout) / 1e6)
+    shutil.rmtree(context, ignore_errors=True)
+    return podman, tag
+
+
+class ImageBuild:
+    """``prepare_image`` on a thread of its own, started when the session collects the image
+    test (tests/conftest.py), so its downloads and niced build overlap the tests that run
+    before it instead of adding to the suite's time; the test's fixture waits for it.
+    ``children_cpu_s`` then counts the other tests' children too: the *_cpu_s figures are
+    upper bounds."""
+
+    def __init__(self) -> None:
+        self.measured: dict[str, float] = {}
+        self.work: Path | None = None
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._result: tuple[Podman, str] | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.work = Path(tempfile.mkdtemp(prefix="swarm-node-image-"))
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="image-build", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            assert self.work is not None
+            self._result = prepare_image(self.work, self.measured)
+        except BaseException as e:  # noqa: BLE001 - handed to the test that waits for it
+            self._error = e
+        finally:
+            self.measured["prepare_s"] = round(time.monotonic() - self._started, 1)
+            self._done.set()
+
+    def result(self, timeout: float) -> tuple[Podman, str]:
+        """Wait for the build (starting it if nobody did); raises what it raised."""
+        self.start()
+        waited = time.monotonic()
+        if not self._done.wait(timeout):
+            raise AssertionError(f"the image build did not finish within {timeout:.0f} s")
+        self.measured["waited_for_build_s"] = round(time.monotonic() - waited, 1)
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cleanup(self) -> None:
+        if self._done.is_set() and self._result is not None:
+            podman, tag = self._result
+            podman.run("rmi", "-f", tag, check=False)
+        if self._done.is_set() and self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+IMAGE_BUILD = ImageBuild()
+"""The session's one image build (started by tests/conftest.py, awaited by the test)."""

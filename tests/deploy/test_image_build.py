@@ -11,7 +11,6 @@ where that or root is missing). Timings go to stdout and to $SWARM_NODE_IMAGE_CA
 from __future__ import annotations
 
 import json
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -34,47 +33,26 @@ MEASURED: dict[str, float] = {}  # seconds and sizes, published by the test
 
 
 @pytest.fixture(scope="module")
-def podman(tmp_path_factory):
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the wheelhouse must be made by Python 3.11, the Debian bookworm base's")
-    start = time.monotonic()
-    reason = pm.ensure_tools()
-    if reason:
-        pytest.skip(reason)
-    conf = tmp_path_factory.mktemp("podman") / "containers.conf"
-    conf.write_text(pm.CONTAINERS_CONF)
-    MEASURED["tools_s"] = round(time.monotonic() - start, 1)
-    return pm.Podman(conf)
+def built():
+    """(podman, image tag) from the session's background build (podman.IMAGE_BUILD, started
+    at collection by tests/conftest.py so that it overlaps the tests before this one)."""
+    try:
+        yield pm.IMAGE_BUILD.result(timeout=1500)
+    except pm.Unavailable as e:
+        pytest.skip(str(e))
+    finally:
+        MEASURED.update(pm.IMAGE_BUILD.measured)
+        pm.IMAGE_BUILD.cleanup()
 
 
 @pytest.fixture(scope="module")
-def image(podman, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("image")
-    start, cpu = time.monotonic(), pm.children_cpu_s()
-    base = pm.base_image(podman, tmp)
-    MEASURED["base_image_s"] = round(time.monotonic() - start, 1)
-    MEASURED["base_image_cpu_s"] = round(pm.children_cpu_s() - cpu, 1)
-    cpu = pm.children_cpu_s()
-    wheels, wheel_s = pm.wheelhouse()
-    MEASURED["wheelhouse_s"] = round(wheel_s, 1)
-    MEASURED["wheelhouse_cpu_s"] = round(pm.children_cpu_s() - cpu, 1)
-    context = pm.build_context(tmp / "context", wheels)
-    MEASURED["context_mb"] = round(pm.dir_mb(context), 1)
-    tag = f"localhost/swarm-node-test:{uuid.uuid4().hex[:12]}"
-    start, cpu = time.monotonic(), pm.children_cpu_s()
-    try:
-        podman.run("build", "--format", "docker", "--layers=false", "--network", "host",
-                   "--target", "cpu", "-f", str(DEPLOY / "Dockerfile"),
-                   "--ignorefile", str(DEPLOY / "Dockerfile.dockerignore"),
-                   "--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", "WHEELHOUSE=1",
-                   "-t", tag, str(context), timeout=1200, nice=True)
-        MEASURED["build_s"] = round(time.monotonic() - start, 1)
-        MEASURED["build_cpu_s"] = round(pm.children_cpu_s() - cpu, 1)
-        MEASURED["image_mb"] = round(int(podman.run(
-            "image", "inspect", "--format", "{{.Size}}", tag).stdout) / 1e6)
-        yield tag
-    finally:
-        podman.run("rmi", "-f", tag, check=False)
+def podman(built):
+    return built[0]
+
+
+@pytest.fixture(scope="module")
+def image(built):
+    return built[1]
 
 
 class Node:

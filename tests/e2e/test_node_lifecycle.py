@@ -17,9 +17,10 @@ pytestmark = pytest.mark.slow
 SWARM = "lifecycle"
 
 
-@pytest.fixture
-def bootstrap(tmp_path):
-    b = Bootstrap(tmp_path / "bootstrap", SWARM)
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory):
+    """One bootstrap for the module's nodes (each test has its own data dir)."""
+    b = Bootstrap(tmp_path_factory.mktemp("lifecycle") / "bootstrap", SWARM)
     yield b
     b.stop()
 
@@ -27,45 +28,6 @@ def bootstrap(tmp_path):
 def _pids(data_dir):
     s = status(data_dir)
     return [s["pid"]] + [c["pid"] for c in s.get("children", {}).values() if c.get("pid")]
-
-
-def test_sigkilled_node_resumes_from_its_checkpoint(tmp_path, bootstrap):
-    node = tmp_path / "node"
-    cfg = tmp_path / "node.toml"
-    cfg.write_text("[learner]\ncheckpoint_every = 1\n")  # also exercises the config file
-    p = join(node, bootstrap.addr, SWARM, "--rounds", "50", "--report", str(node / "r1.json"),
-             "--config", str(cfg))
-    # wait until at least one checkpoint exists and the node is mid-way through later rounds
-    wait_for(lambda: (status(node).get("round") or 0) >= 2, timeout_s=300,
-             what=f"round 2 (log: {log_tail(node)})")
-    killed_round = status(node)["round"]
-    supervisor, *children = _pids(node)
-    # a power cut: everything at once (children lead their own process groups, which also
-    # hold hivemind's forked DHT process and p2pd)
-    os.kill(supervisor, signal.SIGKILL)
-    for pgid in children:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    p.wait(timeout=30)
-    assert p.returncode == -signal.SIGKILL
-    # the newest checkpoint that survived the kill (the status file lags the learner by up
-    # to a flush interval: at sub-second rounds it can be two rounds behind)
-    saved = max(int(d.name.split("-")[1]) for d in (node / "checkpoints").iterdir()
-                if d.name.startswith("round-"))
-    assert saved >= 2 and saved >= killed_round - 1, (saved, killed_round)
-    time.sleep(1)
-
-    p2 = join(node, bootstrap.addr, SWARM, "--rounds", "2", "--report", str(node / "r2.json"),
-              "--config", str(cfg))
-    assert p2.wait(timeout=300) == 0, log_tail(node)
-    rounds = [r["round"] for r in json.loads((node / "r2.json").read_text())["rounds"]]
-    assert len(rounds) == 2
-    assert rounds[0] == saved, (rounds, saved, killed_round)  # continued, not restarted
-    assert rounds[1] == rounds[0] + 1
-    leftovers = [f for f in node.rglob("*") if f.name.endswith((".tmp", ".new"))]
-    assert not leftovers
 
 
 def _procs() -> dict[int, tuple[int, bytes, str]]:
@@ -117,68 +79,109 @@ def _stamp(line: str) -> float:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-@pytest.mark.parametrize("kill", ["supervisor", "process_group"])
-def test_children_of_a_sigkilled_supervisor_leave_and_the_restart_resumes(tmp_path, bootstrap,
-                                                                           kill):
-    """Only the supervisor dies (its children lead their own sessions): they must leave by
-    themselves (learner, swarm, verifier, hivemind's DHT fork, p2pd), and a node restarted
-    on the data dir resumes from the checkpoint instead of waiting on an orphan's lock."""
+KILLS = ("supervisor", "process_group", "power_cut")
+"""How a node dies, in the order the test kills one node: only the supervisor (its children
+lead their own sessions and must leave by themselves: learner, swarm, verifier, hivemind's
+DHT fork, p2pd), the `swarm-node join` process group (the same children survive it), and a
+power cut (every process at once)."""
+
+
+def _kill(p: subprocess.Popen, node, how: str) -> None:
+    if how == "supervisor":
+        os.kill(p.pid, signal.SIGKILL)
+    elif how == "process_group":
+        os.killpg(p.pid, signal.SIGKILL)
+    else:
+        supervisor, *children = _pids(node)
+        os.kill(supervisor, signal.SIGKILL)
+        for pgid in children:  # each child leads its own group (with the DHT fork, p2pd)
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert p.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_killed_node_leaves_nothing_behind_and_resumes_from_its_checkpoint(tmp_path,
+                                                                             bootstrap):
+    """One node killed three ways in turn (KILLS), each time restarted on its data dir: no
+    process of the killed node is left within OLD_LEAVE_WITHIN_S of the restart, and the
+    restarted node resumes from the newest checkpoint (RESUME_WITHIN_S) instead of waiting
+    on an orphan's lock, continuing the rounds rather than starting over."""
     node = tmp_path / "node"
     cfg = tmp_path / "node.toml"
-    cfg.write_text("[learner]\ncheckpoint_every = 1\n")
+    cfg.write_text("[learner]\ncheckpoint_every = 1\n")  # also exercises the config file
     p = join(node, bootstrap.addr, SWARM, "--rounds", "50", "--config", str(cfg),
              new_session=True)
-    wait_for(lambda: (status(node).get("round") or 0) >= 2, timeout_s=300,
-             what=f"round 2 (log: {log_tail(node)})")
-    procs = _procs()
-    old = {pid: procs[pid][1] for pid in _tree(p.pid, procs)}
-    assert len(old) >= 5, [procs[pid][2][:80] for pid in old]  # + p2pd, DHT fork, verifier
-    if kill == "supervisor":
-        os.kill(p.pid, signal.SIGKILL)
-    else:
-        os.killpg(p.pid, signal.SIGKILL)
-    assert p.wait(timeout=30) == -signal.SIGKILL
-    log_offset = (node / "node.log").stat().st_size
-    p2 = join(node, bootstrap.addr, SWARM, "--rounds", "1", "--report", str(node / "r2.json"),
-              "--config", str(cfg), new_session=True)
+    at_least = 2
     try:
-        def old_left():
-            now = _procs()
-            new = _tree(p2.pid, now)
-            return sorted({pid for pid, started in old.items()
-                           if pid in now and now[pid][1] == started}
-                          | {pid for pid, (_, _, cmd) in now.items()
-                             if str(node) in cmd and pid not in new})
-
-        try:
-            wait_for(lambda: not old_left(), timeout_s=OLD_LEAVE_WITHIN_S, what="")
-        except AssertionError:
-            now = _procs()
-            raise AssertionError(f"the old node's processes still run {OLD_LEAVE_WITHIN_S:.0f} s "
-                                 "after the restart: " + "; ".join(
-                                     f"{pid}: {now[pid][2][:90]}" for pid in old_left()
-                                     if pid in now)) from None
-        saved = _newest_checkpoint(node)  # the orphan may have saved one more on its way out
-
-        def new_log() -> str:
-            with open(node / "node.log", "rb") as f:
-                f.seek(log_offset)
-                return f.read().decode(errors="replace")
-
-        resumed = f"at round {saved}"
-        wait_for(lambda: resumed in new_log(), timeout_s=180, poll_s=0.2,
-                 what=f"the restarted node to resume from round {saved} (log: {log_tail(node)})")
-        lines = new_log().splitlines()
-        started = _stamp(next(ln for ln in lines if "started learner (pid" in ln))
-        took = _stamp(next(ln for ln in lines if resumed in ln)) - started
-        assert took <= RESUME_WITHIN_S, f"resumed {took:.1f} s after the learner started"
-        assert p2.wait(timeout=300) == 0, log_tail(node)
+        for i, how in enumerate(KILLS):
+            wait_for(lambda: (status(node).get("round") or 0) >= at_least, timeout_s=300,
+                     what=f"round {at_least} before the {how} kill (log: {log_tail(node)})")
+            killed_round = status(node)["round"]
+            procs = _procs()
+            old = {pid: procs[pid][1] for pid in _tree(p.pid, procs)}
+            assert len(old) >= 5, [procs[pid][2][:80] for pid in old]  # + p2pd, DHT fork
+            _kill(p, node, how)
+            log_offset = (node / "node.log").stat().st_size
+            last = i == len(KILLS) - 1
+            report = node / f"r{i}.json"
+            p = join(node, bootstrap.addr, SWARM, "--rounds", "1" if last else "50",
+                     "--report", str(report), "--config", str(cfg), new_session=True)
+            restarted = time.monotonic()
+            _wait_old_gone(node, p, old, how)
+            saved = _newest_checkpoint(node)  # an orphan may have saved one more on its way
+            assert saved >= killed_round - 1, (how, saved, killed_round)
+            took = _wait_resumed(node, log_offset, saved, how)
+            print(f"{how}: old processes gone, resumed from round {saved} "
+                  f"{time.monotonic() - restarted:.1f} s after the restart "
+                  f"({took:.1f} s after its learner started)")
+            at_least = saved + 1
+        assert p.wait(timeout=300) == 0, log_tail(node)
     finally:
-        if p2.poll() is None:
-            os.killpg(p2.pid, signal.SIGTERM)
-            p2.wait(timeout=90)
-    rounds = [r["round"] for r in json.loads((node / "r2.json").read_text())["rounds"]]
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=90)
+    rounds = [r["round"] for r in json.loads(report.read_text())["rounds"]]
     assert rounds == [saved], (rounds, saved)  # continued, not restarted
+    leftovers = [f for f in node.rglob("*") if f.name.endswith((".tmp", ".new"))]
+    assert not leftovers
+
+
+def _wait_old_gone(node, new: subprocess.Popen, old: dict[int, bytes], how: str) -> None:
+    def old_left():
+        now = _procs()
+        ours = _tree(new.pid, now)
+        return sorted({pid for pid, started in old.items() if pid in now and now[pid][1] == started}
+                      | {pid for pid, (_, _, cmd) in now.items()
+                         if str(node) in cmd and pid not in ours})
+
+    try:
+        wait_for(lambda: not old_left(), timeout_s=OLD_LEAVE_WITHIN_S, what="")
+    except AssertionError:
+        now = _procs()
+        raise AssertionError(f"{how}: the old node's processes still run "
+                             f"{OLD_LEAVE_WITHIN_S:.0f} s after the restart: " + "; ".join(
+                                 f"{pid}: {now[pid][2][:90]}" for pid in old_left()
+                                 if pid in now)) from None
+
+
+def _wait_resumed(node, log_offset: int, saved: int, how: str) -> float:
+    """Seconds from the restarted learner's start to its 'resumed ... at round saved' line."""
+    def new_log() -> str:
+        with open(node / "node.log", "rb") as f:
+            f.seek(log_offset)
+            return f.read().decode(errors="replace")
+
+    resumed = f"at round {saved}"
+    wait_for(lambda: resumed in new_log(), timeout_s=180, poll_s=0.2,
+             what=f"{how}: the restarted node to resume from round {saved} "
+                  f"(log: {log_tail(node)})")
+    lines = new_log().splitlines()
+    started = _stamp(next(ln for ln in lines if "started learner (pid" in ln))
+    took = _stamp(next(ln for ln in lines if resumed in ln)) - started
+    assert took <= RESUME_WITHIN_S, f"{how}: resumed {took:.1f} s after the learner started"
+    return took
 
 
 def test_sigterm_leaves_cleanly_within_a_bounded_time(tmp_path, bootstrap):
