@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from tests.e2e.procs import cli
+from tests.rounds import due_senders, senders
 
 pytestmark = pytest.mark.slow
 
@@ -17,30 +18,16 @@ a second measured; the rest is slack for a loaded 2-core box)."""
 
 
 def _check_received(nodes: list[dict]) -> list[str]:
-    """Every node received the rollouts of each peer that published in time for its rounds;
-    returns the names of the nodes checked.
-
-    Rounds never wait for the network (node.learner_process.OuterHook): a round takes what the
-    swarm process holds when it starts. A learner that loaded its model well before the others
-    (a loaded box schedules the three learners unevenly) can finish all its rounds before a
-    peer has published anything, and then receives nothing without any fault: seen as "node-2
-    received 0 rollouts in 4 rounds" (its 4 rounds ended before the others' first publish).
-    So the expectation is per source, from the round records' wall-clock times: a node must
-    have received from every peer whose first publish came ``DELIVERY_S`` before its last
-    round started."""
-    first_publish = {n["peer_id"]: min((r["published_at"] for r in n["rounds"]
-                                        if r["rollouts_published"] > 0), default=None)
-                     for n in nodes}
+    """Every node received from each peer that published in time for its rounds (see
+    tests.rounds: rounds never wait for the network); the names of the nodes checked."""
+    due = due_senders(nodes, delivery_s=DELIVERY_S)
     checked = []
     for node in nodes:
-        last_receive = node["rounds"][-1]["received_at"]
-        due = {pid for pid, t in first_publish.items()
-               if pid != node["peer_id"] and t is not None and t + DELIVERY_S <= last_receive}
-        if not due:
-            continue
-        senders = set().union(*(set(r["rollouts_from"]) for r in node["rounds"]))
-        assert due <= senders, (node["name"], sorted(due - senders), first_publish,
-                                [(r["received_at"], r["rollouts_received"]) for r in node["rounds"]])
+        if not due[node["peer_id"]]:
+            continue  # its rounds ended before any peer published: nothing to expect
+        missing = due[node["peer_id"]] - senders(node)
+        assert not missing, (node["name"], sorted(missing),
+                             [(r["received_at"], r["rollouts_received"]) for r in node["rounds"]])
         assert sum(r["external_used"] for r in node["rounds"]) > 0, node["name"]
         checked.append(node["name"])
     return checked
