@@ -286,6 +286,7 @@ class FeedClient:
         feed.open = True
         self._failures.pop(feed.peer, None)
         self.counters["feed_opened"] += 1
+        logger.debug("feed from %s open (%d open)", feed.peer, len(self.sources()))
         old_peer, feed.replaces = feed.replaces, None
         old = self._feeds.get(old_peer) if old_peer is not None else None
         if old is None or old_peer is None:

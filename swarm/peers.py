@@ -16,11 +16,14 @@ peers we already know.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from protocol import PeerAnnouncement
 
 __all__ = ["ON_SCHEDULE", "TTL_PERIODS", "PeerTable", "announce_interval"]
+
+logger = logging.getLogger(__name__)
 
 TTL_PERIODS = 3.0
 """An entry outlives two lost announcements of its peer (and at least ``ttl_s``)."""
@@ -78,6 +81,11 @@ class PeerTable:
                 newest = max(self._entries, key=lambda k: self._entries[k].first_seen)
                 del self._entries[newest]
         first = now_s if old is None else old.first_seen
+        if old is not None and now_s - old.seen > 2 * self.period(announcement):
+            # late: two periods without one (its entry expires after TTL_PERIODS)
+            logger.debug("announcement of %s after %.1f s (period %.1f s, ttl %.1f s)",
+                         announcement.peer_id, now_s - old.seen, self.period(announcement),
+                         old.ttl_s)
         self._entries[announcement.peer_id] = _Entry(announcement, now_s, first,
                                                      self.entry_ttl(announcement), created_ms)
         return old is None

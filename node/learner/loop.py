@@ -137,7 +137,9 @@ class Learner:
         t = time.perf_counter()
         self.progress.report("receive")
         counters_before = collections.Counter(self.pool.counters)  # add/take count their drops
-        ingest = self.rescorer.rescore(bridge.receive("rollouts", max_items=cfg.sapo.max_receive))
+        received = bridge.receive("rollouts", max_items=cfg.sapo.max_receive)
+        received_at = time.time()
+        ingest = self.rescorer.rescore(received)
         self.pool.add(ingest.groups, now=self.round)
         available = self.pool.available(self.round, baseline=self.baseline)
         n_local, n_external = plan_round(cfg.sapo, available, self.signals.signals())
@@ -172,6 +174,7 @@ class Learner:
         t = time.perf_counter()
         self.progress.report("publish")
         published = self._publish(bridge, tasks, local, completions)
+        published_at = time.time()
         seconds["publish"] = time.perf_counter() - t
         if stopped():
             return None
@@ -195,9 +198,14 @@ class Learner:
             external_signal=_signal_share(external, local),
             mean_reward=(sum(sum(g.rewards) for g in local) / sum(len(g.rewards) for g in local)
                          if local else None))
-        return self._record(local=local, taken=taken, completions=completions, train=train,
-                            published=published, ingest=ingest, seconds=seconds,
-                            dropped=dropped, wanted=n_external, available=available)
+        record = self._record(local=local, taken=taken, completions=completions, train=train,
+                              published=published, ingest=ingest, seconds=seconds,
+                              dropped=dropped, wanted=n_external, available=available)
+        # wall clock, so records of different nodes can be ordered: rounds never wait for the
+        # network, so what a round can have received depends on when the others published
+        record["received_at"] = round(received_at, 3)
+        record["published_at"] = round(published_at, 3)
+        return record
 
     def _as_seen(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
         """The groups with their prompts rendered for this model (``prompting.py``)."""

@@ -8,8 +8,29 @@ import subprocess
 import pytest
 
 from tests.e2e.procs import cli
+from tests.rounds import due_senders, senders
 
 pytestmark = pytest.mark.slow
+
+DELIVERY_S = 10.0
+"""Time a published batch is allowed to reach a subscriber's inbox (one feed hop: well under
+a second measured; the rest is slack for a loaded 2-core box)."""
+
+
+def _check_received(nodes: list[dict]) -> list[str]:
+    """Every node received from each peer that published in time for its rounds (see
+    tests.rounds: rounds never wait for the network); the names of the nodes checked."""
+    due = due_senders(nodes, delivery_s=DELIVERY_S)
+    checked = []
+    for node in nodes:
+        if not due[node["peer_id"]]:
+            continue  # its rounds ended before any peer published: nothing to expect
+        missing = due[node["peer_id"]] - senders(node)
+        assert not missing, (node["name"], sorted(missing),
+                             [(r["received_at"], r["rollouts_received"]) for r in node["rounds"]])
+        assert sum(r["external_used"] for r in node["rounds"]) > 0, node["name"]
+        checked.append(node["name"])
+    return checked
 
 
 def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
@@ -26,10 +47,12 @@ def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
         rounds = node["rounds"]
         assert len(rounds) == 4, node["name"]
         for key in ("round", "mean_reward", "rollouts_published", "rollouts_received",
-                    "external_used", "rejected"):
+                    "external_used", "rejected", "rollouts_from", "received_at", "published_at"):
             assert key in rounds[0], key
-        assert sum(r["rollouts_received"] for r in rounds) > 0, node["name"]
-        assert sum(r["external_used"] for r in rounds) > 0, node["name"]
+    # the nodes train on each other's rollouts: every node that was still training when the
+    # others published received from each of them (at least the node whose rounds ended last
+    # is checked: the others published during its rounds)
+    assert _check_received(data["nodes"]), "no node's rounds overlapped a peer's publishing"
     # DiLoCo every 2 rounds (local's defaults): every node attempted outer steps, and nodes
     # that completed the same step together hold bit-identical shared state
     by_step: dict[int, set[str]] = {}
