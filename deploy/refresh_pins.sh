@@ -4,7 +4,7 @@
 #   1. a scratch venv ($PINS_VENV, default .venv-pins) with torch ($TORCH) and the project's
 #      newest allowed releases (no constraints);
 #   2. the whole suite, run with that venv's Python;
-#   3. if it passed: its `pip freeze` (less torch and swarm-node itself) replaces the pins.
+#   3. if it passed: its `pip freeze --all` (less pip, torch and swarm-node) replaces the pins.
 # Review `git diff deploy/constraints.txt` and commit it; then `make setup` installs the same.
 set -euo pipefail
 
@@ -28,7 +28,7 @@ fi
 tmp="$(mktemp "$out.XXXXXX")"
 {
     sed -n '/^#/p' "$out"  # keep the header
-    "$venv/bin/pip" freeze --exclude-editable | grep -v -i -E '^(torch|swarm-node|swarm_node)=='
+    "$venv/bin/pip" freeze --all --exclude-editable | grep -v -i -E '^(pip|torch|swarm-node|swarm_node)=='
 } > "$tmp"
 mv "$tmp" "$out"
 echo "refresh_pins: $out now pins $(grep -c -v '^#' "$out") packages; review and commit it" >&2

@@ -17,8 +17,9 @@ import pytest
 
 from tests.deploy.conftest import DEPLOY, ROOT
 
-NOT_PINNED = {"torch", "swarm-node", "pip", "setuptools", "wheel"}
-"""torch is the user's choice (CPU or a CUDA build); pip/setuptools/wheel come with the venv."""
+NOT_PINNED = {"torch", "swarm-node", "pip"}
+"""torch is the user's choice (CPU or a CUDA build); pip comes with the venv (setuptools is pinned:
+torch and grpcio-tools pull it in, and a newer release would otherwise slip in)."""
 TORCH_COMPANIONS = re.compile(r"^(nvidia-.*|triton|cuda-.*)$")
 """Packages a CUDA build of torch pulls in: they follow the torch the user chose."""
 
