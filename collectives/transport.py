@@ -80,6 +80,17 @@ class _ParentBoundDHT(DHT):
         os._exit(1)
 
 
+def _end_process(proc: Any, timeout_s: float = 5.0) -> None:
+    """Make sure hivemind's DHT process is gone: its ``shutdown()`` ends with ``terminate()``
+    (SIGTERM) without a join when the process outlives its grace period, which left it
+    running for a while after ``close()`` returned; SIGKILL if SIGTERM was not enough."""
+    proc.join(timeout_s)
+    if proc.is_alive():
+        logger.warning("DHT process %s ignored SIGTERM; killing it", proc.pid)
+        proc.kill()
+        proc.join(timeout_s)
+
+
 class _All:
     """Futures waited for together (``result`` bounds the whole wait by one timeout)."""
 
@@ -371,6 +382,7 @@ class Transport:
                 self._dht.shutdown()
             except Exception as e:  # noqa: BLE001
                 logger.debug("DHT shutdown: %s", e)
+            _end_process(self._dht)
             self._dht = None
         p2p = getattr(self, "p2p", None)
         if p2p is not None and self._loop.is_running():

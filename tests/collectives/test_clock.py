@@ -101,7 +101,9 @@ def test_a_late_joiner_steps_with_the_running_peers_at_its_first_meeting(swarm: 
     """A newcomer whose rounds are 10x faster than the group's (its own pace: a meeting
     every 2 s; theirs: every 8 s) reads the period of the version it will adopt before its
     first attempt (adopt.py ``_read_agreed``): that attempt adopts their state and steps
-    with them. Before, it met on its own pace: alone, or a "resynced" attempt first."""
+    with them. Before, it met on its own pace: alone, or a "resynced" attempt first. (An
+    attempt that begins after its meeting passed, on a loaded box, resyncs instead; then its
+    next one must step with them.)"""
     import time
 
     opts = dict(module="tests.collectives.clock_worker", peers=2, trust=True, no_save=True)
@@ -117,9 +119,24 @@ def test_a_late_joiner_steps_with_the_running_peers_at_its_first_meeting(swarm: 
     while not swarm.records("late"):
         assert time.monotonic() < end, swarm.logs(["a", "b", "late"])
         time.sleep(0.2)
-    first = swarm.records("late")[0]
+    records = sorted(swarm.records("late").values(), key=lambda r: r["step"])
+    first = records[0]
+    if first["status"] == "resynced" and first["before_meet_s"] < 0:
+        # its first attempt began after its meeting had passed (a process descheduled on a
+        # loaded 2-core box: seen 1.7 s late, the others had stepped): it adopts what they
+        # made; the claim is then about its next meeting, on their period
+        assert first["peers"] == 1 and first["version"] >= 1 and first["resync_bytes"] > 0, first
+        end = time.monotonic() + 20
+        while len(records) < 2:
+            assert time.monotonic() < end, swarm.logs(["a", "b", "late"])
+            time.sleep(0.2)
+            records = sorted(swarm.records("late").values(), key=lambda r: r["step"])
+        first = records[1]
+        assert first["before_meet_s"] >= 0, (first, swarm.logs(["late"]))
+    else:
+        assert first["resync_bytes"] > 0, first
     assert first["status"] == "ok" and first["peers"] == 3, (first, swarm.logs(["late"]))
-    assert first["resync_bytes"] > 0 and first["meet"] % 8.0 == 0, first
+    assert first["meet"] % 8.0 == 0, first
     end = time.monotonic() + 15  # the others' record of that meeting: the same state
     while not all(any(r.get("meet") == first["meet"] for r in swarm.records(n).values())
                   for n in "ab"):
