@@ -1,7 +1,7 @@
 """What a volunteer sees: `join`'s terminal view under tmux, and the dashboard in Chromium.
 
 One local swarm for both tests: a bootstrap peer and two training nodes, each `join` running
-in its own tmux session, one at 80x24 (3 rounds, then it exits by itself) and one at 160x40
+in its own tmux session, one at 80x24 (SMALL_ROUNDS rounds, then it exits by itself) and one at 160x40
 with the dashboard (until Ctrl-C). Outer steps every 2 rounds, so the pages show one.
 """
 
@@ -23,6 +23,10 @@ from tests.e2e.procs import Bootstrap, wait_for
 
 pytestmark = pytest.mark.slow
 SWARM = "volunteer-view"
+SMALL_ROUNDS = 20
+"""The 80x24 node's rounds: enough for a 1 s screen poll to see its round advance. With 3, it
+ran them all within a second (3.5 rounds/s once the collective starts off the training
+thread) and the test saw a single round on that screen."""
 CONFIG = "[outer]\nevery_rounds = 2\njoin_window_s = 3.0\ndeadline_s = 30.0\n"
 
 
@@ -76,7 +80,8 @@ def swarm(tmp_path_factory):
     boot = Bootstrap(base / "b", SWARM)
     (base / "node.toml").write_text(CONFIG)
     port = _free_port()
-    nodes = {"small": (80, 24, ["--rounds", "3"]), "big": (160, 40, ["--dashboard-port", str(port)])}
+    nodes = {"small": (80, 24, ["--rounds", str(SMALL_ROUNDS)]),
+             "big": (160, 40, ["--dashboard-port", str(port)])}
     env = f"PYTHONPATH={os.pathsep.join(sys.path)} SWARM_NODE_DEVICE=cpu"
     try:
         for name, (w, h, extra) in nodes.items():
@@ -140,11 +145,11 @@ def test_join_under_tmux_shows_one_table_in_place_and_its_round_advances(swarm):
         wait_for(lambda w=w, h=h: _one_table(tmux.capture("big"), w, h) and
                  "│ checkpoint" in tmux.capture("big"),  # the full layout fits 80x24 too
                  timeout_s=10, what=f"one table at {w}x{h}: {tmux.capture('big')}")
-    # the small node ran its 3 rounds and left the screen with a summary, not a stack of tables
+    # the small node ran its rounds and left the screen with a summary, not a stack of tables
     wait_for(lambda: "EXITED 0" in tmux.capture("small"), timeout_s=120,
              what=f"the 80x24 node to finish: {tmux.capture('small')}")
     final = tmux.capture("small")
-    assert "swarm-node stopped: round 2" in final and "╭" not in final, final
+    assert f"swarm-node stopped: round {SMALL_ROUNDS - 1}" in final and "╭" not in final, final
 
 
 def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
