@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -152,6 +152,14 @@ class Transport:
         self.dht_failures = 0
         self._dht: DHT | None = None
         self._dht_known: set[str] = set()
+        self._futures_thread = ThreadPoolExecutor(1, thread_name_prefix="hivemind-futures")
+        """Where hivemind's MPFutures are made (the DHT's ``_ready``, every get/store/ping):
+        ``MPFuture()`` calls ``asyncio.get_event_loop()``, which on the main thread creates and
+        sets an event loop that nobody closes. The next ``asyncio.run`` on that thread drops
+        it, and the garbage collector later finalizes it unclosed wherever it runs (three
+        fresh-clone CI runs errored ``test_checkpoint``'s setup on its ResourceWarning). In
+        this thread, which has no loop, the MPFuture simply goes without one; we only ever
+        wait on its ``result()``."""
         try:
             if self._abort.wait(config.slow_start_for_tests_s):
                 raise StartCancelled("collective start abandoned before p2pd started")
@@ -233,7 +241,9 @@ class Transport:
             raise
 
     def _start_dht(self, initial_peers: list[str]) -> None:
-        dht = _ParentBoundDHT(initial_peers=initial_peers or None, start=False, p2p=self.p2p)
+        dht = self._futures_thread.submit(partial(
+            _ParentBoundDHT, initial_peers=initial_peers or None, start=False,
+            p2p=self.p2p)).result()
         try:  # bounded: a DHT child SIGKILLed inside hivemind's MPFuture lock blocks forever
             dht.run_in_background(await_ready=False)
             deadline = time.monotonic() + self.config.startup_timeout_s
@@ -321,7 +331,8 @@ class Transport:
             if dht is None:
                 return None
             try:
-                return call(dht).result(timeout=max(0.05, min(timeout, self.config.dht_timeout_s)))
+                future = self._futures_thread.submit(call, dht).result()
+                return future.result(timeout=max(0.05, min(timeout, self.config.dht_timeout_s)))
             except Exception as e:  # noqa: BLE001 - DHT errors are transient by nature
                 self.dht_failures += 1
                 logger.warning("DHT %s failed: %s: %s", name, type(e).__name__, e)
@@ -405,3 +416,4 @@ class Transport:
             self._thread.join(5)
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()  # the thread never ran (it closes the loop when it ends)
+        self._futures_thread.shutdown(wait=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import time
@@ -50,6 +51,10 @@ def test_dead_dht_process_is_restarted(tmp_path) -> None:
 
     from collectives.transport import Transport
 
+    # a fresh policy: the main thread has no loop and may make one implicitly, as in a new
+    # process (an earlier asyncio.run in this session forbids that, and would hide the leak)
+    policy = asyncio.DefaultEventLoopPolicy()
+    asyncio.set_event_loop_policy(policy)
     t = Transport(OuterConfig(dht_min_interval_s=0.0, startup_timeout_s=60),
                   identity=Identity.generate(),
                   data_dir=str(tmp_path), initial_peers=[])
@@ -65,3 +70,7 @@ def test_dead_dht_process_is_restarted(tmp_path) -> None:
         assert t.dht_get("k", timeout=5).get("b") == b"2"
     finally:
         t.close()
+        asyncio.set_event_loop_policy(None)
+    # hivemind's MPFuture asks for the caller's event loop: on the main thread that made a
+    # loop nobody closed, finalized unclosed by GC in some later test (issue 28)
+    assert policy._local._loop is None, "the transport left an event loop on the main thread"
