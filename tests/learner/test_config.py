@@ -32,7 +32,7 @@ def test_invalid_values_raise_value_error(build):
 
 
 def test_unknown_keys_are_rejected():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="trainer.learning_rate: unknown key"):
         LearnerConfig.from_dict({"data_dir": "/tmp/x", "trainer": {"learning_rate": 1}})
 
 
