@@ -236,10 +236,9 @@ class SapoConfig:
     """Question-group budget per round (I + J), equal in every configuration, as the paper."""
     completions_per_question: int = 8
     """Completions sampled per local question (the paper's L = 8)."""
-    local: int = 4
-    """I: question groups generated locally each round when enough external groups exist."""
     external: int = 4
-    """J: external question groups wanted per round; shortfall is filled with local ones.
+    """J: external question groups wanted per round; the rest of the budget (I =
+    ``questions_per_round`` - J, and any shortfall of J) is generated locally.
     ``external = 0`` is plain single-node RL."""
     filter_zero_advantage: bool = True
     """Discard external groups whose re-scored rewards are all equal before sampling (paper)."""
@@ -280,12 +279,11 @@ class SapoConfig:
     def __post_init__(self) -> None:
         _positive(self, "questions_per_round", "completions_per_question", "pool_capacity",
                   "max_receive", "per_sender_round", "max_senders", "dedupe_window")
-        _non_negative(self, "local", "external", "max_age_rounds", "newcomer_round",
+        _non_negative(self, "external", "max_age_rounds", "newcomer_round",
                       "trust_after", "trust_min", "min_external", "baseline_momentum")
-        if self.local + self.external != self.questions_per_round:
-            raise TableError("local", f"local + external must equal questions_per_round "
-                                      f"({self.local} + {self.external} != "
-                                      f"{self.questions_per_round})")
+        if self.external > self.questions_per_round:
+            raise TableError("external", f"must be <= questions_per_round "
+                                         f"({self.questions_per_round}), got {self.external}")
         if not 0 < self.sender_pool_share <= 1:
             raise TableError("sender_pool_share", f"must be in (0, 1], got {self.sender_pool_share}")
         if self.trust_min > 1:

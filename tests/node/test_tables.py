@@ -119,9 +119,9 @@ def test_a_valid_config_gives_the_children_the_tables_they_had(tmp_path):
 
     cfg = NodeConfig(data_dir=tmp_path, listen=("/ip4/0.0.0.0/tcp/4001",), model="m",
                      gossip={"target_peers": 4}, outer={"every_rounds": 2},
-                     learner={"sapo": {"external": 2, "local": 6}, "tasks": {"families": ["tiny_add"]}})
+                     learner={"sapo": {"external": 2}, "tasks": {"families": ["tiny_add"]}})
     payload = learner_table(cfg, ipc_path="/s", rounds=3)
-    assert payload["learner"] == {"sapo": {"external": 2, "local": 6},
+    assert payload["learner"] == {"sapo": {"external": 2},
                                   "tasks": {"families": ["tiny_add"]}, "data_dir": str(tmp_path),
                                   "policy": {"model": "m", "device": "auto"}}
     assert payload["outer"] == {"swarm_id": "swarm-node-main", "every_rounds": 2,
@@ -133,7 +133,7 @@ def test_a_node_config_with_a_bad_table_is_never_built():
     """The Supervisor takes a NodeConfig: one with a bad table cannot exist."""
     with pytest.raises(ConfigError, match=r"^\[outer\] evry_rounds: unknown key"):
         NodeConfig(outer={"evry_rounds": 2})
-    with pytest.raises(ConfigError, match=r"^\[learner.sapo\] local: local \+ external"):
+    with pytest.raises(ConfigError, match=r"^\[learner.sapo\] external: must be <= questions"):
         NodeConfig(learner={"sapo": {"external": 9}})
     with pytest.raises(ConfigError, match=r"^\[outer\] swarm_id: "):  # [outer]'s own wins
         NodeConfig(outer={"swarm_id": ""})
