@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 
 class TableError(ValueError):
-    """A config value a user must fix: ``key`` (dotted for a sub-table: ``sapo.local``; ""
+    """A config value a user must fix: ``key`` (dotted for a sub-table: ``sapo.external``; ""
     for the table as a whole) and ``reason``."""
 
     def __init__(self, key: str, reason: str) -> None:
