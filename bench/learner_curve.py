@@ -63,7 +63,7 @@ def main() -> None:
     config = LearnerConfig(data_dir=data_dir, seed=args.seed, checkpoint_every=0,
                            policy=PolicyConfig(device="cpu", threads=args.threads),
                            trainer=trainer, engine=engine, tasks=tasks,
-                           sapo=SapoConfig(local=8, external=0))
+                           sapo=SapoConfig(external=0))
     stop = threading.Event()
     t0 = time.monotonic()
     deadline = t0 + args.minutes * 60

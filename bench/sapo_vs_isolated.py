@@ -49,8 +49,10 @@ def run_swarm(*, nodes: int, rounds: int, split: str, budget: int, seed: int, lr
 
     adaptive = split == "adaptive"
     local, external = (budget // 2, budget - budget // 2) if adaptive else map(int, split.split("/"))
+    if local + external != budget:
+        raise SystemExit(f"split {split}: I + J must equal the budget ({budget})")
     extra = {"adaptive_external": True} if adaptive else {}
-    sapo = SapoConfig(questions_per_round=budget, local=local, external=external, **extra)
+    sapo = SapoConfig(questions_per_round=budget, external=external, **extra)
     trainer = TrainerConfig(lr=lr) if lr else TrainerConfig()
     ids = [Identity.from_seed(bytes([seed % 256, i + 1]) * 16) for i in range(nodes)]
     shared = LoopbackHub(swarm_id="bench")

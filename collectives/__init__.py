@@ -30,12 +30,24 @@ loop built off the training thread, abandonable).
 
 from __future__ import annotations
 
-from collectives.codec import CODECS, Codec, get_codec
+import importlib
+from typing import Any
+
 from collectives.config import OuterConfig
 from collectives.errors import (CollectiveError, StartCancelled, StepFailed, SyncError,
                                 TransportError)
-from collectives.loop import OuterLoop
-from collectives.start import Startup
 
 __all__ = ["OuterConfig", "OuterLoop", "Startup", "Codec", "CODECS", "get_codec",
            "CollectiveError", "StartCancelled", "StepFailed", "SyncError", "TransportError"]
+
+_LAZY = {"OuterLoop": "collectives.loop", "Startup": "collectives.start",
+         "Codec": "collectives.codec", "CODECS": "collectives.codec",
+         "get_codec": "collectives.codec"}
+"""Names whose modules import torch and hivemind: loaded on first use, so that the supervisor
+can check an ``[outer]`` table (``collectives.config``) without either."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

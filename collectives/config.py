@@ -1,11 +1,22 @@
-"""OuterConfig: every knob of the DiLoCo outer loop, validated on construction."""
+"""OuterConfig: every knob of the DiLoCo outer loop, validated on construction.
+
+Imports neither torch nor hivemind: the supervisor checks a node's ``[outer]`` table with it
+before any child starts (node/preflight.py).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["OuterConfig"]
+from protocol.tables import TableError, build_table
+
+__all__ = ["COMPRESSIONS", "OuterConfig"]
+
+COMPRESSIONS = ("none", "fp16", "int8")
+"""Codec names ``OuterConfig.compression`` may take: the keys of ``collectives.codec.CODECS``
+(a test holds the two equal; the registry imports torch, this list does not)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,52 +103,61 @@ class OuterConfig:
     """Multiaddrs p2pd announces (empty: the listen addresses)."""
 
     def __post_init__(self) -> None:
-        from collectives.codec import CODECS  # local: codec imports torch
-
         if self.every_rounds < 1:
-            raise ValueError("every_rounds must be >= 1")
+            raise TableError("every_rounds", "must be >= 1")
         if not (self.outer_lr > 0 and math.isfinite(self.outer_lr)):
-            raise ValueError("outer_lr must be a positive finite number")
+            raise TableError("outer_lr", "must be a positive finite number")
         if not 0 <= self.outer_momentum < 1:
-            raise ValueError("outer_momentum must be in [0, 1)")
-        if self.compression not in CODECS:
-            raise ValueError(f"compression must be one of {sorted(CODECS)}")
+            raise TableError("outer_momentum", "must be in [0, 1)")
+        if self.compression not in COMPRESSIONS:
+            raise TableError("compression", f"must be one of {list(COMPRESSIONS)}, "
+                                            f"got {self.compression!r}")
         if not self.deadline_s > 0:
-            raise ValueError("deadline_s must be > 0")
+            raise TableError("deadline_s", "must be > 0")
         if not 0 < self.join_window_s < self.deadline_s / 2:
-            raise ValueError("join_window_s must be in (0, deadline_s / 2)")
+            raise TableError("join_window_s", "must be in (0, deadline_s / 2)")
         if not (0 <= self.period_s and math.isfinite(self.period_s)):
-            raise ValueError("period_s must be >= 0 (0 = adaptive)")
-        if not 0 < self.min_period_s <= self.max_period_s <= 100_000:
-            raise ValueError("need 0 < min_period_s <= max_period_s <= 100000")
+            raise TableError("period_s", "must be >= 0 (0 = adaptive)")
+        if not 0 < self.min_period_s <= self.max_period_s:
+            raise TableError("min_period_s", "need 0 < min_period_s <= max_period_s")
+        if not self.max_period_s <= 100_000:
+            raise TableError("max_period_s", "must be <= 100000")
         if not (0 <= self.prepare_s and math.isfinite(self.prepare_s)):
-            raise ValueError("prepare_s must be >= 0")
+            raise TableError("prepare_s", "must be >= 0")
         if not (self.final_wait_s > 0 and math.isfinite(self.final_wait_s)):
-            raise ValueError("final_wait_s must be a positive finite number")
+            raise TableError("final_wait_s", "must be a positive finite number")
         if self.min_peers < 2:
-            raise ValueError("min_peers must be >= 2")
+            raise TableError("min_peers", "must be >= 2")
         if self.max_peers < self.min_peers:
-            raise ValueError("max_peers must be >= min_peers")
+            raise TableError("max_peers", "must be >= min_peers")
         if not 0 < self.weight <= self.max_weight:
-            raise ValueError("weight must be in (0, max_weight]")
+            raise TableError("weight", "must be in (0, max_weight]")
         if not self.max_norm > 0:
-            raise ValueError("max_norm must be > 0")
+            raise TableError("max_norm", "must be > 0")
         if not self.max_norm_ratio > 1:
-            raise ValueError("max_norm_ratio must be > 1")
-        if self.dht_min_interval_s < 0 or not self.dht_timeout_s > 0:
-            raise ValueError("dht_min_interval_s must be >= 0 and dht_timeout_s > 0")
+            raise TableError("max_norm_ratio", "must be > 1")
+        if self.dht_min_interval_s < 0:
+            raise TableError("dht_min_interval_s", "must be >= 0")
+        if not self.dht_timeout_s > 0:
+            raise TableError("dht_timeout_s", "must be > 0")
         if not self.startup_timeout_s > 0:
-            raise ValueError("startup_timeout_s must be > 0")
+            raise TableError("startup_timeout_s", "must be > 0")
         if not (0 <= self.slow_start_for_tests_s <= 3600):
-            raise ValueError("slow_start_for_tests_s must be in [0, 3600]")
+            raise TableError("slow_start_for_tests_s", "must be in [0, 3600]")
         if not 0 < len(self.swarm_id) <= 64:
-            raise ValueError("swarm_id must be 1..64 characters")
+            raise TableError("swarm_id", "must be 1..64 characters")
         if not self.host_maddrs:
-            raise ValueError("host_maddrs must not be empty")
+            raise TableError("host_maddrs", "must not be empty")
         if self.anchor and not (len(self.anchor) == 64
                                 and all(c in "0123456789abcdef" for c in self.anchor)):
-            raise ValueError("anchor must be empty or a 64-character hex sha256")
+            raise TableError("anchor", "must be empty or a 64-character hex sha256")
         if self.minority_patience < 0:
-            raise ValueError("minority_patience must be >= 0")
+            raise TableError("minority_patience", "must be >= 0")
         if self.state_requests_per_minute < 1:
-            raise ValueError("state_requests_per_minute must be >= 1")
+            raise TableError("state_requests_per_minute", "must be >= 1")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OuterConfig:
+        """From a JSON/TOML table: unknown keys, wrong types and values out of range raise
+        ``protocol.tables.TableError`` (a ValueError) naming the key."""
+        return build_table(cls, data)

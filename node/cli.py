@@ -1,6 +1,9 @@
 """The `swarm-node` command line: a thin layer over NodeConfig. Owns the terminal.
 
-Precedence of settings: config file (--config) < environment (SWARM_NODE_*) < flags.
+Precedence of settings: config file (--config) < environment (SWARM_NODE_*) < flags. A bad
+setting, in any table of the config file or in a flag, ends the command with one line
+(``config error: [outer] evry_rounds: unknown key (did you mean every_rounds?)``) and exit
+status 2 before any process starts: building the NodeConfig checks every child's table.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from typing import Any
 
 import click
 
-from node.config import DEFAULT_DATA_DIR, DEFAULT_LISTEN, DEFAULT_SWARM_ID, ConfigError, NodeConfig
+from node.config import (DEFAULT_DATA_DIR, DEFAULT_LISTEN, DEFAULT_SWARM_ID, FILE_ONLY_KEYS,
+                         ConfigError, NodeConfig)
 from protocol import IdentityError, load_or_create_identity
 
 ENV = "SWARM_NODE_"
@@ -23,6 +27,16 @@ def _setup_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+class BadConfig(click.ClickException):
+    """A ConfigError shown as one line, ``config error: ...``, with exit status 2 (click's
+    status for a usage error): no usage text, no traceback."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"config error: {self.format_message()}", err=True, file=file)
+
+
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value:
         from node.config import load_config_file
@@ -30,7 +44,7 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | 
         try:
             ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value)}
         except ConfigError as e:
-            raise click.BadParameter(str(e)) from None
+            raise BadConfig(str(e)) from None
         ctx.meta["config_file"] = value
 
 
@@ -142,14 +156,25 @@ def local(nodes: int, rounds: int, report: Path, data_dir: Path | None, model: s
 
     swarm = LocalSwarm(nodes=nodes, rounds=rounds, report=report, base_dir=data_dir,
                        model=model, config_file=config_file)
+    # every node is a `join` with these arguments: check them once, before anything starts
+    check_join(swarm.join_args(data_dir or Path("node-0"), CHECK_BOOTSTRAP))
     sys.exit(swarm.run())
+
+
+CHECK_BOOTSTRAP = "/ip4/127.0.0.1/tcp/0/p2p/not-started-yet"
+"""Stands for the bootstrap peer's address (known once it runs) in ``check_join``."""
+
+
+def check_join(args: list[str]) -> NodeConfig:
+    """The NodeConfig that `swarm-node ARGS` (a `join`) would build, or its error raised."""
+    ctx = join.make_context("join", args[1:])
+    return join_config(ctx, {k: v for k, v in ctx.params.items() if k not in ("verbose", "plain")})
 
 
 def join_config(ctx: click.Context, opts: dict[str, Any]) -> NodeConfig:
     """The NodeConfig of a `join`: flags > env > config file (click's default_map)."""
     default_map = ctx.default_map or {}
-    extra = {k: default_map[k] for k in ("gossip", "learner", "outer", "max_restarts",
-                                         "stop_timeout_s", "restart_window_s") if k in default_map}
+    extra = {k: default_map[k] for k in FILE_ONLY_KEYS if k in default_map}
     if not opts["bootstrap"]:
         raise click.UsageError("--bootstrap is required (or SWARM_NODE_BOOTSTRAP / config file); "
                                "start one with `swarm-node bootstrap`, or try `swarm-node local`")
@@ -166,8 +191,8 @@ def _node_config(opts: dict[str, Any], extra: dict[str, Any]) -> NodeConfig:
             values[key] = addrs(values[key])
     try:
         return NodeConfig(**values, **extra)
-    except (ConfigError, TypeError) as e:
-        raise click.UsageError(str(e)) from None
+    except ConfigError as e:
+        raise BadConfig(str(e)) from None
 
 
 def main() -> None:

@@ -1,10 +1,12 @@
 """NodeConfig: everything one `swarm-node join` needs, from file < env < flags.
 
-The CLI builds one NodeConfig; the supervisor derives each child's typed config from it
-(swarm: ``swarm.config.GossipConfig``, learner: ``node.learner.config.LearnerConfig``, outer
-steps: ``collectives.OuterConfig``). Advanced, per-component settings live in the config
-file's ``[gossip]``, ``[learner]`` and ``[outer]`` tables and are passed through to those
-configs' ``from_dict`` (which validate them).
+The CLI builds one NodeConfig; the supervisor derives each child's table from it
+(node/tables.py; swarm: ``swarm.config.GossipConfig``, learner:
+``node.learner.config.LearnerConfig``, outer steps: ``collectives.config.OuterConfig``).
+Advanced, per-component settings live in the config file's ``[gossip]``, ``[learner]`` (and
+its sub-tables) and ``[outer]`` tables. A NodeConfig builds every child's typed config from
+its table on construction, so a bad key or value anywhere is a ``ConfigError`` before any
+child starts. Imports neither torch, hivemind, trio nor libp2p.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.tables import check_tables
+from protocol.tables import TableError, check_table
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -23,6 +28,10 @@ else:  # pragma: no cover
 DEFAULT_DATA_DIR = Path(os.environ.get("HOME", ".")) / ".swarm-node"
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
 DEFAULT_SWARM_ID = "swarm-node-main"
+FILE_ONLY_KEYS = ("gossip", "learner", "outer", "max_restarts", "restart_window_s",
+                  "stop_timeout_s")
+"""NodeConfig fields set only in the config file (the others are options of `join`, whose
+values from the file click converts and checks)."""
 
 
 class ConfigError(ValueError):
@@ -68,48 +77,29 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         if self.rounds is not None and self.rounds < 0:
-            raise ConfigError(f"rounds must be ≥ 0, got {self.rounds}")
-        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
-            raise ConfigError(f"metrics_port must be a TCP port, got {self.metrics_port}")
-        if self.dashboard_port is not None and not 0 <= self.dashboard_port < 65536:
-            raise ConfigError(f"dashboard_port must be a TCP port, got {self.dashboard_port}")
+            raise ConfigError(f"rounds: must be >= 0, got {self.rounds}")
+        for key in ("metrics_port", "dashboard_port"):
+            port = getattr(self, key)
+            if port is not None and not 0 <= port < 65536:
+                raise ConfigError(f"{key}: must be a TCP port, got {port}")
         if self.max_restarts < 0:
-            raise ConfigError("max_restarts must be ≥ 0")
+            raise ConfigError(f"max_restarts: must be >= 0, got {self.max_restarts}")
+        for key in ("restart_window_s", "stop_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{key}: must be > 0, got {getattr(self, key)}")
         if not self.swarm_id or len(self.swarm_id) > 64:
-            raise ConfigError("swarm_id must be 1..64 characters")
+            raise ConfigError("swarm_id: must be 1..64 characters")
         if not self.listen:
-            raise ConfigError("at least one listen address is needed")
-        for addr in (*self.bootstrap, *self.listen, *self.announce):
-            if not addr.startswith("/"):
-                raise ConfigError(f"{addr!r} is not a multiaddr (e.g. /ip4/1.2.3.4/tcp/4001)")
+            raise ConfigError("listen: at least one listen address is needed")
+        for key in ("bootstrap", "listen", "announce"):
+            for addr in getattr(self, key):
+                if not addr.startswith("/"):
+                    raise ConfigError(f"{key}: {addr!r} is not a multiaddr "
+                                      "(e.g. /ip4/1.2.3.4/tcp/4001)")
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
-                raise ConfigError(f"bootstrap address {addr!r} must end in /p2p/<peer-id>")
-        self._check_task_families()
-
-    def _check_task_families(self) -> None:
-        """Refuse unvetted or unknown task families before any child starts (the learner
-        would refuse them too, but only once the swarm is up). Imports no torch."""
-        tasks = self.learner.get("tasks")
-        from node.learner.errors import TaskError
-        from node.learner.tasks import check_family
-        from node.learner.tasks.presets import preset_families
-
-        preset = tasks.get("preset") if isinstance(tasks, dict) else None
-        if preset:
-            try:
-                preset_families(str(preset))
-            except TaskError as e:
-                raise ConfigError(f"[learner.tasks] preset: {e}") from None
-        families = tasks.get("families") if isinstance(tasks, dict) else None
-        if not isinstance(families, (list, tuple)):
-            return
-
-        for family in families:
-            try:
-                check_family(str(family))
-            except TaskError as e:
-                raise ConfigError(f"[learner.tasks] families: {e}") from None
+                raise ConfigError(f"bootstrap: {addr!r} must end in /p2p/<peer-id>")
+        check_tables(self)  # every child's typed config, from the table it will be handed
 
     @property
     def status_path(self) -> Path:
@@ -125,9 +115,9 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    known = set(NodeConfig.__dataclass_fields__)
-    unknown = set(data) - known
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown keys {sorted(unknown)}; "
-                          f"known: {sorted(known)}")
+    options = set(NodeConfig.__dataclass_fields__) - set(FILE_ONLY_KEYS)
+    try:  # unknown keys, and the types of the keys no option converts
+        check_table(NodeConfig, {k: v for k, v in data.items() if k not in options})
+    except TableError as e:
+        raise ConfigError(str(e)) from None
     return data

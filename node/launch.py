@@ -1,8 +1,9 @@
 """From a NodeConfig to running processes: `join` (supervisor) and `bootstrap`.
 
 The supervisor process imports neither libp2p nor torch/hivemind: each child gets its
-config as JSON and validates it with its own typed config (GossipConfig, LearnerConfig,
-OuterConfig), exiting with a clear message if a value is wrong.
+config as a JSON table (node/tables.py) and builds its typed config (GossipConfig,
+LearnerConfig, OuterConfig) from it; the NodeConfig built those same configs from the same
+tables already, so a child refuses one only if this node's code is wrong.
 """
 
 from __future__ import annotations
@@ -16,41 +17,13 @@ from typing import Any
 
 from node.child import Child, Event, python_module
 from node.config import NodeConfig
-from node.supervisor import Supervisor, ipc_path_for
+from node.supervisor import Supervisor
+from node.tables import collective_addr, gossip_table, ipc_path_for, learner_table
 from protocol import IdentityError, load_or_create_identity
 
+__all__ = ["collective_addr", "run_bootstrap", "run_node"]
+
 log = logging.getLogger(__name__)
-
-
-def gossip_dict(config: NodeConfig, *, ipc_path: str | None, bootstrap_only: bool) -> dict[str, Any]:
-    return {**config.gossip, "data_dir": str(config.data_dir), "listen": list(config.listen),
-            "announce": list(config.announce), "bootstrap": list(config.bootstrap),
-            "swarm_id": config.swarm_id, "bootstrap_only": bootstrap_only, "ipc_path": ipc_path}
-
-
-def learner_payload(config: NodeConfig, *, ipc_path: str, rounds: int | None) -> dict[str, Any]:
-    learner = dict(config.learner)
-    learner["data_dir"] = str(config.data_dir)
-    policy = dict(learner.get("policy", {}))
-    policy.update(model=config.model, device=config.device)
-    learner["policy"] = policy
-    outer = {"swarm_id": config.swarm_id,
-             "host_maddrs": [collective_addr(a) for a in config.listen],
-             "announce_maddrs": [collective_addr(a) for a in config.announce], **config.outer}
-    return {"ipc_path": ipc_path, "rounds": rounds, "data_dir": str(config.data_dir),
-            "learner": learner, "outer": outer}
-
-
-def collective_addr(swarm_addr: str) -> str:
-    """The collective (hivemind p2pd) listens next to the swarm: same IP, swarm port + 1
-    (port 0 stays 0). So a node behind NAT forwards two ports: 4001 and 4002 by default."""
-    parts = swarm_addr.split("/")
-    if "tcp" in parts:
-        i = parts.index("tcp") + 1
-        if i < len(parts) and parts[i].isdigit() and parts[i] != "0":
-            parts[i] = str(int(parts[i]) + 1)
-        del parts[i + 1:]  # drop /p2p/... suffixes
-    return "/".join(parts)
 
 
 def _check_identity(config: NodeConfig) -> str | None:
@@ -66,10 +39,10 @@ def run_node(config: NodeConfig, *, live: bool = False) -> int:
         return 1
     ipc = str(ipc_path_for(config.data_dir))
     swarm_argv = python_module("swarm", "--config-json",
-                               json.dumps(gossip_dict(config, ipc_path=ipc, bootstrap_only=False)))
+                               json.dumps(gossip_table(config, ipc_path=ipc, bootstrap_only=False)))
 
     def learner_argv(rounds: int | None) -> list[str]:
-        payload = learner_payload(config, ipc_path=ipc, rounds=rounds)
+        payload = learner_table(config, ipc_path=ipc, rounds=rounds)
         return python_module("node.learner_process", "--config-json", json.dumps(payload))
 
     return Supervisor(config, swarm_argv, learner_argv, live=live).run()
@@ -82,7 +55,7 @@ def run_bootstrap(config: NodeConfig, *, on_ready: Callable[[list[str]], Any]) -
         return 1
     events: queue.Queue[Event] = queue.Queue()
     argv = python_module("swarm", "--config-json",
-                         json.dumps(gossip_dict(config, ipc_path=None, bootstrap_only=True)))
+                         json.dumps(gossip_table(config, ipc_path=None, bootstrap_only=True)))
     child = Child("swarm", argv, events)
     stopping = False
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from collectives.config import OuterConfig
 from node.child import child_pids, supervisor_pid, watch_parent
 
 log = logging.getLogger("node.learner_process")
@@ -156,11 +157,9 @@ class OuterHook:
     its own (``collectives.Startup``: p2pd, reachability probes, DHT, genesis weights), never
     on the training thread; runs its outer steps once it is up."""
 
-    def __init__(self, outer_cfg: dict[str, Any], bridge: AnnouncingBridge, data_dir: str,
+    def __init__(self, config: OuterConfig, bridge: AnnouncingBridge, data_dir: str,
                  learner_config: Any = None, stop: threading.Event | None = None) -> None:
-        from collectives import OuterConfig
-
-        self.config = OuterConfig(**outer_cfg)
+        self.config = config
         self.bridge = bridge
         self.data_dir = data_dir
         self.learner_config = learner_config
@@ -340,11 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     from node.learner.config import LearnerConfig
     from node.learner.loop import run_learner
 
-    try:
+    try:  # the supervisor checked both tables already (node/preflight.py): the same builders
         config = LearnerConfig.from_dict(payload["learner"])
+        outer_config = OuterConfig.from_dict(payload.get("outer") or {})
     except (ValueError, TypeError) as e:
         log.error("invalid learner configuration: %s", e)
-        return 2
+        emit("fatal", error=f"invalid configuration: {e}")
+        return EXIT_FATAL
     from node.locks import DataDirBusy, DirLock
 
     supervisor = supervisor_pid()
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
 
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
-    outer = OuterHook(payload.get("outer") or {}, bridge, payload["data_dir"], config, stop)
+    outer = OuterHook(outer_config, bridge, payload["data_dir"], config, stop)
     from node.learner.errors import LearnerError
 
     finished = False

@@ -105,17 +105,21 @@ class LocalSwarm:
                 return line
         raise SystemExit("the bootstrap peer did not start in time")
 
-    def _start_node(self, name: str, data_dir: Path, bootstrap: str) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
+    def join_args(self, data_dir: Path, bootstrap: str) -> list[str]:
+        """The arguments of one node's `swarm-node join` (the CLI checks them before any
+        process starts)."""
         args = ["join", "--bootstrap", bootstrap, "--listen", LOOPBACK, "--data-dir", str(data_dir),
                 "--rounds", str(self.rounds), "--report", str(data_dir / "report.json"),
-                "--swarm-id", self.swarm_id, "--model", self.model, "--plain"]
-        if self.config_file:
-            args += ["--config", self.config_file]
-        env = {**os.environ, "SWARM_NODE_DEVICE": os.environ.get("SWARM_NODE_DEVICE", "cpu")}
+                "--swarm-id", self.swarm_id, "--model", self.model, "--plain",
+                "--device", os.environ.get("SWARM_NODE_DEVICE", "cpu")]
+        return args + ["--config", self.config_file] if self.config_file else args
+
+    def _start_node(self, name: str, data_dir: Path, bootstrap: str) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
         with open(data_dir / "node.log", "ab") as logf:
-            self._procs[name] = subprocess.Popen(self._cli(*args), stdout=logf, stderr=logf,
-                                                 stdin=subprocess.DEVNULL, env=env)
+            self._procs[name] = subprocess.Popen(self._cli(*self.join_args(data_dir, bootstrap)),
+                                                 stdout=logf, stderr=logf,
+                                                 stdin=subprocess.DEVNULL)
 
     def _wait(self, base: Path) -> dict[str, int]:
         nodes = [n for n in self._procs if n != "bootstrap"]

@@ -16,11 +16,9 @@ leaves; both get ``stop_timeout_s`` before they are killed.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,15 +42,6 @@ class NodeFailed(RuntimeError):
     def __init__(self, message: str, *, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-def ipc_path_for(data_dir: Path) -> Path:
-    """data_dir/swarm.sock, or a short path in /tmp when that is too long for AF_UNIX."""
-    path = Path(data_dir).resolve() / "swarm.sock"
-    if len(str(path)) <= 100:
-        return path
-    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"swarm-node-{digest}.sock"
 
 
 @dataclass

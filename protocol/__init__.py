@@ -13,6 +13,8 @@ Layers, bottom up::
     envelope  – signed envelope: seal() / open_envelope(); max_body_bytes()
     batching  – split_rollouts(): RolloutBatches sized to fit one sealed message
     replay    – ReplayGuard: time window + nonce dedupe with bounded memory
+    tables    – build_table(): a config dataclass from a JSON/TOML table, or TableError naming
+                the key (the tables a node hands its children; stdlib only)
 """
 
 from __future__ import annotations

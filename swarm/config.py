@@ -7,10 +7,22 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.tables import TableError, build_table
+
 __all__ = ["ROLLOUT_MODES", "GossipConfig"]
 
 ROLLOUT_MODES = ("feeds", "flood")
 _TUPLES = ("listen", "announce", "bootstrap", "capabilities", "collective_addrs")
+_POSITIVE = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s",
+             "announce_interval_s", "announce_rate_per_s", "announce_interval_max_s",
+             "announce_min_gap_s", "peer_ttl_s", "maintain_interval_s", "heartbeat_interval_s",
+             "gossip_degree", "outbox_size", "inbox_size", "rate_per_s", "rate_burst",
+             "replay_window_s", "log_every_s", "graylist_ban_s", "feed_sources", "feed_rotate_s",
+             "feed_max_subscribers", "feed_queue", "feed_backfill_s", "feed_cooldown_s",
+             "feed_subscribe_per_s", "feed_subscribe_burst", "feed_write_timeout_s",
+             "reachability_interval_s", "relay_reservations", "relay_max_reservations",
+             "relay_max_circuits", "relay_circuit_s", "relay_circuit_bytes",
+             "relay_reservation_ttl_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,56 +144,46 @@ class GossipConfig:
         for name in _TUPLES:
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
-                raise ValueError(f"GossipConfig.{name} must be a sequence of non-empty strings")
+                raise TableError(name, "must be a sequence of non-empty strings")
             object.__setattr__(self, name, tuple(value))
         if not self.data_dir:
-            raise ValueError("GossipConfig.data_dir must be set")
+            raise TableError("data_dir", "must be set")
         if not self.listen:
-            raise ValueError("GossipConfig.listen needs at least one multiaddr")
+            raise TableError("listen", "needs at least one multiaddr")
         if not self.swarm_id or len(self.swarm_id) > 64 or "/" in self.swarm_id:
-            raise ValueError("GossipConfig.swarm_id must be 1..64 characters without '/'")
+            raise TableError("swarm_id", "must be 1..64 characters without '/'")
         if self.ipc_path is not None and not self.ipc_path:
-            raise ValueError("GossipConfig.ipc_path must be a path or None")
+            raise TableError("ipc_path", "must be a path or None")
         if self.ipc_path is not None and self.bootstrap_only:
-            raise ValueError("GossipConfig: a bootstrap_only peer serves no learner (ipc_path)")
-        positive = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s",
-                    "announce_interval_s", "announce_rate_per_s", "announce_interval_max_s",
-                    "announce_min_gap_s", "peer_ttl_s", "maintain_interval_s",
-                    "heartbeat_interval_s", "gossip_degree", "outbox_size", "inbox_size",
-                    "rate_per_s", "rate_burst", "replay_window_s", "log_every_s", "graylist_ban_s",
-                    "feed_sources", "feed_rotate_s", "feed_max_subscribers", "feed_queue",
-                    "feed_backfill_s", "feed_cooldown_s", "feed_subscribe_per_s",
-                    "feed_subscribe_burst", "feed_write_timeout_s",
-                    "reachability_interval_s", "relay_reservations", "relay_max_reservations",
-                    "relay_max_circuits", "relay_circuit_s", "relay_circuit_bytes",
-                    "relay_reservation_ttl_s")
-        for name in positive:
+            raise TableError("bootstrap_only", "a bootstrap_only peer serves no learner (ipc_path)")
+        for name in _POSITIVE:
             if not getattr(self, name) > 0:
-                raise ValueError(f"GossipConfig.{name} must be positive, got {getattr(self, name)}")
+                raise TableError(name, f"must be positive, got {getattr(self, name)}")
         if self.gossip_degree < 3:
-            raise ValueError("GossipConfig.gossip_degree must be at least 3")
+            raise TableError("gossip_degree", "must be at least 3")
         if self.max_peers < self.target_peers:
-            raise ValueError("GossipConfig.max_peers must be >= target_peers")
-        if self.publish_interval_s < 0 or self.max_future_s < 0:
-            raise ValueError("GossipConfig.publish_interval_s and max_future_s must be >= 0")
+            raise TableError("max_peers", "must be >= target_peers")
+        for name in ("publish_interval_s", "max_future_s"):
+            if getattr(self, name) < 0:
+                raise TableError(name, "must be >= 0")
         if self.invalid_message_weight < 0:
-            raise ValueError("GossipConfig.invalid_message_weight must be >= 0 (it is subtracted)")
+            raise TableError("invalid_message_weight", "must be >= 0 (it is subtracted)")
         if self.graylist_threshold >= 0:
-            raise ValueError("GossipConfig.graylist_threshold must be negative")
+            raise TableError("graylist_threshold", "must be negative")
         if self.rollout_mode not in ROLLOUT_MODES:
-            raise ValueError(f"GossipConfig.rollout_mode must be one of {ROLLOUT_MODES}")
+            raise TableError("rollout_mode", f"must be one of {list(ROLLOUT_MODES)}, "
+                                             f"got {self.rollout_mode!r}")
         if not isinstance(self.relay_service, bool):
-            raise ValueError("GossipConfig.relay_service must be a bool")
+            raise TableError("relay_service", "must be a bool")
         if self.relay_reservation_ttl_s < 120:
-            raise ValueError("GossipConfig.relay_reservation_ttl_s must be >= 120 (refreshed "
-                             "60 s before expiry)")
+            raise TableError("relay_reservation_ttl_s", "must be >= 120 (refreshed 60 s before "
+                                                        "expiry)")
         if self.peer_ttl_s <= self.announce_interval_s:
-            raise ValueError("GossipConfig.peer_ttl_s must exceed announce_interval_s")
+            raise TableError("peer_ttl_s", "must exceed announce_interval_s")
         if not self.announce_interval_s <= self.announce_interval_max_s <= 86_400:
-            raise ValueError("GossipConfig.announce_interval_max_s must be in "
-                             "[announce_interval_s, 86400]")
+            raise TableError("announce_interval_max_s", "must be in [announce_interval_s, 86400]")
         if self.announce_min_gap_s > self.announce_interval_s:
-            raise ValueError("GossipConfig.announce_min_gap_s must not exceed announce_interval_s")
+            raise TableError("announce_min_gap_s", "must not exceed announce_interval_s")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (tuples become lists)."""
@@ -190,18 +192,9 @@ class GossipConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GossipConfig:
-        """Inverse of to_dict; unknown keys raise ValueError (a typo must not pass silently)."""
-        if not isinstance(d, dict):
-            raise ValueError("GossipConfig.from_dict expects a dict")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"GossipConfig: unknown keys {unknown}")
-        values = {k: (tuple(v) if k in _TUPLES and isinstance(v, list) else v) for k, v in d.items()}
-        try:
-            return cls(**values)
-        except TypeError as e:
-            raise ValueError(f"GossipConfig: {e}") from None
+        """Inverse of to_dict. Unknown keys (a typo must not pass silently), wrong types and
+        values out of range raise ``protocol.tables.TableError`` (a ValueError) naming the key."""
+        return build_table(cls, d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -1,8 +1,10 @@
 """Configuration of the learner: one frozen dataclass per component, composed in LearnerConfig.
 
-Every field has a docstring and is validated in ``__post_init__`` (``ValueError`` naming the
-field). ``LearnerConfig.to_dict()`` / ``from_dict()`` give a JSON-able form so a supervisor
-can hand the config to a child process.
+Every field has a docstring and is validated in ``__post_init__`` (``TableError``, a
+``ValueError``, naming the field). ``LearnerConfig.to_dict()`` / ``from_dict()`` give a
+JSON-able form so a supervisor can hand the config to a child process. Imports no torch: the
+supervisor checks a node's ``[learner]`` table with it before any child starts
+(node/preflight.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from protocol.tables import TableError, build_table
 
 __all__ = [
     "ENGINE_BACKENDS",
@@ -29,14 +33,14 @@ def _positive(obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if not value > 0:
-            raise ValueError(f"{type(obj).__name__}.{name} must be positive, got {value!r}")
+            raise TableError(name, f"must be positive, got {value!r}")
 
 
 def _non_negative(obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if not value >= 0:
-            raise ValueError(f"{type(obj).__name__}.{name} must be >= 0, got {value!r}")
+            raise TableError(name, f"must be >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,11 +62,11 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         if not self.model:
-            raise ValueError("PolicyConfig.model must be non-empty")
+            raise TableError("model", "must be non-empty")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"PolicyConfig.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
+            raise TableError("dtype", f"must be auto/float32/bfloat16/float16, got {self.dtype!r}")
         if not (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")):
-            raise ValueError(f"PolicyConfig.device: unknown device {self.device!r}")
+            raise TableError("device", f"unknown device {self.device!r}")
         _non_negative(self, "threads")
 
 
@@ -105,20 +109,20 @@ class EngineConfig:
         if self.stop is not None:
             object.__setattr__(self, "stop", tuple(self.stop))
             if any(not s for s in self.stop):
-                raise ValueError("EngineConfig.stop must not contain empty strings")
+                raise TableError("stop", "must not contain empty strings")
         if self.max_new_tokens is not None:
             _positive(self, "max_new_tokens")
         _positive(self, "temperature", "top_p")
         if self.top_p > 1:
-            raise ValueError(f"EngineConfig.top_p must be in (0, 1], got {self.top_p}")
+            raise TableError("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.backend not in ENGINE_BACKENDS:
-            raise ValueError(f"EngineConfig.backend must be one of {ENGINE_BACKENDS}, "
+            raise TableError("backend", f"must be one of {ENGINE_BACKENDS}, "
                              f"got {self.backend!r}")
         if self.prompt_format not in PROMPT_FORMATS:
-            raise ValueError(f"EngineConfig.prompt_format must be one of {PROMPT_FORMATS}, "
+            raise TableError("prompt_format", f"must be one of {PROMPT_FORMATS}, "
                              f"got {self.prompt_format!r}")
         if not 0 < self.gpu_memory_utilization < 1:
-            raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1), "
+            raise TableError("gpu_memory_utilization", f"must be in (0, 1), "
                              f"got {self.gpu_memory_utilization}")
 
 
@@ -151,13 +155,13 @@ class TaskConfig:
             try:
                 wanted = preset_families(self.preset)
             except TaskError as e:
-                raise ValueError(f"TaskConfig.preset: {e}") from None
+                raise TableError("preset", str(e)) from None
             if self.families not in (_DEFAULT_FAMILIES, wanted):
-                raise ValueError(f"TaskConfig: preset {self.preset!r} sets the families; "
-                                 f"do not give families={list(self.families)} as well")
+                raise TableError("families", f"preset {self.preset!r} sets the families; do "
+                                             f"not give families={list(self.families)} as well")
             object.__setattr__(self, "families", wanted)
         if not self.families:
-            raise ValueError("TaskConfig.families must name at least one family")
+            raise TableError("families", "must name at least one family")
         from node.learner.errors import TaskError
         from node.learner.tasks import check_family
 
@@ -165,13 +169,13 @@ class TaskConfig:
             try:
                 check_family(fam)
             except TaskError as e:
-                raise ValueError(f"TaskConfig.families: {e}") from None
+                raise TableError("families", str(e)) from None
         for fam, cfg in self.family_config.items():
             if not isinstance(cfg, dict):
-                raise ValueError(f"TaskConfig.family_config[{fam!r}] must be a dict")
+                raise TableError("family_config", f"[{fam!r}] must be a table")
             for k, v in cfg.items():
                 if not isinstance(v, (str, int, float, bool)):
-                    raise ValueError(f"TaskConfig.family_config[{fam!r}][{k!r}] must be a scalar")
+                    raise TableError("family_config", f"[{fam!r}][{k!r}] must be a scalar")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,7 +225,7 @@ class TrainerConfig:
         _non_negative(self, "clip_low", "clip_high", "kl_coef", "entropy_coef", "grad_clip",
                       "weight_decay")
         if self.clip_low >= 1:
-            raise ValueError(f"TrainerConfig.clip_low must be < 1, got {self.clip_low}")
+            raise TableError("clip_low", f"must be < 1, got {self.clip_low}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,10 +236,9 @@ class SapoConfig:
     """Question-group budget per round (I + J), equal in every configuration, as the paper."""
     completions_per_question: int = 8
     """Completions sampled per local question (the paper's L = 8)."""
-    local: int = 4
-    """I: question groups generated locally each round when enough external groups exist."""
     external: int = 4
-    """J: external question groups wanted per round; shortfall is filled with local ones.
+    """J: external question groups wanted per round; the rest of the budget (I =
+    ``questions_per_round`` - J, and any shortfall of J) is generated locally.
     ``external = 0`` is plain single-node RL."""
     filter_zero_advantage: bool = True
     """Discard external groups whose re-scored rewards are all equal before sampling (paper)."""
@@ -276,23 +279,22 @@ class SapoConfig:
     def __post_init__(self) -> None:
         _positive(self, "questions_per_round", "completions_per_question", "pool_capacity",
                   "max_receive", "per_sender_round", "max_senders", "dedupe_window")
-        _non_negative(self, "local", "external", "max_age_rounds", "newcomer_round",
+        _non_negative(self, "external", "max_age_rounds", "newcomer_round",
                       "trust_after", "trust_min", "min_external", "baseline_momentum")
-        if self.local + self.external != self.questions_per_round:
-            raise ValueError(
-                f"SapoConfig.local + external must equal questions_per_round "
-                f"({self.local} + {self.external} != {self.questions_per_round})")
+        if self.external > self.questions_per_round:
+            raise TableError("external", f"must be <= questions_per_round "
+                                         f"({self.questions_per_round}), got {self.external}")
         if not 0 < self.sender_pool_share <= 1:
-            raise ValueError(f"SapoConfig.sender_pool_share must be in (0, 1], got {self.sender_pool_share}")
+            raise TableError("sender_pool_share", f"must be in (0, 1], got {self.sender_pool_share}")
         if self.trust_min > 1:
-            raise ValueError(f"SapoConfig.trust_min must be in [0, 1], got {self.trust_min}")
+            raise TableError("trust_min", f"must be in [0, 1], got {self.trust_min}")
         if self.baseline_momentum >= 1:
-            raise ValueError(f"SapoConfig.baseline_momentum must be < 1, got {self.baseline_momentum}")
+            raise TableError("baseline_momentum", f"must be < 1, got {self.baseline_momentum}")
         if self.min_external > self.external:
-            raise ValueError(f"SapoConfig.min_external ({self.min_external}) must be <= external "
-                             f"({self.external})")
+            raise TableError("min_external", f"({self.min_external}) must be <= external "
+                                             f"({self.external})")
         if self.completions_per_question < 2:
-            raise ValueError("SapoConfig.completions_per_question must be >= 2 (group advantages)")
+            raise TableError("completions_per_question", "must be >= 2 (group advantages)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,7 +322,7 @@ class VerifyConfig:
         _non_negative(self, "memory_mb", "max_restarts")
         _positive(self, "cpu_s", "rollout_timeout_s", "call_timeout_s", "start_timeout_s")
         if 0 < self.memory_mb < 256:
-            raise ValueError(f"VerifyConfig.memory_mb must be 0 or >= 256, got {self.memory_mb}")
+            raise TableError("memory_mb", f"must be 0 or >= 256, got {self.memory_mb}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,15 +358,15 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         if not self.data_dir:
-            raise ValueError("LearnerConfig.data_dir must be non-empty")
+            raise TableError("data_dir", "must be non-empty")
         _non_negative(self, "checkpoint_every", "checkpoint_every_s", "seed")
         _positive(self, "keep_checkpoints")
         if not math.isfinite(self.checkpoint_every_s):
-            raise ValueError("LearnerConfig.checkpoint_every_s must be finite")
+            raise TableError("checkpoint_every_s", "must be finite")
         if not (1.0 <= self.slowdown_for_tests <= 100.0):
-            raise ValueError("LearnerConfig.slowdown_for_tests must be in [1, 100]")
+            raise TableError("slowdown_for_tests", "must be in [1, 100]")
         if not math.isfinite(self.seed):
-            raise ValueError("LearnerConfig.seed must be finite")
+            raise TableError("seed", "must be finite")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (tuples become lists)."""
@@ -372,29 +374,10 @@ class LearnerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LearnerConfig:
-        """Inverse of ``to_dict``; unknown keys raise ValueError."""
-        subs = {"policy": PolicyConfig, "engine": EngineConfig, "tasks": TaskConfig,
-                "trainer": TrainerConfig, "sapo": SapoConfig, "verify": VerifyConfig}
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in subs:
-                kwargs[key] = _build(subs[key], value)
-            else:
-                kwargs[key] = value
-        return _build(cls, kwargs)
-
-
-def _build(cls: type, data: Any) -> Any:
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__}: expected a dict, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}")
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return cls(**kwargs)
+        """Inverse of ``to_dict``. Unknown keys, wrong types and values out of range raise
+        ``protocol.tables.TableError`` (a ValueError) naming the key, dotted within a sub-table
+        (``sapo.external``)."""
+        return build_table(cls, data)
 
 
 def _jsonable(obj: Any) -> Any:

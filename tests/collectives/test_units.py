@@ -28,6 +28,13 @@ def test_all_is_exported() -> None:
         assert hasattr(collectives, name)
 
 
+def test_config_names_every_codec_and_only_those() -> None:
+    """OuterConfig checks ``compression`` against its own torch-free list of names."""
+    from collectives.config import COMPRESSIONS
+
+    assert sorted(COMPRESSIONS) == sorted(CODECS)
+
+
 @pytest.mark.parametrize("name", sorted(CODECS))
 def test_codec_pipeline_matches_reference_mean(name: str) -> None:
     """Sender encodes, reducer decodes + means, encodes once, everyone decodes: vs true mean."""

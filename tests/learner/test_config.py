@@ -11,13 +11,13 @@ def test_round_trip_through_json():
     cfg = LearnerConfig(data_dir="/tmp/x", seed=3, engine=EngineConfig(stop=("\n", "END")),
                         tasks=TaskConfig(families=("tiny_add", "basic_arithmetic"),
                                          family_config={"tiny_add": {"max_operand": 5}}),
-                        sapo=SapoConfig(local=6, external=2))
+                        sapo=SapoConfig(external=2))
     again = LearnerConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
 
 
 @pytest.mark.parametrize("build", [
-    lambda: SapoConfig(local=4, external=3),
+    lambda: SapoConfig(external=9),
     lambda: SapoConfig(completions_per_question=1),
     lambda: TrainerConfig(lr=0),
     lambda: TrainerConfig(clip_low=1.0),
@@ -32,7 +32,7 @@ def test_invalid_values_raise_value_error(build):
 
 
 def test_unknown_keys_are_rejected():
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="trainer.learning_rate: unknown key"):
         LearnerConfig.from_dict({"data_dir": "/tmp/x", "trainer": {"learning_rate": 1}})
 
 

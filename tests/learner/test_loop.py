@@ -103,7 +103,7 @@ def test_consumer_only_node_with_no_local_questions(tmp_path, embedded_base):
     consumer = hub.bridge(Identity.from_seed(bytes([8]) * 32))
     run_learner(_config(make_data_dir(tmp_path, embedded_base, "p")), producer, rounds=1)
     rep = run_learner(_config(make_data_dir(tmp_path, embedded_base, "c"),
-                              sapo=SapoConfig(local=0, external=8)), consumer, rounds=2)
+                              sapo=SapoConfig(external=8)), consumer, rounds=2)
     first, second = rep["rounds"]
     assert first["local_used"] + first["external_used"] == 8 and first["external_used"] > 0
     assert second["local_used"] == 8 - second["external_used"]  # pool may be empty: fill locally

@@ -37,7 +37,7 @@ def _config(data_dir, qwen_dir, *, local: int, external: int) -> LearnerConfig:
         # three of the paper's families with one right answer each (binary_matrix: our scorer)
         tasks=TaskConfig(families=("basic_arithmetic", "base_conversion", "binary_matrix")),
         sapo=SapoConfig(questions_per_round=local + external, completions_per_question=4,
-                        local=local, external=external))
+                        external=external))
 
 
 def test_full_sapo_round_with_a_local_qwen2_chat_model(tmp_path, qwen_dir, monkeypatch):

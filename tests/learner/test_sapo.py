@@ -64,17 +64,17 @@ def _earn_trust(pool: ExternalPool, sender: str, start: int = 900_000) -> None:
 # -- I/J split ---------------------------------------------------------------------------------
 
 def test_plan_round_keeps_the_budget():
-    cfg = SapoConfig(questions_per_round=8, local=4, external=4)
+    cfg = SapoConfig(questions_per_round=8, external=4)
     assert plan_round(cfg, 10) == (4, 4)
     assert plan_round(cfg, 1) == (7, 1)
     assert plan_round(cfg, 0) == (8, 0)
-    assert plan_round(SapoConfig(local=8, external=0), 10) == (8, 0)
+    assert plan_round(SapoConfig(external=0), 10) == (8, 0)
     # signals are ignored unless adaptive_external is on
     assert plan_round(cfg, 10, RoundSignals(external_signal=0.0)) == (4, 4)
 
 
 def test_adaptive_j_stays_within_bounds():
-    cfg = SapoConfig(local=2, external=6, min_external=1, adaptive_external=True)
+    cfg = SapoConfig(external=6, min_external=1, adaptive_external=True)
     grid = [i / 4 for i in range(5)]
     for flat in grid:
         for useful in grid:
@@ -87,7 +87,7 @@ def test_adaptive_j_stays_within_bounds():
 
 
 def test_adaptive_j_responds_to_what_the_node_measures():
-    cfg = SapoConfig(local=0, external=8, adaptive_external=True)
+    cfg = SapoConfig(external=8, adaptive_external=True)
     useless = RoundSignals(local_flat=1.0, external_signal=0.0)
     assert adaptive_target(cfg, useless) == 0                      # externals never help: none
     flat = adaptive_target(cfg, RoundSignals(local_flat=1.0, external_signal=1.0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from collectives.config import OuterConfig
 from node.learner_process import OuterHook
 
 CIRCUIT = "/ip4/10.0.0.9/tcp/4001/p2p/12D3KooWRelay/p2p-circuit/p2p/{}"
@@ -31,7 +32,7 @@ def test_a_peer_behind_nat_is_tunnelled_only_once_it_announced_its_collective() 
         return "127.0.0.1", 4000 + len(tunnels)
 
     bridge = SimpleNamespace(model="m", peers=lambda: peers, tunnel=tunnel)
-    hook = OuterHook({}, bridge, "/nonexistent")  # type: ignore[arg-type]
+    hook = OuterHook(OuterConfig(), bridge, "/nonexistent")  # type: ignore[arg-type]
     assert hook._discover() == ["/ip4/127.0.0.1/tcp/4001/p2p/B", "/ip4/10.0.0.3/tcp/7/p2p/C"]
     assert tunnels == ["B"]
 
@@ -54,8 +55,8 @@ def test_a_leaving_node_starts_no_outer_step_after_its_last_round() -> None:
     import threading
 
     stop = threading.Event()
-    hook = OuterHook({}, SimpleNamespace(model="m"), "/nonexistent",  # type: ignore[arg-type]
-                     stop=stop)
+    hook = OuterHook(OuterConfig(), SimpleNamespace(model="m"),  # type: ignore[arg-type]
+                     "/nonexistent", stop=stop)
     hook.loop = loop = _Loop()
     hook(None, 0)
     stop.set()

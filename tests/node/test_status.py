@@ -9,7 +9,7 @@ import sys
 import time
 
 from node.status import StatusBoard, check_status
-from node.supervisor import ipc_path_for
+from node.tables import ipc_path_for
 
 
 def test_fresh_status_of_a_live_node_is_healthy(tmp_path):
