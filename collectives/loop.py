@@ -190,6 +190,13 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         with self._lock:
             return self._state.hash()
 
+    def state(self) -> OuterState:
+        """A copy of the outer state (θ_global, momentum, version) with its hash recorded:
+        what a checkpoint keeps of it (the copy costs 8 bytes per parameter)."""
+        with self._lock:
+            digest = self._state.hash()
+            return self._state.clone().with_digest(digest)
+
     @property
     def in_flight(self) -> bool:
         """Whether an attempt runs in the background."""

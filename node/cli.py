@@ -161,6 +161,40 @@ def local(nodes: int, rounds: int, report: Path, data_dir: Path | None, model: s
     sys.exit(swarm.run())
 
 
+@cli.command()
+@_data_dir_opt()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--version", "version", type=click.Choice(["local", "outer"]), default="local",
+              show_default=True,
+              help="local: the weights of the node's newest checkpoint (what it trains and "
+                   "samples with). outer: θ_global of its last applied outer step.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("-v", "--verbose", is_flag=True)
+def export(data_dir: Path, out: Path, version: str, force: bool, verbose: bool) -> None:
+    """Write the node's policy to OUT as a Hugging Face model directory.
+
+    Safetensors weights, tokenizer (and chat template), generation config, a model card
+    (README.md) and provenance.json; transformers' AutoModelForCausalLM/AutoTokenizer and
+    vLLM load OUT as is. Safe while the node runs: it reads the newest complete checkpoint.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.ERROR, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from node.export import ExportError, export_model
+
+    try:
+        done = export_model(data_dir, out, version=version, force=force)
+    except ExportError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    prov = done.provenance
+    if done.running_pid is not None:
+        click.echo(f"note: a node (pid {done.running_pid}) is running on {data_dir}; exported "
+                   f"its newest checkpoint, {prov['checkpoint']}", err=True)
+    outer = (f", outer version {prov['outer_version']} ({prov['outer_state_hash'][:12]})"
+             if prov["outer_state_hash"] else "")
+    click.echo(f"exported the {version} policy after {prov['rounds']} rounds{outer} to {out}")
+
+
 CHECK_BOOTSTRAP = "/ip4/127.0.0.1/tcp/0/p2p/not-started-yet"
 """Stands for the bootstrap peer's address (known once it runs) in ``check_join``."""
 

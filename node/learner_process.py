@@ -280,6 +280,11 @@ class OuterHook:
             emit("outer", record=record)
         return record
 
+    def state(self) -> Any:
+        """The node's outer state now (a copy, for checkpoints); None before the collective
+        is up."""
+        return self.loop.state() if self.loop is not None else None
+
     def close(self, *, final_step: bool = False) -> None:
         """Collect a step still running (its record is emitted); with ``final_step`` (the
         run ended by itself, not by a signal) the last steps (``OuterLoop.finish``: it keeps
@@ -379,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                              on_phase=lambda name, done, total: emit(
                                  "phase", phase=name, done=done, total=total),
                              on_checkpoint=lambda r, path, secs: emit(
-                                 "checkpoint", round=r, path=str(path), seconds=round(secs, 3)))
+                                 "checkpoint", round=r, path=str(path), seconds=round(secs, 3)),
+                             swarm_id=outer.config.swarm_id, outer_state=outer.state)
         finished = not stop.is_set()
     except (LearnerError, ValueError) as e:
         log.error("%s", e)

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,22 @@ class DirLock:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid holding ``path``'s lock, tested without taking it (``F_GETLK``: a reader that
+    took the lock even for a moment could make a node starting then fail); None if free or
+    there is no lock file. Linux ``struct flock`` layout."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        query = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        l_type, _, _, _, pid = struct.unpack("@hhqqi4x", fcntl.fcntl(fd, fcntl.F_GETLK, query))
+    finally:
+        os.close(fd)
+    return None if l_type == fcntl.F_UNLCK else pid
 
 
 def _signal(pid: int, pgid: int | None, sig: int) -> None:

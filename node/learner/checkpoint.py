@@ -6,7 +6,12 @@ Layout under ``<data_dir>/checkpoints/``::
         model.safetensors     trained weights (safetensors, no pickle)
         optimizer.pt          optimizer state_dict (tensors/numbers only; weights_only load)
         rng.pt                torch RNG state (weights_only load)
-        meta.json             round, fingerprint, sha256 of every file above
+        outer.safetensors     θ_global and momentum of the node's outer state (fp32, flat),
+                              only once the node has applied an outer step (version >= 1)
+        meta.json             round, fingerprint, sha256 of every file above, and
+                              ``provenance`` (base model name, swarm id, task families) and
+                              ``outer`` (version and state hash, ``OuterState.hash``) when
+                              the learner knows them
 
 A checkpoint is written into a temp dir, every file fsynced, then renamed into place, so a
 crash leaves either the old or the new one. The newest ``keep`` are kept; on load a corrupt
@@ -22,9 +27,9 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,10 +37,16 @@ from safetensors.torch import load_file, save_file
 from node.learner.errors import CheckpointError
 from protocol.files import fsync_path
 
-__all__ = ["Checkpoint", "Snapshot", "load_checkpoint", "save_checkpoint", "snapshot", "write_snapshot"]
+if TYPE_CHECKING:  # importing collectives starts hivemind's import: only its type here
+    from collectives.state import OuterState
+
+__all__ = ["Checkpoint", "OUTER_FILE", "Snapshot", "checkpoint_dirs", "file_sha256", "load_checkpoint",
+           "save_checkpoint", "snapshot", "write_snapshot"]
 
 log = logging.getLogger(__name__)
 _FILES = ("model.safetensors", "optimizer.pt", "rng.pt")
+OUTER_FILE = "outer.safetensors"
+"""θ_global ("theta") and the momentum ("momentum") of the outer state, flat fp32."""
 
 
 @dataclass
@@ -51,7 +62,8 @@ def _ckpt_dir(data_dir: str | Path) -> Path:
     return Path(data_dir) / "checkpoints"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 that meta.json records for a checkpoint file."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -59,7 +71,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _candidates(data_dir: str | Path) -> list[Path]:
+def checkpoint_dirs(data_dir: str | Path) -> list[Path]:
+    """The data dir's checkpoints, newest first (complete ones: each appeared by a rename)."""
     root = _ckpt_dir(data_dir)
     if not root.is_dir():
         return []
@@ -74,6 +87,10 @@ class Snapshot:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     rng: torch.Tensor
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """JSON-able facts about where these weights come from (meta.json ``provenance``)."""
+    outer: OuterState | None = None
+    """The node's outer state at the snapshot (a copy, its hash already known), if any."""
 
 
 def _cpu_copy(obj: Any) -> Any:
@@ -86,18 +103,22 @@ def _cpu_copy(obj: Any) -> Any:
     return obj
 
 
-def snapshot(model: Any, optimizer: torch.optim.Optimizer) -> Snapshot:
-    """Copy weights, optimizer state and RNG state to CPU (the only part that blocks training)."""
+def snapshot(model: Any, optimizer: torch.optim.Optimizer, *,
+             provenance: dict[str, Any] | None = None, outer: OuterState | None = None) -> Snapshot:
+    """Copy weights, optimizer state and RNG state to CPU (the only part that blocks training).
+    ``outer`` must already be a copy (``OuterLoop.state``): training does not move it."""
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     return Snapshot(model=_dedupe_shared(state), optimizer=_cpu_copy(optimizer.state_dict()),
-                    rng=torch.get_rng_state())
+                    rng=torch.get_rng_state(), provenance=dict(provenance or {}), outer=outer)
 
 
 def save_checkpoint(data_dir: str | Path, *, round: int, fingerprint: str, model: Any,
-                    optimizer: torch.optim.Optimizer, keep: int = 2) -> Path:
+                    optimizer: torch.optim.Optimizer, keep: int = 2,
+                    provenance: dict[str, Any] | None = None,
+                    outer: OuterState | None = None) -> Path:
     """Write the checkpoint for ``round`` (rounds completed) atomically; prune to ``keep``."""
-    return write_snapshot(data_dir, snapshot(model, optimizer), round=round,
-                          fingerprint=fingerprint, keep=keep)
+    return write_snapshot(data_dir, snapshot(model, optimizer, provenance=provenance, outer=outer),
+                          round=round, fingerprint=fingerprint, keep=keep)
 
 
 def write_snapshot(data_dir: str | Path, snap: Snapshot, *, round: int, fingerprint: str,
@@ -112,10 +133,19 @@ def write_snapshot(data_dir: str | Path, snap: Snapshot, *, round: int, fingerpr
         save_file(snap.model, str(tmp / "model.safetensors"))
         torch.save(snap.optimizer, tmp / "optimizer.pt")
         torch.save({"cpu": snap.rng}, tmp / "rng.pt")
-        meta = {"round": round, "fingerprint": fingerprint,
-                "sha256": {name: _sha256(tmp / name) for name in _FILES}}
+        files = _FILES
+        meta: dict[str, Any] = {"round": round, "fingerprint": fingerprint}
+        if snap.provenance:
+            meta["provenance"] = snap.provenance
+        if snap.outer is not None:
+            meta["outer"] = {"version": snap.outer.version, "state_hash": snap.outer.hash()}
+            if snap.outer.version >= 1:  # version 0 is the base model: nothing to keep
+                save_file({"theta": snap.outer.theta, "momentum": snap.outer.momentum},
+                          str(tmp / OUTER_FILE))
+                files = (*_FILES, OUTER_FILE)
+        meta["sha256"] = {name: file_sha256(tmp / name) for name in files}
         (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
-        for name in (*_FILES, "meta.json"):
+        for name in (*files, "meta.json"):
             fsync_path(tmp / name)
         fsync_path(tmp)
         if final.exists():
@@ -125,7 +155,7 @@ def write_snapshot(data_dir: str | Path, snap: Snapshot, *, round: int, fingerpr
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in _candidates(data_dir)[keep:]:
+    for old in checkpoint_dirs(data_dir)[keep:]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint saved: %s", final)
     return final
@@ -146,7 +176,7 @@ def load_checkpoint(data_dir: str | Path, *, model: Any, optimizer: torch.optim.
                     fingerprint: str) -> Checkpoint | None:
     """Restore the newest good checkpoint into ``model``/``optimizer``; None if there is none."""
     failures = []
-    for path in _candidates(data_dir):
+    for path in checkpoint_dirs(data_dir):
         try:
             ckpt = _load_one(path, model, optimizer, fingerprint)
         except CheckpointError as e:
@@ -175,7 +205,7 @@ def _load_one(path: Path, model: Any, optimizer: torch.optim.Optimizer, fingerpr
     for name in _FILES:
         file = path / name
         try:
-            ok = _sha256(file) == expected.get(name)
+            ok = file_sha256(file) == expected.get(name)
         except OSError as e:
             raise CheckpointError(f"{file}: unreadable ({e})") from None
         if not ok:

@@ -285,6 +285,8 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
                 outer: Callable[[torch.nn.Module, int], dict[str, Any] | None] | None = None,
                 on_phase: PhaseCallback | None = None,
                 on_checkpoint: Callable[[int, Any, float], None] | None = None,
+                swarm_id: str | None = None,
+                outer_state: Callable[[], Any] | None = None,
                 ) -> dict[str, Any]:
     """Run ``rounds`` more SAPO rounds (None: until ``stop`` is set); return the node report.
 
@@ -295,7 +297,9 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
     announces the model fingerprint, calls ``on_round(record)`` and ``outer(model, round)``
     after every round, ``on_phase(name, done, total)`` within rounds, checkpoints every
     ``config.checkpoint_every`` rounds or ``checkpoint_every_s`` seconds (in the background,
-    ``on_checkpoint(round, path, seconds)`` when written) and on exit.
+    ``on_checkpoint(round, path, seconds)`` when written) and on exit. Every checkpoint
+    records its provenance (base model, ``swarm_id``, task families) and ``outer_state()``
+    (the node's outer state, a copy, or None), which ``swarm-node export`` reads.
     """
     if rounds is None and stop is None:
         raise ValueError("run_learner needs rounds or a stop event (or both)")
@@ -312,7 +316,10 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
                             optimizer=learner.trainer.optimizer, fingerprint=learner.fingerprint,
                             every_rounds=config.checkpoint_every, every_s=config.checkpoint_every_s,
                             keep=config.keep_checkpoints, on_saved=on_checkpoint,
-                            saved_round=learner.round if learner.resumed_from else None)
+                            saved_round=learner.round if learner.resumed_from else None,
+                            provenance={"model": config.policy.model, "swarm_id": swarm_id,
+                                        "task_families": list(config.tasks.families)},
+                            outer_state=outer_state)
     while (rounds is None or learner.round < start_round + rounds) and not (stop and stop.is_set()):
         record = learner.run_round(bridge, stop)
         if record is None:

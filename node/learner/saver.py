@@ -37,7 +37,11 @@ class CheckpointSaver:
     def __init__(self, *, data_dir: str | Path, model: Any, optimizer: Any, fingerprint: str,
                  every_rounds: int, every_s: float, keep: int, saved_round: int | None,
                  on_saved: Callable[[int, Path, float], None] | None = None,
-                 write: Writer = write_snapshot) -> None:
+                 write: Writer = write_snapshot, provenance: dict[str, Any] | None = None,
+                 outer_state: Callable[[], Any] | None = None) -> None:
+        """``provenance``: recorded in every checkpoint's meta.json (base model name, swarm
+        id, task families). ``outer_state()``: the node's outer state now (a copy:
+        ``OuterLoop.state``), or None; asked at each snapshot, on the training thread."""
         if every_rounds < 0 or every_s < 0:
             raise ValueError(f"checkpoint cadence must be >= 0 (every_rounds={every_rounds}, "
                              f"every_s={every_s})")
@@ -48,6 +52,8 @@ class CheckpointSaver:
         """Round of the newest checkpoint written (or being written)."""
         self._on_saved = on_saved
         self._write = write
+        self._provenance = dict(provenance or {})
+        self._outer_state = outer_state
         self._last_save = time.monotonic()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -73,8 +79,7 @@ class CheckpointSaver:
         if self.busy:
             log.debug("checkpoint of round %d deferred: the previous write is in flight", round_)
             return False
-        snap = snapshot(self.model, self.optimizer)
-        self._start(snap, round_)
+        self._start(self._snapshot(), round_)
         return True
 
     def final(self, round_: int) -> None:
@@ -82,12 +87,16 @@ class CheckpointSaver:
         self.wait()
         self._raise_error()
         if round_ != self.saved_round:
-            self._save(snapshot(self.model, self.optimizer), round_)
+            self._save(self._snapshot(), round_)
         self._raise_error()
 
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
+
+    def _snapshot(self) -> Snapshot:
+        outer = self._outer_state() if self._outer_state is not None else None
+        return snapshot(self.model, self.optimizer, provenance=self._provenance, outer=outer)
 
     def _start(self, snap: Snapshot, round_: int) -> None:
         self.saved_round = round_
