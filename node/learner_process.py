@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     from node.learner.config import LearnerConfig
     from node.learner.loop import run_learner
 
-    try:  # the supervisor checked both tables already (node/preflight.py): the same builders
+    try:  # the supervisor checked both tables already (node/tables.py): the same builders
         config = LearnerConfig.from_dict(payload["learner"])
         outer_config = OuterConfig.from_dict(payload.get("outer") or {})
     except (ValueError, TypeError) as e:
