@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,14 @@ def _rel_err(got: np.ndarray, ref: np.ndarray, before: np.ndarray) -> float:
 
 def test_fresh_key_takeover_is_rejected_and_never_fetched(swarm: Swarm) -> None:
     swarm.spawn("attacker", seed=666, module="tests.collectives.takeover_worker")
+    # the honest peers start once the attacker's head is in the DHT (it writes its count of
+    # forgeries after each store): started together, a loaded box had the attacker still
+    # starting its p2pd while the honest peers took all three steps, and nothing to reject
+    forged = swarm.root / "out" / "attacker.forged"
+    deadline = time.monotonic() + 120
+    while not forged.exists():
+        assert time.monotonic() < deadline, "the attacker never stored its head"
+        time.sleep(0.2)
     honest = ["h1", "h2"]
     for i, n in enumerate(honest):
         swarm.spawn(n, seed=i + 1, steps=3, peers=2, compression="none")
