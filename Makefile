@@ -34,12 +34,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 
 setup: $(VENV)/.installed
 
-# Two workers: a group of tests (a module, or modules sharing a session fixture: see
-# tests/conftest.py) runs whole on one; the other fills the first one's waits.
-WORKERS ?= 2
-
 test: setup
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest
 
 demo: setup
 	$(BIN)/swarm-node local --nodes $(NODES) --rounds $(ROUNDS) --report swarm-report.json

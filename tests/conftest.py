@@ -95,58 +95,12 @@ def no_p2pd_survives_the_session():
 
 IMAGE_TEST = "tests/deploy/test_image_build.py::"
 
-# --- two workers (`make test`: pytest -n 2 --dist loadgroup) ------------------------------
-# Half the suite's wall time is spent waiting (image downloads and its niced build, meeting
-# clocks, deadlines, restarts, the WAN bed's delays) with a core idle; a second worker fills
-# it. A group runs whole on one worker, so module- and session-scoped fixtures are built
-# once: a module is a group, and so is each family of modules that shares a session
-# fixture or a machine-wide resource.
-SHARED_GROUPS = {"tests/adversary/": "adversary",  # baseline, run_a, run_b: session-scoped
-                 }
-FIRST = ("tests/deploy/test_image_build.py", "adversary", "tests/collectives/test_clock.py",
-         "tests/e2e/test_local_swarm.py", "tests/collectives/test_churn.py",
-         "tests/collectives/test_lineage.py", "tests/e2e/test_volunteer_view.py",
-         "tests/e2e/test_node_lifecycle.py", "tests/wan/test_nat.py",
-         "tests/learner/test_memory.py", "tests/deploy/test_image_runs.py",
-         "tests/collectives/test_swarm.py", "tests/swarm/test_swarm.py")
-"""Groups started first, longest first (from the suite's --durations), so the last group to
-end is a short one: the image build (minutes of downloads and a niced build, mostly waiting)
-starts at once on its worker while the other takes the adversary runs."""
-
-
-def _group(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    for prefix, name in SHARED_GROUPS.items():
-        if path.startswith(prefix):
-            return name
-    return path
-
-
-def _rank(group: str) -> int:
-    return FIRST.index(group) if group in FIRST else len(FIRST)
-
-
-def _distributed(config: pytest.Config) -> bool:
-    return config.pluginmanager.hasplugin("xdist") and bool(
-        getattr(config.option, "numprocesses", None)) or hasattr(config, "workerinput")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not _distributed(config):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
-    items.sort(key=lambda item: _rank(_group(item.nodeid)))  # stable: modules stay whole
-
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the image test's build (tools, base image, wheelhouse, `podman build`: minutes,
     mostly downloads and a niced build) now, on a thread, when that test is selected: it then
-    overlaps the tests that run before it instead of adding its whole length to the suite.
-    Under two workers each collects every test: the worker that runs it starts it (it is
-    scheduled first, see FIRST)."""
-    if session.config.option.collectonly or _distributed(session.config):
+    overlaps the tests that run before it instead of adding its whole length to the suite."""
+    if session.config.option.collectonly:
         return
     if any(item.nodeid.startswith(IMAGE_TEST) for item in session.items):
         from tests.deploy.podman import IMAGE_BUILD
