@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 
 import pytest
 
@@ -56,6 +57,18 @@ def _stepping(nodes: list[dict]) -> list[dict]:
     return out
 
 
+FINAL_WAIT_S = tomllib.loads(CONFIG)["outer"]["final_wait_s"]
+
+
+def _ended_together(nodes: list[dict]) -> list[dict]:
+    """The nodes whose last round ended within ``final_wait_s`` of the last node's: a node
+    that finished earlier stops waiting for the others and ends on its own
+    (collectives/finish.py). Seen under a doubled load: node-2 ended its rounds 102 s before
+    node-1 and kept the state of step 0, the other two stepped once more."""
+    last = max(n["rounds"][-1]["published_at"] for n in nodes)
+    return [n for n in nodes if last - n["rounds"][-1]["published_at"] <= FINAL_WAIT_S]
+
+
 def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
     report = tmp_path / "r.json"
     config = tmp_path / "local.toml"
@@ -92,9 +105,9 @@ def test_local_swarm_of_three_trains_on_each_others_rollouts(tmp_path):
             if o["status"] == "ok":
                 by_step.setdefault(o["step"], set()).add(o["param_hash"])
     assert all(len(hashes) == 1 for hashes in by_step.values()), by_step
-    # ...and after the last outer step those nodes hold the same state: averaged together,
-    # or adopted from the majority by a node that ran alone or arrived late
-    last = [node["outer_steps"][-1] for node in stepping]
+    # ...and after the last outer step the nodes that ended together hold the same state:
+    # averaged together, or adopted from the majority by a node that ran alone or arrived late
+    last = [node["outer_steps"][-1] for node in _ended_together(stepping)]
     assert len({(o["step"], o["param_hash"]) for o in last}) == 1, last
     assert any(o["status"] == "ok" and o["peers"] >= 2 for node in data["nodes"]
                for o in node["outer_steps"]), "no outer step averaged ≥ 2 peers"
