@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from collectives.config import OuterConfig
-from node.child import child_pids, supervisor_pid, watch_parent
+from node.child import supervisor_pid, watch_parent
+from node.orphans import (ORPHAN_GRACE_S, is_learner_on, leave_orphaned, reap_children,
+                          sweep_leftovers)
 
 log = logging.getLogger("node.learner_process")
 
@@ -35,12 +37,6 @@ MAX_PEERS_REPORTED = 64
 EXIT_FATAL = 2
 """Exit code for errors a restart cannot fix (bad model id, corrupt checkpoint, full disk,
 a data dir a live node uses): the supervisor stops instead of restarting."""
-EXIT_ORPHANED = 4
-"""Exit code of a learner whose supervisor died and that did not leave within
-``ORPHAN_GRACE_S`` (nobody reads it; for the log)."""
-ORPHAN_GRACE_S = 15.0
-"""A learner whose supervisor is gone finishes its phase, checkpoints and leaves; after this
-long it kills its children (hivemind's DHT process, p2pd) and exits without more ado."""
 
 
 class EventPipe:
@@ -358,18 +354,18 @@ def main(argv: list[str] | None = None) -> int:
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, lambda *_: stop.set())
     # the parent-death signal only sets ``stop``; this also bounds the way out
-    watch_parent(supervisor, on_gone=lambda why: _leave_orphaned(why, stop),
+    watch_parent(supervisor, on_gone=lambda why: leave_orphaned(why, stop),
                  broken=lambda: _events.broken)
     data_dir = Path(payload["data_dir"])
     try:  # a learner of a killed node may still be checkpointing: wait for it, or stop it
         lock = DirLock(data_dir / "learner.lock").acquire(
             wait_s=ORPHAN_GRACE_S + 10, supervisor=supervisor,
-            reclaim=lambda pid: _is_our_learner(pid, data_dir))
+            reclaim=lambda pid: is_learner_on(pid, data_dir))
     except DataDirBusy as e:
         log.error("%s", e)
         emit("fatal", error=str(e))
         return EXIT_FATAL
-    _sweep_leftovers(data_dir, supervisor)
+    sweep_leftovers(data_dir, supervisor)
     from protocol import load_or_create_identity
 
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
@@ -401,98 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         emit("phase", phase="leaving", done=0, total=0)
         with contextlib.ExitStack() as leave:  # each step runs even if one before it raised
-            leave.callback(_reap_children)
+            leave.callback(reap_children)
             leave.callback(bridge.close)
             outer.close(final_step=finished)
     emit("done", rounds=len(report.get("rounds", [])))
     lock.release()
     return 0
-
-
-def _reap_children(timeout_s: float = 5.0) -> None:
-    """End what hivemind left running. Its DHT is a multiprocessing child that does not always
-    stop on ``shutdown()``; at interpreter exit multiprocessing joins it with no timeout, and a
-    stopped learner then hung forever (seen as learners killed after the 60 s stop deadline,
-    and as orphans after their supervisor died). Then any other child still running (p2pd,
-    which hivemind starts without a parent-death signal; the verifier worker): SIGTERM, and
-    SIGKILL after ``timeout_s``."""
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        child.terminate()
-        child.join(timeout_s)
-        if child.is_alive():
-            log.warning("child %s (pid %s) ignored SIGTERM; killing it", child.name, child.pid)
-            child.kill()
-            child.join(timeout_s)
-    _signal_all(child_pids(os.getpid()), signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while child_pids(os.getpid()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = child_pids(os.getpid())
-    if left:
-        log.warning("children %s ignored SIGTERM; killing them", left)
-        _signal_all(left, signal.SIGKILL)
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
-def _leave_orphaned(reason: str, stop: threading.Event) -> None:
-    """Our supervisor is gone (nobody will read our events or bound our stop): leave as on
-    SIGTERM (phase, checkpoint), but within ORPHAN_GRACE_S, whatever the way out waits on."""
-    log.warning("%s: finishing the phase, checkpointing and leaving (at most %.0f s)",
-                reason, ORPHAN_GRACE_S)
-    stop.set()
-    timer = threading.Timer(ORPHAN_GRACE_S, _die_orphaned, args=(reason,))
-    timer.daemon = True
-    timer.start()
-
-
-def _die_orphaned(reason: str) -> None:
-    log.error("%s and this learner did not leave within %.0f s: killing its children and "
-              "exiting", reason, ORPHAN_GRACE_S)
-    _signal_all(child_pids(os.getpid()), signal.SIGKILL)
-    os._exit(EXIT_ORPHANED)
-
-
-def _is_our_learner(pid: int, data_dir: Path) -> bool:
-    """``pid`` runs this module on ``data_dir`` (a lock holder we may stop when orphaned)."""
-    from node.locks import cmdline, module_data_dir
-
-    return module_data_dir(cmdline(pid)) == ("node.learner_process", data_dir.resolve())
-
-
-def _sweep_leftovers(data_dir: Path, supervisor: int) -> None:
-    """With the learner lock held, no live learner uses ``data_dir`` but us: a process that
-    still runs this module on it (hivemind's DHT fork of a SIGKILLed learner) or a p2pd with
-    its identity key is a leftover of a dead node; SIGKILL it."""
-    from collectives.transport import IDENTITY_FILE
-    from node.locks import cmdline, parent_pid
-
-    key = (data_dir / IDENTITY_FILE).resolve()
-    me = os.getpid()
-    leftovers = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        pid = int(entry)
-        argv = cmdline(pid)
-        if _is_our_learner(pid, data_dir):
-            ours = parent_pid(pid) not in (supervisor, me)
-        else:
-            ours = bool(argv) and os.path.basename(argv[0]) == "p2pd" and any(
-                a.startswith("-id=") and Path(a[4:]).resolve() == key for a in argv)
-        if ours:
-            leftovers.append(pid)
-    if leftovers:
-        log.warning("%s: killing processes left by a node that died: %s", data_dir,
-                    ", ".join(f"{pid} ({os.path.basename(cmdline(pid)[0]) if cmdline(pid) else '?'})"
-                              for pid in leftovers))
-        _signal_all(leftovers, signal.SIGKILL)
 
 
 def _on_round(record: dict[str, Any], bridge: Any) -> None:
