@@ -118,6 +118,11 @@ def join(ctx: click.Context, verbose: bool, plain: bool, **opts: Any) -> None:
     """Run a training node that joins the swarm through a bootstrap peer."""
     _setup_logging(verbose)
     config = join_config(ctx, opts)
+    from node.doctor import preflight
+
+    for check in preflight(config)[:1]:  # ports in use, no room for a checkpoint
+        click.echo(f"cannot start: {check.detail}; fix: {check.fix}", err=True)
+        sys.exit(2)
     from node.launch import run_node
 
     sys.exit(run_node(config, live=sys.stderr.isatty() and not plain))

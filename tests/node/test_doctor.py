@@ -94,6 +94,17 @@ def test_the_collective_port_is_the_swarm_port_plus_1(tmp_path: Path) -> None:
         assert check_ports(config, collective=False).verdict is Verdict.OK
 
 
+def test_join_refuses_to_start_on_a_port_in_use(tmp_path: Path, held_port: int) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "node", "join", "--bootstrap", dead_addr(), "--data-dir",
+         str(tmp_path), "--listen", f"/ip4/127.0.0.1/tcp/{held_port}"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cannot start: port {held_port} "), lines
+    assert not (tmp_path / "status.json").exists()  # no supervisor started
+
+
 def test_disk_needs_room_for_the_model_s_checkpoints(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     model = tmp_path / "model"
