@@ -76,36 +76,86 @@ def identity(data_dir: Path) -> None:
     click.echo(ident.peer_id)
 
 
+_JOIN_OPTIONS = [
+    click.option("--config", "config_file", envvar=ENV + "CONFIG", show_envvar=True,
+                 type=click.Path(dir_okay=False, exists=True), callback=_load_config_file,
+                 is_eager=True, expose_value=False, help="TOML config file (lowest precedence)."),
+    _opt("--bootstrap", multiple=True,
+         help="Bootstrap multiaddr (repeatable; env: space-separated)."),
+    _data_dir_opt(),
+    _opt("--listen", multiple=True, default=[DEFAULT_LISTEN], show_default=True,
+         help="Listen multiaddr (repeatable)."),
+    _opt("--announce", multiple=True,
+         help="Multiaddr to advertise, e.g. your public IP behind NAT."),
+    _opt("--swarm-id", default=DEFAULT_SWARM_ID, show_default=True),
+    _opt("--model", default="embedded", show_default=True,
+         help="Hugging Face id or local path; 'embedded' = tiny built-in model."),
+    _opt("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
+    _opt("--rounds", type=click.IntRange(min=0), default=None, help="Stop after R rounds."),
+    _opt("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+         help="Write the node report (JSON) here on exit."),
+    _opt("--metrics-port", type=click.IntRange(0, 65535), default=None,
+         help="Serve Prometheus metrics on this port."),
+    _opt("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+         help="Serve the local dashboard at http://127.0.0.1:P/ (off by default)."),
+    _opt("--plain", is_flag=True, help="Plain log lines even on a terminal."),
+]
+"""The options of `join`, top to bottom; `doctor` takes the same ones, so a volunteer checks
+the very command line (or environment, or config file) they will join with."""
+
+
+def _join_options(command: Any) -> Any:
+    for option in reversed(_JOIN_OPTIONS):
+        command = option(command)
+    return command
+
+
 @cli.command()
-@click.option("--config", "config_file", envvar=ENV + "CONFIG", show_envvar=True,
-              type=click.Path(dir_okay=False, exists=True), callback=_load_config_file,
-              is_eager=True, expose_value=False, help="TOML config file (lowest precedence).")
-@_opt("--bootstrap", multiple=True, help="Bootstrap multiaddr (repeatable; env: space-separated).")
-@_data_dir_opt()
-@_opt("--listen", multiple=True, default=[DEFAULT_LISTEN], show_default=True,
-      help="Listen multiaddr (repeatable).")
-@_opt("--announce", multiple=True, help="Multiaddr to advertise, e.g. your public IP behind NAT.")
-@_opt("--swarm-id", default=DEFAULT_SWARM_ID, show_default=True)
-@_opt("--model", default="embedded", show_default=True,
-      help="Hugging Face id or local path; 'embedded' = tiny built-in model.")
-@_opt("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N")
-@_opt("--rounds", type=click.IntRange(min=0), default=None, help="Stop after R rounds.")
-@_opt("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
-      help="Write the node report (JSON) here on exit.")
-@_opt("--metrics-port", type=click.IntRange(0, 65535), default=None,
-      help="Serve Prometheus metrics on this port.")
-@_opt("--dashboard-port", type=click.IntRange(0, 65535), default=None,
-      help="Serve the local dashboard at http://127.0.0.1:P/ (off by default).")
-@_opt("--plain", is_flag=True, help="Plain log lines even on a terminal.")
+@_join_options
 @click.option("-v", "--verbose", is_flag=True)
 @click.pass_context
 def join(ctx: click.Context, verbose: bool, plain: bool, **opts: Any) -> None:
     """Run a training node that joins the swarm through a bootstrap peer."""
     _setup_logging(verbose)
     config = join_config(ctx, opts)
+    from node.doctor import preflight
+
+    for check in preflight(config)[:1]:  # ports in use, no room for a checkpoint
+        click.echo(f"cannot start: {check.detail}; fix: {check.fix}", err=True)
+        sys.exit(2)
     from node.launch import run_node
 
     sys.exit(run_node(config, live=sys.stderr.isatty() and not plain))
+
+
+@cli.command()
+@_join_options
+@click.option("-v", "--verbose", is_flag=True)
+@click.pass_context
+def doctor(ctx: click.Context, verbose: bool, plain: bool, **opts: Any) -> None:
+    """Check this machine and the bootstrap peer before you join: one line per check.
+
+    Takes the options of `join` (and its config file and environment). Each line says ok,
+    warn or FAIL and, when not ok, the fix. Exit status 1 if any check FAILs, else 0.
+    """
+    del plain  # a join option: accepted so that one command line serves both
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.ERROR, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from node.doctor import Check, Verdict, run_checks
+
+    default_map = ctx.default_map or {}
+    extra = {k: default_map[k] for k in FILE_ONLY_KEYS if k in default_map}
+    try:
+        config = _node_config(opts, extra)
+    except BadConfig as e:
+        click.echo(Check(name="config", verdict=Verdict.FAIL, detail=e.format_message(),
+                         fix="the option or config key it names").line())
+        sys.exit(1)
+    failed = False
+    for check in run_checks(config):
+        click.echo(check.line())
+        failed = failed or check.verdict is Verdict.FAIL
+    sys.exit(1 if failed else 0)
 
 
 @cli.command()

@@ -17,6 +17,7 @@ Modules, bottom up::
     tunnel       – TunnelHub: the collective's TCP to a peer nobody can dial, over libp2p
     ipc_server   – Unix-socket server for node.ipc_client.SocketBridge
     service      – GossipService, serve(), run(): the swarm process
+    probe        – one dial to a peer with our host: its swarm ids (swarm-node doctor)
 """
 
 from __future__ import annotations

@@ -1,0 +1,170 @@
+"""`swarm-node doctor` and join's preflight, on real sockets on 127.0.0.1 (no network mocks).
+
+One bootstrap-only swarm process (what `swarm-node bootstrap` runs) serves every test that
+needs a live peer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node.config import NodeConfig
+from node.doctor import (CHECKPOINT_FACTOR, CHECKPOINT_FACTOR_MIN, MIN_FREE, TESTED_PYTHON,
+                         Verdict, check_bootstrap, check_disk, check_ports)
+from protocol import Identity
+from swarm.config import GossipConfig
+from tests.swarm.procs import SwarmProc, short_tmpdir
+
+SWARM = "doctor-test"
+VERDICTS = ("ok  ", "warn", "FAIL")
+
+
+@pytest.fixture(scope="module")
+def bootstrap_addr() -> Iterator[str]:
+    root = short_tmpdir()
+    proc = SwarmProc(GossipConfig(data_dir=str(root / "boot"), listen=("/ip4/127.0.0.1/tcp/0",),
+                                  swarm_id=SWARM, bootstrap_only=True), "boot")
+    try:
+        yield proc.start(timeout_s=90).addr
+    finally:
+        proc.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dead_addr() -> str:
+    return f"/ip4/127.0.0.1/tcp/{closed_port()}/p2p/{Identity.generate().peer_id}"
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "node", "doctor", *args], capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_tested_python_is_deploy_python_check_s() -> None:
+    path = Path(__file__).resolve().parents[2] / "deploy" / "python_check.py"
+    spec = importlib.util.spec_from_file_location("python_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.TESTED == TESTED_PYTHON
+
+
+def test_a_port_in_use_fails_naming_it(tmp_path: Path, held_port: int) -> None:
+    config = NodeConfig(data_dir=tmp_path, listen=(f"/ip4/127.0.0.1/tcp/{held_port}",))
+    check = check_ports(config)
+    assert check.verdict is Verdict.FAIL
+    assert f"port {held_port} (swarm, 127.0.0.1) is in use" in check.line()
+    assert "fix: " in check.line()
+
+
+def test_the_collective_port_is_the_swarm_port_plus_1(tmp_path: Path) -> None:
+    for _ in range(50):  # a free port P whose P - 1 is free too
+        port = closed_port()
+        config = NodeConfig(data_dir=tmp_path, listen=(f"/ip4/127.0.0.1/tcp/{port - 1}",))
+        if check_ports(config).verdict is Verdict.OK:
+            break
+    else:
+        pytest.skip("no two free neighbouring ports")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        assert f"port {port} (collective, 127.0.0.1) is in use" in check_ports(config).line()
+        assert check_ports(config, collective=False).verdict is Verdict.OK
+
+
+def test_join_refuses_to_start_on_a_port_in_use(tmp_path: Path, held_port: int) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "node", "join", "--bootstrap", dead_addr(), "--data-dir",
+         str(tmp_path), "--listen", f"/ip4/127.0.0.1/tcp/{held_port}"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cannot start: port {held_port} "), lines
+    assert not (tmp_path / "status.json").exists()  # no supervisor started
+
+
+def test_disk_needs_room_for_the_model_s_checkpoints(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    with open(weights, "wb") as f:  # sparse: its size counts, not its blocks
+        f.truncate(free // CHECKPOINT_FACTOR_MIN)
+    check = check_disk(NodeConfig(data_dir=tmp_path / "data", model=str(model)))
+    assert check.verdict is Verdict.FAIL and "not room for one checkpoint" in check.detail
+    with open(weights, "wb") as f:  # one checkpoint fits, keep + 1 = 3 do not
+        f.truncate(free // (2 * CHECKPOINT_FACTOR))
+    assert check_disk(NodeConfig(data_dir=tmp_path / "data", model=str(model))).verdict \
+        is Verdict.WARN
+    assert free > MIN_FREE  # else the embedded model's line below cannot be ok
+    assert check_disk(NodeConfig(data_dir=tmp_path / "data")).verdict is Verdict.OK
+
+
+def test_a_dead_bootstrap_fails() -> None:
+    check = check_bootstrap(dead_addr(), swarm_id=SWARM)
+    assert check.verdict is Verdict.FAIL, check.line()
+    assert "nothing answers at 127.0.0.1:" in check.line() and "Connection refused" in check.line()
+
+
+def test_a_healthy_bootstrap_is_ok(bootstrap_addr: str) -> None:
+    check = check_bootstrap(bootstrap_addr, swarm_id=SWARM)
+    assert check.verdict is Verdict.OK, check.line()
+    assert f"swarm {SWARM!r}" in check.detail
+
+
+def test_a_bootstrap_of_another_swarm_fails_naming_both_ids(bootstrap_addr: str) -> None:
+    check = check_bootstrap(bootstrap_addr, swarm_id="another-swarm")
+    assert check.verdict is Verdict.FAIL, check.line()
+    assert f"in swarm {SWARM!r}, we are in swarm 'another-swarm'" in check.detail
+    assert f"--swarm-id {SWARM}" in check.fix
+
+
+def test_a_wrong_peer_id_fails_after_tcp(bootstrap_addr: str) -> None:
+    wrong = bootstrap_addr.rsplit("/p2p/", 1)[0] + "/p2p/" + Identity.generate().peer_id
+    check = check_bootstrap(wrong, swarm_id=SWARM)
+    assert check.verdict is Verdict.FAIL and "answers TCP but the libp2p dial" in check.detail
+
+
+def test_doctor_prints_one_line_per_check_and_exits_0_when_healthy(
+        tmp_path: Path, bootstrap_addr: str) -> None:
+    out = doctor("--bootstrap", bootstrap_addr, "--swarm-id", SWARM, "--data-dir", str(tmp_path),
+                 "--listen", f"/ip4/127.0.0.1/tcp/{closed_port()}", "--device", "cpu")
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [line.split()[1] for line in lines] == ["python", "packages", "torch", "disk", "ports",
+                                                   "bootstrap"], lines
+    assert all(line[:4] in VERDICTS for line in lines), lines
+    assert lines[-1].startswith("ok "), lines
+
+
+def test_doctor_exits_1_with_a_fail_line_per_problem(tmp_path: Path, held_port: int) -> None:
+    out = doctor("--bootstrap", dead_addr(), "--data-dir", str(tmp_path),
+                 "--listen", f"/ip4/127.0.0.1/tcp/{held_port}", "--device", "cpu")
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert len(lines) == 6 and all(line[:4] in VERDICTS for line in lines), lines
+    fails = [line for line in lines if line.startswith("FAIL")]
+    assert [line.split()[1] for line in fails] == ["ports", "bootstrap"], lines
+    assert f"port {held_port}" in fails[0] and "nothing answers" in fails[1]
