@@ -20,6 +20,7 @@ from node.learner.config import PolicyConfig, TrainerConfig
 from node.learner.grpo import GrpoTrainer, TrainingGroup
 from node.learner.policy import load_policy
 from node.learner.saver import CheckpointSaver
+from tests.lock_holder import held_lock
 
 PROMPTS = [f"{a}+{b}=" for a, b in zip(range(3, 13), range(7, 17))] + \
           [f"sort the letters: {w}" for w in ("dcba", "hello", "swarm", "node", "qwen",
@@ -191,17 +192,7 @@ def test_missing_checkpoint_is_a_one_line_error(data_dir, tmp_path):
 
 def test_export_while_the_node_runs_reads_its_checkpoint_and_says_so(data_dir, tmp_path):
     _train_and_checkpoint(data_dir, "embedded")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from node.locks import DirLock; DirLock(Path(sys.argv[1])).acquire(); "
-         "print('held', flush=True); time.sleep(60)", str(data_dir / "learner.lock")],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with held_lock(data_dir / "learner.lock") as pid:
         result = _export(data_dir, tmp_path / "out")
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
     assert result.exit_code == 0, result.output
-    assert f"note: a node (pid {holder.pid}) is running on {data_dir}" in result.output
+    assert f"note: a node (pid {pid}) is running on {data_dir}" in result.output

@@ -11,6 +11,7 @@ import time
 
 from node.config import NodeConfig
 from node.supervisor import EXIT_GAVE_UP, EXIT_OK, Supervisor
+from tests.lock_holder import held_lock
 
 CHILD = [sys.executable, "-m", "tests.node.fake_children"]
 
@@ -65,27 +66,15 @@ def test_sigterm_stops_children_and_writes_report(tmp_path):
 
 
 def test_a_second_node_on_the_same_data_dir_is_refused(tmp_path):
-    import subprocess
-
     from node.locks import DataDirBusy, DirLock
 
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from node.locks import DirLock; DirLock(Path(sys.argv[1])).acquire(); "
-         "print('held', flush=True); time.sleep(60)", str(tmp_path / "node.lock")],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_lock(tmp_path / "node.lock") as pid:
         assert make(tmp_path).run() == 1
         try:
             DirLock(tmp_path / "node.lock").acquire()
             raise AssertionError("lock acquired while another process holds it")
         except DataDirBusy as e:
-            assert str(holder.pid) in str(e)
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
+            assert str(pid) in str(e)
     DirLock(tmp_path / "node.lock").acquire(wait_s=5).release()  # freed when the holder died
 
 
