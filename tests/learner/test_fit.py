@@ -141,6 +141,24 @@ def test_too_large_model_on_disk_refused_with_a_smaller_model_that_fits(tmp_path
     assert _fits(QWEN_05B, config, device)
 
 
+def test_readme_table_is_the_code_table() -> None:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| device | `--model auto` picks |")
+    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    assert [re.findall(r"`([^`]+)`", r)[-1] for r in rows] == [row.model for row in MODEL_TABLE]
+    assert "at least 40 GiB" in rows[0] and MODEL_TABLE[0].min_total_gib == 40
+
+
+def test_readme_shows_the_real_refusal() -> None:
+    """README's example is this code's message, word for word (1.5B on a simulated 8 GiB card)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("    the learner stopped: model 'Qwen/Qwen2.5-1.5B-Instruct'")
+    shown = " ".join(line.strip() for line in text[start:text.index("\n\n", start)].splitlines())
+    message = _refusal(QWEN_15B, learner(), gpu(8))
+    assert shown == f"the learner stopped: {message} (a restart cannot fix this; fix it and " \
+                    "start the node again)"
+
+
 @pytest.mark.parametrize(("config", "available_gib", "want"), [
     (learner(kl_coef=0.1), 5.3,  # 5.8 GiB: the reference copy and 4,096-token micro-batches
      ["[learner.trainer] microbatch_tokens = 1024", "[learner.trainer] kl_coef = 0 (no reference copy)"]),
