@@ -20,7 +20,7 @@ The table (RL Swarm's rule; first row that matches):
 *Available* memory is what a training step may take: on CUDA the free memory torch sees on
 the device once its context exists (other processes and MIG limits included), less vLLM's
 ``gpu_memory_utilization`` share of the total when the engine is vLLM; on CPU and MPS the
-system's ``MemAvailable``. The estimate is the one the trainer logs at start (rows of up to
+system's ``MemAvailable``, capped by a cgroup memory limit (a container's). The estimate is the one the trainer logs at start (rows of up to
 ``max_completion_tokens`` + ``PROMPT_ALLOWANCE`` tokens, one micro-batch of
 ``microbatch_tokens``), an upper bound where fused attention kernels keep less.
 
@@ -41,8 +41,8 @@ from node.learner.config import EngineConfig, LearnerConfig, PolicyConfig, Train
 from node.learner.errors import ModelDoesNotFit, PolicyError
 from node.learner.memory import PROMPT_ALLOWANCE, MemoryEstimate, estimate_step_memory
 
-__all__ = ["AUTO", "GIB", "MODEL_TABLE", "DeviceMemory", "TableRow", "check_fit", "choose_model",
-           "count_params", "fit_model", "model_config_of", "probe_device"]
+__all__ = ["AUTO", "GIB", "MODEL_TABLE", "DeviceMemory", "TableRow", "cgroup_limit", "check_fit",
+           "choose_model", "count_params", "fit_model", "model_config_of", "probe_device"]
 
 log = logging.getLogger(__name__)
 
@@ -289,17 +289,40 @@ def probe_device(policy: PolicyConfig, engine: EngineConfig | None = None) -> De
 
 
 def _system_memory() -> tuple[int, int]:
-    """(MemTotal, MemAvailable) in bytes; physical pages where there is no /proc/meminfo."""
+    """(MemTotal, MemAvailable) in bytes, both capped by a cgroup memory limit (a container's:
+    /proc/meminfo shows the host's); physical pages where there is no /proc/meminfo."""
     try:
         fields = {}
         with open("/proc/meminfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 fields[key] = int(value.split()[0]) * 1024
-        return fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
+        total, available = fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
     except (OSError, KeyError, ValueError, IndexError):
         page = os.sysconf("SC_PAGE_SIZE")
-        return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+        total, available = os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+    limit = cgroup_limit()
+    if limit is not None:
+        total, available = min(total, limit[0]), min(available, max(0, limit[0] - limit[1]))
+    return total, available
+
+
+def cgroup_limit(root: str = "/sys/fs/cgroup") -> tuple[int, int] | None:
+    """(limit, usage) in bytes of this process's cgroup memory limit (v2 ``memory.max``, or
+    v1 ``memory/memory.limit_in_bytes``), None without one."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(root, limit_file)) as f:
+                text = f.read().strip()
+            with open(os.path.join(root, usage_file)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if text == "max" or not text.isdigit() or int(text) >= 2**60:  # v1's "no limit"
+            return None
+        return int(text), usage
+    return None
 
 
 def fit_model(config: LearnerConfig, *, device: DeviceMemory | None = None) -> LearnerConfig:

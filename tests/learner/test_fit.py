@@ -16,8 +16,8 @@ import pytest
 
 from node.learner.config import LearnerConfig, PolicyConfig, TrainerConfig
 from node.learner.errors import ModelDoesNotFit
-from node.learner.fit import (GIB, MODEL_TABLE, DeviceMemory, check_fit, choose_model, count_params,
-                              fit_model, model_config_of, probe_device)
+from node.learner.fit import (GIB, MODEL_TABLE, DeviceMemory, cgroup_limit, check_fit, choose_model,
+                              count_params, fit_model, model_config_of, probe_device)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT_GIB = 0.5
@@ -196,6 +196,20 @@ def test_probe_sees_this_machine() -> None:
     device = probe_device(PolicyConfig(device="cpu"))
     assert device.name == "cpu" and not device.gpu
     assert 0 < device.available <= device.total
+
+
+@pytest.mark.parametrize(("files", "want"), [
+    ({"memory.max": "8589934592\n", "memory.current": "1073741824\n"}, (8 * GIB, GIB)),
+    ({"memory.max": "max\n", "memory.current": "1073741824\n"}, None),
+    ({"memory/memory.limit_in_bytes": "4294967296", "memory/memory.usage_in_bytes": "0"}, (4 * GIB, 0)),
+    ({"memory/memory.limit_in_bytes": "9223372036854771712", "memory/memory.usage_in_bytes": "0"}, None),
+    ({}, None)])
+def test_a_containers_memory_limit_is_read(tmp_path: Path, files: dict[str, str], want: object) -> None:
+    """A container's cgroup limit (v2 or v1) caps what the machine offers the learner."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_limit(str(tmp_path)) == want
 
 
 def test_learner_process_refuses_a_model_that_cannot_fit_within_seconds(tmp_path: Path) -> None:
