@@ -20,9 +20,10 @@ The table (RL Swarm's rule; first row that matches):
 *Available* memory is what a training step may take: on CUDA the free memory torch sees on
 the device once its context exists (other processes and MIG limits included), less vLLM's
 ``gpu_memory_utilization`` share of the total when the engine is vLLM; on CPU and MPS the
-system's ``MemAvailable``, capped by a cgroup memory limit (a container's). The estimate is the one the trainer logs at start (rows of up to
-``max_completion_tokens`` + ``PROMPT_ALLOWANCE`` tokens, one micro-batch of
-``microbatch_tokens``), an upper bound where fused attention kernels keep less.
+system's ``MemAvailable``, capped by a cgroup memory limit (a container's). The estimate is
+the one the trainer logs at start (rows of up to ``max_completion_tokens`` +
+``PROMPT_ALLOWANCE`` tokens, one micro-batch of ``microbatch_tokens``), an upper bound where
+fused attention kernels keep less.
 
 The device is a parameter (``DeviceMemory``) of the choice and of the check, so tests
 simulate any size; ``probe_device`` measures the real one.
