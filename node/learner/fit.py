@@ -279,8 +279,11 @@ def probe_device(policy: PolicyConfig, engine: EngineConfig | None = None) -> De
 
     dev = resolve_device(policy.device)
     if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        free, total = torch.cuda.mem_get_info(index)
+        try:
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            free, total = torch.cuda.mem_get_info(index)
+        except (RuntimeError, AssertionError) as e:  # torch without CUDA asserts
+            raise PolicyError(f"cannot use device {policy.device!r}: {e}") from e
         vllm = (int(engine.gpu_memory_utilization * total)
                 if engine is not None and engine.backend == "vllm" else 0)
         return DeviceMemory(name=f"cuda:{index}", total=total, available=max(0, free - vllm),

@@ -198,6 +198,18 @@ def test_probe_sees_this_machine() -> None:
     assert 0 < device.available <= device.total
 
 
+def test_a_gpu_that_is_not_there_is_a_policy_error() -> None:
+    """--device cuda without CUDA: the node stops with a reason (fatal) instead of crashing."""
+    import torch
+
+    from node.learner.errors import PolicyError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(PolicyError, match="cannot use device 'cuda'"):
+        probe_device(PolicyConfig(device="cuda"))
+
+
 @pytest.mark.parametrize(("files", "want"), [
     ({"memory.max": "8589934592\n", "memory.current": "1073741824\n"}, (8 * GIB, GIB)),
     ({"memory.max": "max\n", "memory.current": "1073741824\n"}, None),
