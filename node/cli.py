@@ -89,7 +89,8 @@ _JOIN_OPTIONS = [
          help="Multiaddr to advertise, e.g. your public IP behind NAT."),
     _opt("--swarm-id", default=DEFAULT_SWARM_ID, show_default=True),
     _opt("--model", default="embedded", show_default=True,
-         help="Hugging Face id or local path; 'embedded' = tiny built-in model."),
+         help="Hugging Face id or local path; 'embedded' = tiny built-in model; 'auto' = "
+              "the model for this device's memory (README: model table)."),
     _opt("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
     _opt("--rounds", type=click.IntRange(min=0), default=None, help="Stop after R rounds."),
     _opt("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,

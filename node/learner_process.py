@@ -336,9 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = json.loads(args.config_json)
     _reserve_stdout_for_events()
 
-    from node.ipc_client import SocketBridge
     from node.learner.config import LearnerConfig
-    from node.learner.loop import run_learner
 
     try:  # the supervisor checked both tables already (node/tables.py): the same builders
         config = LearnerConfig.from_dict(payload["learner"])
@@ -347,6 +345,17 @@ def main(argv: list[str] | None = None) -> int:
         log.error("invalid learner configuration: %s", e)
         emit("fatal", error=f"invalid configuration: {e}")
         return EXIT_FATAL
+    from node.learner.errors import LearnerError
+    from node.learner.fit import fit_model
+
+    try:  # before the data dir's lock, the swarm's socket and any weights: refused in seconds
+        config = fit_model(config)  # resolves --model auto; the step's memory must fit
+    except LearnerError as e:
+        log.error("%s", e)
+        emit("fatal", error=str(e))
+        return EXIT_FATAL
+    from node.ipc_client import SocketBridge
+    from node.learner.loop import run_learner
     from node.locks import DataDirBusy, DirLock
 
     supervisor = supervisor_pid()
@@ -371,8 +380,6 @@ def main(argv: list[str] | None = None) -> int:
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
     outer = OuterHook(outer_config, bridge, payload["data_dir"], config, stop)
-    from node.learner.errors import LearnerError
-
     finished = False
     try:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,

@@ -12,6 +12,8 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
                              and TaskSpec regeneration
     logprobs, memory       – chunked log-probs at the sampling temperature; step memory estimate,
                              token-budgeted micro-batches, out-of-memory detection
+    fit                    – ``--model auto``'s table; a model's step estimate checked
+                             against the device's memory before any weights load
     grpo                   – advantages (local: GRPO; external: anchored), clipped loss, GrpoTrainer
     baseline, reputation   – our own per-family reward baseline; per-sender records and trust
     verifier_worker        – sandboxed child process that rebuilds tasks and scores text
@@ -35,7 +37,8 @@ from node.learner.config import (
     TrainerConfig,
     VerifyConfig,
 )
-from node.learner.errors import CheckpointError, EngineError, LearnerError, PolicyError, TaskError
+from node.learner.errors import (CheckpointError, EngineError, LearnerError, ModelDoesNotFit,
+                                 PolicyError, TaskError)
 
 __all__ = [
     "CheckpointError",
@@ -43,6 +46,7 @@ __all__ = [
     "EngineError",
     "LearnerConfig",
     "LearnerError",
+    "ModelDoesNotFit",
     "PolicyConfig",
     "PolicyError",
     "SapoConfig",

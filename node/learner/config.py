@@ -48,7 +48,10 @@ class PolicyConfig:
     """Which causal LM the node trains and where it runs."""
 
     model: str = "embedded"
-    """``"embedded"`` (tiny built-in model + char tokenizer), a hub id, or a local path."""
+    """``"embedded"`` (tiny built-in model + char tokenizer), a hub id, a local path, or
+    ``"auto"``: the model for the device's memory (``node.learner.fit.MODEL_TABLE``). Every
+    model's training step is checked against the device's available memory before any
+    weights are loaded (``node.learner.fit``): one that does not fit stops the node."""
     device: str = "auto"
     """``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``."""
     dtype: str = "auto"

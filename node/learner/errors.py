@@ -4,6 +4,8 @@
 
     LearnerError
      ├── PolicyError        the model or tokenizer cannot be loaded
+     │    └── ModelDoesNotFit   its training step's memory estimate exceeds the device's
+     │                          available memory (the message says what would fit)
      ├── EngineError        unknown inference backend, bad sampling request
      ├── TaskError          a TaskSpec cannot be regenerated (unknown family, bad config,
      │                      prompt mismatch); received rollouts raising it are rejected
@@ -12,7 +14,8 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "EngineError", "LearnerError", "PolicyError", "TaskError"]
+__all__ = ["CheckpointError", "EngineError", "LearnerError", "ModelDoesNotFit", "PolicyError",
+           "TaskError"]
 
 
 class LearnerError(Exception):
@@ -21,6 +24,12 @@ class LearnerError(Exception):
 
 class PolicyError(LearnerError):
     """The model or tokenizer cannot be loaded."""
+
+
+class ModelDoesNotFit(PolicyError):
+    """The model's training step would not fit the device's memory (``node.learner.fit``);
+    raised before any weights are loaded. The message is one line: the estimate, the memory
+    available and the settings that would fit."""
 
 
 class EngineError(LearnerError):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["EMBEDDED_SEED", "WARM_START", "build_embedded", "ensure_embedded", "warm_start"]
+__all__ = ["EMBEDDED_SEED", "WARM_START", "build_embedded", "embedded_config", "ensure_embedded",
+           "warm_start"]
 
 EMBEDDED_SEED = 1234
 """Seed of the deterministic init; changing it changes the embedded fingerprint."""
@@ -45,17 +46,29 @@ def _build_tokenizer():  # type: ignore[no-untyped-def]
                                    unk_token="<unk>", pad_token="<pad>", padding_side="left")
 
 
-def build_embedded(out_dir: str | os.PathLike[str]) -> None:
-    """Build the embedded model and tokenizer and ``save_pretrained`` them into ``out_dir``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def embedded_config():  # type: ignore[no-untyped-def]
+    """The embedded model's ``LlamaConfig`` (its shape), without building the model: what
+    the fit check (``node.learner.fit``) needs before any weights exist."""
+    return _config_for(_build_tokenizer())
 
-    tokenizer = _build_tokenizer()
-    config = LlamaConfig(
+
+def _config_for(tokenizer):  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384,
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
         max_position_embeddings=512, tie_word_embeddings=True, rms_norm_eps=1e-5,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.02)
+
+
+def build_embedded(out_dir: str | os.PathLike[str]) -> None:
+    """Build the embedded model and tokenizer and ``save_pretrained`` them into ``out_dir``."""
+    from transformers import LlamaForCausalLM
+
+    tokenizer = _build_tokenizer()
+    config = _config_for(tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(EMBEDDED_SEED)
         model = LlamaForCausalLM(config).to(torch.float32)
