@@ -151,7 +151,7 @@ def model_config_of(model: str) -> Any:
     try:
         return AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as e:
-        raise PolicyError(f"cannot read the config of model {model!r}: {e}") from e
+        raise PolicyError(f"cannot load model {model!r}: its config is unreadable: {e}") from e
 
 
 _LLAMA_LIKE = {"llama": False, "mistral": False, "qwen2": True}
