@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow,
 SWARM = "nat-test"
 NAMES = ["boot", "pub", "n1", "n2"]
 NATED = ["n1", "n2"]
-ROUNDS = 4
+ROUNDS = 6
 DELIVERY_S = 10.0
 """Time a published batch may take to reach a subscriber's inbox (through a relay at 80 ms
 RTT: well under a second; the rest is slack for a loaded 2-core box)."""
