@@ -242,18 +242,14 @@ def _settings_that_fit(model: str, model_config: Any, n_params: int, config: Lea
         return _estimate(cfg, n, t, pb).total <= device.available
 
     out: list[str] = []
-    budget = trainer.microbatch_tokens // 2
-    while budget >= _SMALLEST_MICROBATCH:
-        if fits(replace(trainer, microbatch_tokens=budget)):
-            out.append(f"[learner.trainer] microbatch_tokens = {budget}")
-            break
-        budget //= 2
-    length = trainer.max_completion_tokens // 2
-    while length >= _SHORTEST_COMPLETION:
-        if fits(replace(trainer, max_completion_tokens=length)):
-            out.append(f"[learner.trainer] max_completion_tokens = {length}")
-            break
-        length //= 2
+    for key, floor in (("microbatch_tokens", _SMALLEST_MICROBATCH),
+                       ("max_completion_tokens", _SHORTEST_COMPLETION)):
+        value = getattr(trainer, key) // 2  # the largest halving that fits
+        while value >= floor:
+            if fits(replace(trainer, **{key: value})):
+                out.append(f"[learner.trainer] {key} = {value}")
+                break
+            value //= 2
     if trainer.kl_coef > 0 and fits(replace(trainer, kl_coef=0.0)):
         out.append("[learner.trainer] kl_coef = 0 (no reference copy)")
     if param_bytes == 4 and device.gpu and fits(trainer, pb=2):
