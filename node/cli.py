@@ -121,8 +121,9 @@ def join(ctx: click.Context, verbose: bool, plain: bool, **opts: Any) -> None:
     config = join_config(ctx, opts)
     from node.doctor import preflight
 
-    for check in preflight(config)[:1]:  # ports in use, no room for a checkpoint
-        click.echo(f"cannot start: {check.detail}; fix: {check.fix}", err=True)
+    failed = preflight(config)  # ports in use, no room for a checkpoint
+    if failed:
+        click.echo(f"cannot start: {failed[0].detail}; fix: {failed[0].fix}", err=True)
         sys.exit(2)
     from node.launch import run_node
 
