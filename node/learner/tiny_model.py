@@ -8,21 +8,31 @@ sampled accuracy on the default family, so most groups of completions score all-
 SAPO paper's regime). The result is saved with ``save_pretrained`` and loaded back through the
 same ``from_pretrained`` path as any hub model; the fingerprint hashes the warm-started
 weights, so on one machine (one torch build) every data dir gets the same fingerprint.
+
+Building takes seconds of CPU (the warm start), so a build is also kept in the user's cache
+(``cache_dir()``) under a key of everything that decides its bytes (this module's and the
+task's source, the torch and transformers versions): the nodes of ``swarm-node local`` and
+every later data dir on the machine copy it instead of building it again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import random
 import shutil
 import string
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
-__all__ = ["EMBEDDED_SEED", "WARM_START", "build_embedded", "embedded_config", "ensure_embedded",
-           "warm_start"]
+__all__ = ["EMBEDDED_SEED", "WARM_START", "build_embedded", "cache_dir", "embedded_config",
+           "ensure_embedded", "warm_start"]
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_SEED = 1234
 """Seed of the deterministic init; changing it changes the embedded fingerprint."""
@@ -118,16 +128,72 @@ def warm_start(model, tokenizer,  # type: ignore[no-untyped-def]
     return loss.item()
 
 
-def ensure_embedded(base_dir: str | os.PathLike[str]) -> Path:
-    """Materialise the embedded model in ``base_dir`` once (atomic: temp dir + rename)."""
+def cache_dir() -> Path:
+    """Where built embedded models are kept: ``$SWARM_NODE_CACHE``, else
+    ``$XDG_CACHE_HOME/swarm-node``, else ``~/.cache/swarm-node``."""
+    if os.environ.get("SWARM_NODE_CACHE"):
+        return Path(os.environ["SWARM_NODE_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "swarm-node"
+
+
+def _build_key() -> str:
+    """A hash of everything that decides the built model's bytes."""
+    import transformers
+
+    from node.learner.tasks import letter_sort
+
+    h = hashlib.sha256()
+    for module_file in (__file__, letter_sort.__file__):
+        h.update(Path(module_file).read_bytes())
+    h.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
+    return h.hexdigest()[:24]
+
+
+def ensure_embedded(base_dir: str | os.PathLike[str], *, cache: Path | None = None) -> Path:
+    """Materialise the embedded model in ``base_dir`` once (atomic: temp dir + rename): copied
+    from ``cache`` (a ``cache_dir()``) when a build with the same key is there, else built
+    (and then kept in ``cache``). Without ``cache`` it is always built. A cache that cannot
+    be read or written is skipped (logged): the build does not depend on it."""
     base = Path(base_dir)
     if (base / "config.json").exists():
         return base
     base.parent.mkdir(parents=True, exist_ok=True)
+    cached = cache / f"embedded-{_build_key()}" if cache is not None else None
     tmp = Path(tempfile.mkdtemp(dir=base.parent, prefix=".base-"))
     try:
+        if cached is not None and (cached / "config.json").exists():
+            try:
+                shutil.copytree(cached, tmp, dirs_exist_ok=True)
+                os.replace(tmp, base)
+                log.info("embedded model copied from the cache %s", cached)
+                return base
+            except OSError as e:
+                log.warning("embedded model cache %s unreadable (%s): building it", cached, e)
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir()
+        started = time.monotonic()
         build_embedded(tmp)
+        log.info("embedded model built in %.1f s%s", time.monotonic() - started,
+                 f"; kept in the cache {cached}" if cached is not None else "")
+        if cached is not None:
+            _keep(tmp, cached)
         os.replace(tmp, base)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return base
+
+
+def _keep(built: Path, cached: Path) -> None:
+    """Copy a build into the cache, atomically (a concurrent builder's copy wins: same bytes)."""
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".embedded-"))
+        try:
+            shutil.copytree(built, tmp, dirs_exist_ok=True)
+            os.replace(tmp, cached)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:  # read-only home, full disk, or another node's copy is there first
+        if not (cached / "config.json").exists():
+            log.warning("cannot keep the embedded model in the cache %s: %s", cached, e)
