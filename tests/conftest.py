@@ -93,6 +93,52 @@ def no_p2pd_survives_the_session():
                         f"(killed now, with this session's orphans):\n{lines}", pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def embedded_model_cache(tmp_path_factory: pytest.TempPathFactory):
+    """One embedded-model build cache for the session (node/learner/tiny_model.py): the nodes
+    the tests start build the model once, not once per data dir; nothing from the user's own
+    ``~/.cache`` is read, nothing is left there."""
+    old = os.environ.get("SWARM_NODE_CACHE")
+    os.environ["SWARM_NODE_CACHE"] = str(tmp_path_factory.mktemp("swarm-node-cache"))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SWARM_NODE_CACHE", None)
+        else:
+            os.environ["SWARM_NODE_CACHE"] = old
+
+
+LANES = ("swarms", "rest")
+REST_LANE_SLOW = ("tests/collectives/", "tests/learner/test_memory.py")
+"""Slow tests that go in the ``rest`` lane: the collectives' multi-process tests spend most
+of their time waiting on their clocks (test_clock.py alone: 58 % of both cores idle), the
+memory test uses one thread."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--lane", choices=LANES, default=None,
+                     help="run one lane of the suite (tests/lanes.py runs both at once): "
+                          "'swarms' = the CPU-heavy multi-process tests (slow, but not "
+                          f"{', '.join(REST_LANE_SLOW)}); 'rest' = every other test")
+
+
+def in_swarms_lane(item: pytest.Item) -> bool:
+    return (item.get_closest_marker("slow") is not None
+            and not item.nodeid.startswith(REST_LANE_SLOW))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lane = config.getoption("--lane")
+    if lane is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if in_swarms_lane(item) == (lane == "swarms") else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
 IMAGE_TEST = "tests/deploy/test_image_build.py::"
 
 
