@@ -34,8 +34,9 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 
 setup: $(VENV)/.installed
 
+# the suite as two concurrent pytest sessions (tests/lanes.py); plain pytest runs it in one
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m tests.lanes
 
 demo: setup
 	$(BIN)/swarm-node local --nodes $(NODES) --rounds $(ROUNDS) --report swarm-report.json
