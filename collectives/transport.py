@@ -27,7 +27,7 @@ from collectives.config import OuterConfig
 from collectives.errors import StartCancelled, TransportError
 from protocol import Identity, atomic_write_bytes
 
-__all__ = ["Transport", "sanitize_maddrs"]
+__all__ = ["IDENTITY_FILE", "Transport", "sanitize_maddrs"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
