@@ -191,7 +191,7 @@ class GossipService:
     def _accept(self, type_: str, sender: str, message: Message, size: int,
                 created_ms: int) -> None:
         # Delivered here, at validation time, rather than from the subscription channel:
-        # pubsub drops silently when that 32-slot channel is full (notes/py-libp2p.md).
+        # pubsub drops silently when that 32-slot channel is full (docs/notes/py-libp2p.md).
         self.counters[f"received_{type_}"] += 1
         if isinstance(message, PeerAnnouncement):
             if self.table.update(message, trio.current_time(), created_ms=created_ms):
