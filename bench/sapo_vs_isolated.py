@@ -1,6 +1,6 @@
 """SAPO (nodes share rollouts, I local + J external) vs the same nodes alone (8 local / 0).
 
-The SAPO paper's controlled protocol (notes/sapo.md) on the node's defaults (the embedded
+The SAPO paper's controlled protocol (docs/notes/sapo.md) on the node's defaults (the embedded
 warm-started model on ``letter_sort``, 0/1 correctness): N nodes, an equal budget of
 ``questions_per_round`` groups x 8 completions per node and round in every split, the
 zero-advantage filter on external groups, splits ``I/J`` (and ``adaptive``, when SapoConfig has

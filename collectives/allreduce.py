@@ -2,7 +2,7 @@
 
 Why not hivemind's ``AllReduceRunner``: its reducer answers each sender with a *delta*
 (average - sender's part) that the sender adds to its own part, and keeps its own shard
-uncompressed, so peers end with different low bits (shared/notes/hivemind.md). Patching that
+uncompressed, so peers end with different low bits (docs/notes/hivemind.md). Patching that
 means overriding the runner, the tensor-part container and the averager's in-place add, and
 its failure semantics (a failed reducer leaves each peer with its own values) still diverge.
 A compact protocol on ``hivemind.p2p`` binary streams is shorter and parity holds by

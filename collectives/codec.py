@@ -9,7 +9,7 @@ relies on for bit-parity: a reducer encodes the averaged shard once and every me
 - ``fp16``: IEEE half, 2 bytes/value (values beyond the fp16 range saturate to +-65504).
 - ``int8``: blockwise absmax; per block of 1024 values one fp32 scale and 1024 int8 codes
   (1.004 bytes/value). We do not use hivemind's 8-bit codecs: with numpy >= 2.4 they raise
-  inside the all-reduce and the failure is swallowed (shared/notes/hivemind.md).
+  inside the all-reduce and the failure is swallowed (docs/notes/hivemind.md).
 """
 
 from __future__ import annotations

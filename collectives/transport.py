@@ -3,7 +3,7 @@
 The p2pd daemon is started in *this* process with ``identity_path`` = the node's Ed25519 key
 (written 0600 to ``data_dir``), so the hivemind peer id equals the node's libp2p peer id. The
 DHT runs in hivemind's child process and shares that daemon (``DHT(p2p=...)``), so a DHT that
-died (shared/notes/hivemind.md: ``BlockingIOError`` in ``DHT._run``) is restarted without
+died (docs/notes/hivemind.md: ``BlockingIOError`` in ``DHT._run``) is restarted without
 losing the peer id or the stream handlers. DHT calls are throttled, bounded by timeouts, and
 return None instead of raising: the outer loop treats a missing answer like an absent peer.
 """
@@ -27,7 +27,7 @@ from collectives.config import OuterConfig
 from collectives.errors import StartCancelled, TransportError
 from protocol import Identity, atomic_write_bytes
 
-__all__ = ["Transport", "sanitize_maddrs"]
+__all__ = ["IDENTITY_FILE", "Transport", "sanitize_maddrs"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -173,7 +173,11 @@ def bootstrap(verbose: bool, **opts: Any) -> None:
     config = _node_config(opts, {})
     from node.launch import run_bootstrap
 
-    sys.exit(run_bootstrap(config, on_ready=lambda addrs: [click.echo(a) for a in addrs]))
+    def print_addrs(addrs: list[str]) -> None:
+        for a in addrs:
+            click.echo(a)
+
+    sys.exit(run_bootstrap(config, on_ready=print_addrs))
 
 
 @cli.command()

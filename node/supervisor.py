@@ -22,12 +22,15 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.child import Child, Event
 from node.config import NodeConfig
 from node.report import node_report, write_json
 from node.status import StatusBoard
+
+if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
+    from node.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ class Supervisor:
             from node.tui import TerminalView
 
             self.view = TerminalView(cfg.data_dir / "node.log").start()
-        self.metrics = None
+        self.metrics: Metrics | None = None
         self.dashboard: Any = None
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self.swarm = Child("swarm", self.swarm_argv, self.events, stderr_sink=self._sink)

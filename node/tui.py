@@ -99,7 +99,7 @@ class TerminalView:
     def child_line(self, child: str, line: str) -> None:
         """A line a child wrote on stderr (called from its reader thread)."""
         m = _LEVEL.search(line[:80])
-        level = logging.getLevelName(m.group(1)) if m else logging.INFO
+        level = logging.getLevelNamesMapping()[m.group(1)] if m else logging.INFO
         self._children.log(level, "%s", line, extra={"raw": True, "child": child})
 
     def update(self, state: dict[str, Any]) -> None:

@@ -117,7 +117,8 @@ class Message:
             raise SchemaError(path or cls.__name__, f"expected a map, got {type(obj).__name__}")
         if budget is None:
             budget = UnknownBudget()
-        fields, known = _fields(cls)
+        # mypy reads type[T] as unhashable (a Message *instance* is: an eq dataclass); a class is
+        fields, known = _fields(cls)  # type: ignore[arg-type]
         values: dict[str, Any] = {}
         for fname, fspec, required in fields:
             if fname not in obj:
@@ -203,7 +204,7 @@ def _check(value: Any, s: Spec, name: str, budget: UnknownBudget) -> Any:
     raise TypeError(f"unknown spec kind {kind!r}")  # a bug in a message definition
 
 
-_EXACT = {str: {str}, bytes: {bytes}, int: {int}, float: {float, int}}
+_EXACT: dict[type, set[type]] = {str: {str}, bytes: {bytes}, int: {int}, float: {float, int}}
 
 
 def _scalar_list(value: list[Any], s: Spec) -> tuple[Any, ...] | None:
@@ -215,6 +216,7 @@ def _scalar_list(value: list[Any], s: Spec) -> tuple[Any, ...] | None:
         return None
     if not value:
         return ()
+    out: tuple[Any, ...]
     if s.kind is float:
         out = tuple(map(float, value))
         if not all(map(math.isfinite, out)):

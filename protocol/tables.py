@@ -68,9 +68,9 @@ def check_table(cls: type, data: Any) -> dict[str, Any]:
         if key not in names:
             raise TableError(str(key), "unknown key" + _did_you_mean(str(key), names))
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             try:
-                out[key] = build_table(hint, value)  # type: ignore[type-var]
+                out[key] = build_table(hint, value)
             except TableError as e:
                 raise e.within(key) from None
             continue

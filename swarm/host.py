@@ -83,7 +83,8 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         heartbeat_interval=config.heartbeat_interval_s,
         score_params=score_params(config),
         # our own per-sender token bucket (swarm.validation) is the rate limit; this built-in
-        # per-forwarder limit silently drops bursts, own publishes included (notes/py-libp2p.md)
+        # per-forwarder limit silently drops bursts, own publishes included
+        # (docs/notes/py-libp2p.md)
         max_messages_per_topic_per_second=1000.0,
         # mesh "diversity" grafting assumes distinct IPs per peer; on one host (or behind one
         # NAT) it only churns the mesh

@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, TextIO, TypedDict
 
 import trio
 from libp2p.peer.id import ID
@@ -91,6 +91,14 @@ class Ready:
                            "ipc": self.ipc})
 
 
+class Profile(TypedDict):
+    """What our announcements say about us; the learner may change it (op ``announce``)."""
+
+    model: str
+    capabilities: tuple[str, ...]
+    collective_addrs: tuple[str, ...]
+
+
 class GossipService:
     """The state of one swarm process and the tasks that act on it."""
 
@@ -128,7 +136,7 @@ class GossipService:
                                       is_banned=stack.pubsub.is_banned,
                                       dial=lambda info: self.dialer.dial(info, force=True))
         self.addrs: list[str] = []
-        self.profile = {"model": config.model, "capabilities": config.capabilities,
+        self.profile: Profile = {"model": config.model, "capabilities": config.capabilities,
                         "collective_addrs": config.collective_addrs}
         self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str, bytes]](
             config.outbox_size)
@@ -191,7 +199,7 @@ class GossipService:
     def _accept(self, type_: str, sender: str, message: Message, size: int,
                 created_ms: int) -> None:
         # Delivered here, at validation time, rather than from the subscription channel:
-        # pubsub drops silently when that 32-slot channel is full (notes/py-libp2p.md).
+        # pubsub drops silently when that 32-slot channel is full (docs/notes/py-libp2p.md).
         self.counters[f"received_{type_}"] += 1
         if isinstance(message, PeerAnnouncement):
             if self.table.update(message, trio.current_time(), created_ms=created_ms):

@@ -169,7 +169,8 @@ async def _pipe(tcp: trio.SocketStream, stream: INetStream) -> None:
     async def up() -> None:  # TCP -> libp2p
         while data := await tcp.receive_some(CHUNK):
             await stream.write(data)
-        await stream.close_write()
+        # libp2p's INetStream lacks close_write; both its streams (NetStream, QUIC) have it
+        await stream.close_write()  # type: ignore[attr-defined]
 
     async def down() -> None:  # libp2p -> TCP
         while data := await stream.read(CHUNK):

@@ -133,7 +133,7 @@ def write_snapshot(data_dir: str | Path, snap: Snapshot, *, round: int, fingerpr
         save_file(snap.model, str(tmp / "model.safetensors"))
         torch.save(snap.optimizer, tmp / "optimizer.pt")
         torch.save({"cpu": snap.rng}, tmp / "rng.pt")
-        files = _FILES
+        files: tuple[str, ...] = _FILES
         meta: dict[str, Any] = {"round": round, "fingerprint": fingerprint}
         if snap.provenance:
             meta["provenance"] = snap.provenance

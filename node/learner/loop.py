@@ -149,7 +149,8 @@ class Learner:
 
         t = time.perf_counter()
         tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
-        with self.progress.phase("generate", total=self.engine_config.max_new_tokens,
+        # resolve_engine filled max_new_tokens in (make_engine refuses None): `or 0` is for mypy
+        with self.progress.phase("generate", total=self.engine_config.max_new_tokens or 0,
                                  model=self.policy.model):
             completions = self.engine.generate([self.prompts.render(task.prompt) for task in tasks],
                                                n=cfg.sapo.completions_per_question,

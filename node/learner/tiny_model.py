@@ -26,6 +26,7 @@ import string
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -94,18 +95,18 @@ def warm_start(model, tokenizer,  # type: ignore[no-untyped-def]
     last step's loss. Bit-reproducible on one torch build: fixed seeds, one intra-op thread."""
     from node.learner.tasks.letter_sort import sort_question
 
-    r = {**WARM_START, **(recipe or {})}
+    r: dict[str, Any] = {**WARM_START, **(recipe or {})}
     rng = random.Random(str(r["seed"]))
-    lengths = tuple(r["lengths"])  # type: ignore[arg-type]
+    lengths = tuple(r["lengths"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(r["lr"]), weight_decay=0.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     loss = torch.zeros(())
     try:
         model.train()
-        for _ in range(int(r["steps"])):  # type: ignore[call-overload]
+        for _ in range(int(r["steps"])):
             rows = []
-            for _ in range(int(r["batch"])):  # type: ignore[call-overload]
+            for _ in range(int(r["batch"])):
                 prompt, answer = sort_question(rng, lengths[rng.randrange(len(lengths))])
                 p = tokenizer.encode(prompt, add_special_tokens=False)
                 rows.append((p, tokenizer.encode(answer + "\n", add_special_tokens=False)))

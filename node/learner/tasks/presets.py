@@ -1,7 +1,7 @@
 """Named sets of task families (``TaskConfig.preset``).
 
 ``sapo_paper`` is the family set of the SAPO paper's controlled experiment ("Sharing is
-Caring", arXiv 2509.08721; shared/notes/sapo.md): nine ReasoningGYM families, one drawn
+Caring", arXiv 2509.08721; docs/notes/sapo.md): nine ReasoningGYM families, one drawn
 uniformly per question. All nine are vetted (``rgym.VETTED``): seven score with upstream's
 pure ``score_answer``; ``binary_matrix`` (upstream ``eval``s the answer) and
 ``propositional_logic`` (cubic in the answer's length) score with our own
