@@ -168,6 +168,14 @@ def barrier(root: Path, i: int, me: str, n: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def _barrier_size(args: argparse.Namespace, step: int) -> int:
+    if args.peers_from:
+        start, n = map(int, args.peers_from.split(":"))
+        if step >= start:
+            return n
+    return int(args.peers)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -176,6 +184,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--start-step", type=int, default=0)
     ap.add_argument("--peers", type=int, default=4, help="barrier size")
+    ap.add_argument("--peers-from", default="", help="STEP:N: from STEP on the barrier size "
+                    "is N (the steps a joiner started with --start-step STEP takes part in)")
     ap.add_argument("--compression", default="fp16")
     ap.add_argument("--poison", choices=["none", "nan", "huge"], default="none")
     ap.add_argument("--numel", type=int, default=None)
@@ -250,7 +260,8 @@ def main() -> None:
                 solo = i < args.solo_steps
                 if solo and args.after:
                     wait_for_record(root, args.after, i, args.barrier_timeout)
-                barrier(root, i, args.name, 1 if solo else args.peers, args.barrier_timeout)
+                barrier(root, i, args.name, 1 if solo else _barrier_size(args, i),
+                        args.barrier_timeout)
                 if i in skip:
                     continue
             if r % 2 == 1 and not args.no_save:
