@@ -32,7 +32,9 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	@$(BIN)/python deploy/python_check.py
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH)"
 	$(BIN)/pip install --quiet --upgrade --target $(VENV)/installer "$(UV)"
-	$(VENV)/installer/bin/uv pip install --python $(BIN)/python -c $(CONSTRAINTS) -e ".[test]"
+	@# --compile-bytecode as pip does: else cellpylib (reasoning_gym) compiles at import, where
+	@# the suite's filterwarnings=error turns its SyntaxWarning into a SyntaxError
+	$(VENV)/installer/bin/uv pip install --compile-bytecode --python $(BIN)/python -c $(CONSTRAINTS) -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
