@@ -12,6 +12,9 @@ One round (each phase timed in the record's ``seconds``; ``stop`` is checked bet
     publish   this round's local groups, in RolloutBatches sized to fit one message each
     train     GRPO on I local + J external groups, external ones anchored to our baseline
 
+After every ``eval_every`` rounds, between rounds (outside the round's ``seconds``), the
+policy is scored on the fixed held-out set (``heldout.py``): the record's ``heldout``.
+
 The learner never imports libp2p; the bridge is its only way to the swarm.
 """
 
