@@ -31,7 +31,7 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 # bench/outer_learning.py); stated here so the demo does not follow a changed default.
 LOCAL_DEFAULTS = ("[outer]\nevery_rounds = 2\nouter_lr = 1.0\nouter_momentum = 0.0\n"
                   "join_window_s = 3.0\ndeadline_s = 60.0\nfinal_wait_s = 60.0\n\n"
-                  "[learner]\ncheckpoint_every = 2\n")
+                  "[learner]\ncheckpoint_every = 2\neval_every = 10\n")
 BOOTSTRAP_TIMEOUT_S = 120.0
 
 

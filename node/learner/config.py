@@ -355,11 +355,13 @@ class LearnerConfig:
     """How many good checkpoints to keep (>= 1; the previous one is the fallback)."""
     seed: int = 0
     """Seeds task sampling and generation (mixed with the round number)."""
-    eval_every: int = 10
+    eval_every: int = 25
     """Score the policy on the fixed held-out set (``heldout.py``: questions no training round
     uses) after every N rounds; 0 = off. Runs between rounds, outside the round's time; the
-    result is the round record's ``heldout``. ``swarm-node eval`` scores a data dir or an
-    exported model the same way."""
+    result is the round record's ``heldout``. One score costs about one round on the embedded
+    model (two generate calls of ``eval_questions`` sequences: bench/heldout_curve.py cost), so
+    25 keeps it near 4-5 % of round time. ``swarm-node eval`` scores a data dir or an exported
+    model the same way."""
     eval_questions: int = 32
     """Questions in the held-out set, dealt round-robin over ``tasks.families``."""
     eval_samples: int = 1

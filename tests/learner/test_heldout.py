@@ -103,7 +103,7 @@ def test_eval_keys_are_checked_at_the_door(tmp_path):
         with pytest.raises(TableError) as e:
             LearnerConfig.from_dict({"data_dir": str(tmp_path), key: value})
         assert (e.value.key, e.value.reason) == (key, reason)
-    assert LearnerConfig(data_dir=str(tmp_path)).eval_every == 10
+    assert LearnerConfig(data_dir=str(tmp_path)).eval_every == 25
 
 
 def test_rounds_carry_the_heldout_score_every_eval_every_rounds(data_dir):
