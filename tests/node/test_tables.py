@@ -113,7 +113,8 @@ def test_the_local_swarm_defaults_pass_the_door(tmp_path):
     swarm = LocalSwarm(nodes=1, rounds=2, report=tmp_path / "r.json",
                        config_file=str(tmp_path / "local.toml"))
     config = check_join(swarm.join_args(tmp_path / "node-0", CHECK_BOOTSTRAP))
-    assert config.outer["every_rounds"] == 2 and config.learner == {"checkpoint_every": 2}
+    assert config.outer["every_rounds"] == 2
+    assert config.learner == {"checkpoint_every": 2, "eval_every": 10}
 
 
 def test_a_valid_config_gives_the_children_the_tables_they_had(tmp_path):
