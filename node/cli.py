@@ -251,6 +251,52 @@ def export(data_dir: Path, out: Path, version: str, force: bool, verbose: bool) 
     click.echo(f"exported the {version} policy after {prov['rounds']} rounds{outer} to {out}")
 
 
+@cli.command("eval")
+@_data_dir_opt()
+@click.option("--model", "model", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="An exported model dir (`swarm-node export`) instead of DATA_DIR's newest "
+                   "checkpoint.")
+@click.option("--families", default="", help="Comma-separated task families (default: those "
+                                             "the checkpoint or export recorded).")
+@click.option("--questions", type=click.IntRange(1, 10_000), default=32, show_default=True,
+              help="Size of the held-out set.")
+@click.option("--samples", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Sampled completions per question (besides the greedy one).")
+@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N | auto")
+@click.option("--json", "as_json", is_flag=True, help="Print the score as one JSON object.")
+@click.option("-v", "--verbose", is_flag=True)
+def eval_(data_dir: Path, model: Path | None, families: str, questions: int, samples: int,
+          device: str, as_json: bool, verbose: bool) -> None:
+    """Score a policy on the held-out set: questions no training round uses.
+
+    Greedy and sampled accuracy of the newest checkpoint in DATA_DIR, or of an exported model
+    (--model), on the fixed evaluation set of its task families (the one the node scores
+    every `eval_every` rounds). Safe while the node runs.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.ERROR, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    import json
+
+    from node.evaluate import EvalError, evaluate
+
+    try:
+        score = evaluate(data_dir=data_dir, model=model, questions=questions, samples=samples,
+                         families=tuple(f for f in families.split(",") if f), device=device)
+    except EvalError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(score, sort_keys=True))
+        return
+    after = f" after {score['rounds']} rounds" if score.get("rounds") is not None else ""
+    click.echo(f"held-out{after}: greedy accuracy {score['greedy_accuracy']:.3f}, sampled "
+               f"{score['sampled_accuracy']:.3f} ({score['questions']} questions x "
+               f"{score['samples']} samples, {score['seconds']:.1f} s) -- {score['source']}")
+    for name, fam in score["by_family"].items():
+        click.echo(f"  {name}: greedy {fam['greedy_accuracy']:.3f}, sampled "
+                   f"{fam['sampled_accuracy']:.3f} ({fam['questions']} questions)")
+
+
 CHECK_BOOTSTRAP = "/ip4/127.0.0.1/tcp/0/p2p/not-started-yet"
 """Stands for the bootstrap peer's address (known once it runs) in ``check_join``."""
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 HISTORY_ROUNDS = 500
 """The API carries at most the newest this many rounds and outer steps."""
 ROUND_KEYS = ("round", "mean_reward", "accuracy", "mean_reward_external", "rollouts_published",
-              "rollouts_received", "external_used", "rejected", "tokens_generated")
+              "rollouts_received", "external_used", "rejected", "tokens_generated", "heldout")
 OUTER_KEYS = ("step", "status", "peers", "bytes_sent", "bytes_received", "seconds", "param_hash",
               "applied", "error")
 _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ExportError", "Exported", "PROVENANCE_FIELDS", "VERSIONS", "export_model"]
+__all__ = ["ExportError", "Exported", "PROVENANCE_FIELDS", "VERSIONS", "export_model",
+           "load_checkpoint_policy"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,21 @@ def export_model(data_dir: str | Path, out: str | Path, *, version: str = "local
         raise
     log.info("exported %s policy of round %d from %s to %s", version, prov["rounds"], ckpt, out)
     return Exported(out=out, provenance=prov, running_pid=running)
+
+
+def load_checkpoint_policy(data_dir: str | Path, *, version: str = "local"
+                           ) -> tuple[Any, Any, dict[str, Any]]:
+    """(model, tokenizer, provenance) of the newest good checkpoint in ``data_dir``, as
+    ``export_model`` would write them (``swarm-node eval`` scores this without a copy)."""
+    if version not in VERSIONS:
+        raise ExportError(f"version must be one of {', '.join(VERSIONS)}, not {version!r}")
+    data = Path(data_dir)
+    base_name, fingerprint = _base(data)
+    ckpt, meta = _newest_checkpoint(data, fingerprint, version)
+    model, tokenizer = _build(data, base_name, ckpt, meta, version)
+    prov = _provenance(base_name, fingerprint, ckpt, meta, version)
+    prov["family_config"] = (meta.get("provenance") or {}).get("family_config")
+    return model, tokenizer, prov
 
 
 def _base(data: Path) -> tuple[str, str]:

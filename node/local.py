@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.report import plot_rewards, write_json
+from node.report import heldout_points, plot_rewards, write_json
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 # bench/outer_learning.py); stated here so the demo does not follow a changed default.
 LOCAL_DEFAULTS = ("[outer]\nevery_rounds = 2\nouter_lr = 1.0\nouter_momentum = 0.0\n"
                   "join_window_s = 3.0\ndeadline_s = 60.0\nfinal_wait_s = 60.0\n\n"
-                  "[learner]\ncheckpoint_every = 2\n")
+                  "[learner]\ncheckpoint_every = 2\neval_every = 10\n")
 BOOTSTRAP_TIMEOUT_S = 120.0
 
 
@@ -159,11 +159,14 @@ class LocalSwarm:
         plot_rewards(nodes, png, title=f"{len(nodes)} nodes, {self.rounds} rounds")
         for n in nodes:
             rs = n.get("rounds", [])
-            log.info("%s %s: %d rounds, received %d, external used %d, last reward %s",
-                     n["name"], n.get("peer_id", "")[-8:], len(rs),
+            held = heldout_points(rs)
+            log.info("%s %s: %d rounds, received %d, external used %d, last reward %s, "
+                     "held-out accuracy %s", n["name"], n.get("peer_id", "")[-8:], len(rs),
                      sum(r.get("rollouts_received", 0) for r in rs),
                      sum(r.get("external_used", 0) for r in rs),
-                     rs[-1].get("mean_reward") if rs else None)
+                     rs[-1].get("mean_reward") if rs else None,
+                     (f"greedy {held[-1][1]:.3f} sampled {held[-1][2]:.3f} after {held[-1][0]} "
+                      f"rounds" if held else "none (eval_every rounds not reached)"))
         log.info("swarm report: %s, curves: %s (%s)", self.report, png,
                  "ok" if ok else f"FAILED: exit codes {codes}, missing {missing}")
         return 0 if ok else 1

@@ -14,6 +14,8 @@ class Metrics:
         self.round = Gauge("swarm_node_round", "Last completed round", registry=r)
         self.reward = Gauge("swarm_node_mean_reward", "Mean reward of local rollouts, last round",
                             registry=r)
+        self.heldout = Gauge("swarm_node_heldout_accuracy",
+                             "Accuracy on the held-out set, newest score", ["decoding"], registry=r)
         self.peers = Gauge("swarm_node_peers", "Peers known to the swarm process", registry=r)
         self.rollouts = Counter("swarm_node_rollouts", "Rollout groups", ["direction"], registry=r)
         self.rejected = Counter("swarm_node_rejected", "Rollouts rejected on re-scoring",
@@ -36,6 +38,12 @@ class Metrics:
             self.reward.set(rec["mean_reward"])
         if "peers" in rec:
             self.peers.set(rec["peers"])
+        heldout = rec.get("heldout")
+        if isinstance(heldout, dict):
+            for decoding in ("greedy", "sampled"):
+                value = heldout.get(f"{decoding}_accuracy")
+                if isinstance(value, (int, float)):
+                    self.heldout.labels(decoding).set(value)
         self.rollouts.labels("published").inc(rec.get("rollouts_published", 0) or 0)
         self.rollouts.labels("received").inc(rec.get("rollouts_received", 0) or 0)
         self.rollouts.labels("used").inc(rec.get("external_used", 0) or 0)

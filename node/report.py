@@ -18,11 +18,14 @@ def node_report(*, peer_id: str, model: str | None, rounds: list[dict[str, Any]]
     """Contract keys first, then ``compute_utilisation`` (time in inner rounds ÷ wall time
     of the learner's round loop, as of its last round; None before one) and
     ``discarded_rounds`` (inner rounds whose work an outer step dropped, over all learner
-    runs); ``extra`` for anything useful (restarts, exit reason...)."""
+    runs), ``heldout`` (the held-out scores carried by the rounds, oldest first); ``extra``
+    for anything useful (restarts, exit reason...)."""
     return {"peer_id": peer_id, "model": model, "rounds": rounds, "outer_steps": outer_steps,
             "compute_utilisation": next((r["compute_utilisation"] for r in reversed(rounds)
                                          if r.get("compute_utilisation") is not None), None),
-            "discarded_rounds": discarded_rounds(outer_steps), **extra}
+            "discarded_rounds": discarded_rounds(outer_steps),
+            "heldout": [r["heldout"] for r in rounds if isinstance(r.get("heldout"), dict)],
+            **extra}
 
 
 def discarded_rounds(outer_steps: list[dict[str, Any]]) -> int:
@@ -39,22 +42,38 @@ def discarded_rounds(outer_steps: list[dict[str, Any]]) -> int:
     return total + last
 
 
+def heldout_points(rounds: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(rounds trained, greedy accuracy, sampled accuracy) of every held-out score in a
+    node's round records (``heldout``, every ``eval_every`` rounds)."""
+    out = []
+    for r in rounds:
+        h = r.get("heldout")
+        if isinstance(h, dict) and isinstance(h.get("greedy_accuracy"), (int, float)):
+            out.append((int(h.get("after_rounds", r["round"] + 1)), float(h["greedy_accuracy"]),
+                        float(h.get("sampled_accuracy") or 0.0)))
+    return out
+
+
 def plot_rewards(nodes: list[dict[str, Any]], path: Path, *, title: str = "") -> None:
-    """One reward curve per node (round → mean reward of its local rollouts)."""
+    """One reward curve per node (round → mean reward of its local rollouts) and, when any
+    node scored the held-out set, a second panel: per node its training accuracy (thin) and
+    held-out greedy (solid, dots) and sampled (dashed) accuracy, against rounds trained."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    heldout = any(heldout_points(n.get("rounds", [])) for n in nodes)
+    fig, axes = plt.subplots(1, 2 if heldout else 1, figsize=(12 if heldout else 7, 4),
+                             squeeze=False)
+    ax = axes[0][0]
     for node in nodes:
         pts = [(r["round"], r["mean_reward"]) for r in node.get("rounds", [])
                if r.get("mean_reward") is not None]
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o", ms=3, label=str(node.get("peer_id", "?"))[-8:])
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("mean reward (local rollouts)")
@@ -62,8 +81,35 @@ def plot_rewards(nodes: list[dict[str, Any]], path: Path, *, title: str = "") ->
     ax.grid(alpha=0.3)
     if nodes:
         ax.legend(fontsize=7)
+    if heldout:
+        _plot_accuracy(axes[0][1], nodes)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     tmp.replace(path)
+
+
+def _plot_accuracy(ax: Any, nodes: list[dict[str, Any]]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for i, node in enumerate(nodes):
+        color, name = f"C{i % 10}", str(node.get("peer_id", "?"))[-8:]
+        train = [(r["round"], r["accuracy"]) for r in node.get("rounds", [])
+                 if isinstance(r.get("accuracy"), (int, float))]
+        if train:
+            xs, ys = zip(*train)
+            ax.plot(xs, ys, color=color, lw=0.7, alpha=0.5, label=f"{name} training")
+        pts = heldout_points(node.get("rounds", []))
+        if pts:
+            xs, greedy, sampled = zip(*pts)
+            ax.plot(xs, greedy, color=color, marker="o", ms=4, label=f"{name} held-out greedy")
+            ax.plot(xs, sampled, color=color, ls="--", marker="x", ms=4,
+                    label=f"{name} held-out sampled")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("rounds trained")
+    ax.set_ylabel("accuracy")
+    ax.set_title("training vs held-out accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)

@@ -34,6 +34,9 @@ RECENT_REWARDS = 60
 """Rewards kept for the sparkline."""
 MAX_PEERS = 64
 """Peers kept in ``peers_seen`` (most recently seen first): fresh identities are free."""
+HELDOUT_KEYS = ("after_rounds", "greedy_accuracy", "sampled_accuracy", "questions", "samples",
+                "seconds")
+"""What ``heldout`` (the newest held-out score, None before one) keeps of a round's."""
 RATE_WINDOW = 10
 """Rounds over which rounds/s is measured."""
 
@@ -52,7 +55,7 @@ class StatusBoard:
                           started=time.time(), round_phase=None, rounds_done=0,
                           rounds_per_s=None, recent_rewards=[], rejected_by_reason={},
                           gossip_rejected={}, peers_seen=[], reachability="unknown",
-                          last_outer=None, last_checkpoint=None,
+                          last_outer=None, last_checkpoint=None, heldout=None,
                           **{f"{k}_total": 0 for k in COUNTERS})
 
     def set(self, **values: Any) -> None:
@@ -85,6 +88,9 @@ class StatusBoard:
             s["peers"] = record["peers"]
         if isinstance(record.get("reachability"), str):
             s["reachability"] = record["reachability"][:32]
+        heldout = record.get("heldout")
+        if isinstance(heldout, dict):
+            s["heldout"] = {k: heldout.get(k) for k in HELDOUT_KEYS}
         if isinstance(record.get("mean_reward"), (int, float)):
             s["recent_rewards"] = [*s["recent_rewards"], record["mean_reward"]][-RECENT_REWARDS:]
         self._round_times.append(time.monotonic())
@@ -92,10 +98,11 @@ class StatusBoard:
             span = self._round_times[-1] - self._round_times[0]
             s["rounds_per_s"] = (len(self._round_times) - 1) / span if span > 0 else None
         if self.log_rounds:
-            log.info("round=%s reward=%.3f peers=%s published=%s received=%s used=%s rejected=%s",
+            log.info("round=%s reward=%.3f peers=%s published=%s received=%s used=%s rejected=%s%s",
                      record.get("round"), record.get("mean_reward") or 0.0, s["peers"],
                      record.get("rollouts_published"), record.get("rollouts_received"),
-                     record.get("external_used"), record.get("rejected"))
+                     record.get("external_used"), record.get("rejected"),
+                     f" heldout={heldout_text(s['heldout'])}" if isinstance(heldout, dict) else "")
 
     def on_peers(self, peers: list[Any]) -> None:
         now = time.time()
@@ -131,6 +138,15 @@ def _int(value: Any) -> int:
         return 0
 
 
+def heldout_text(heldout: Any) -> str:
+    """``greedy/sampled@rounds`` of a status record's ``heldout``, ``none`` before one."""
+    if not isinstance(heldout, dict) or not isinstance(heldout.get("greedy_accuracy"), (int, float)):
+        return "none"
+    sampled = heldout.get("sampled_accuracy")
+    sampled_text = f"{sampled:.2f}" if isinstance(sampled, (int, float)) else "-"
+    return f"{heldout['greedy_accuracy']:.2f}/{sampled_text}@{heldout.get('after_rounds')}"
+
+
 def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
     """Health check: is the node at ``data_dir`` alive? Returns (healthy, one-line summary)."""
     path = Path(data_dir) / "status.json"
@@ -156,6 +172,7 @@ def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
                   "ports and pass --announce; node.log says which)")
     summary = (f"phase={s.get('phase')} round={s.get('round')} peers={s.get('peers')} "
                f"reachability={reach} reward={s.get('mean_reward')} "
+               f"heldout={heldout_text(s.get('heldout'))} "
                f"children_down={dead or 'none'}")
     healthy = s.get("phase") not in ("failed", "stopped") and not dead
     return healthy, summary

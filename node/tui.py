@@ -26,6 +26,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from node.status import heldout_text
+
 __all__ = ["TerminalView", "render", "sparkline"]
 
 log = logging.getLogger(__name__)
@@ -223,7 +225,8 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
          + (f" · {rate:.2f} rounds/s" if isinstance(rate, float) else "")),
         ("phase", _phase_text(s, now, 10 if compact else 20)),
         ("reward", (f"{reward:.3f} " if isinstance(reward, (int, float)) else "- ") + spark
-         + (f" · accuracy {acc:.2f}" if isinstance(acc, (int, float)) else "")),
+         + (f" · accuracy {acc:.2f}" if isinstance(acc, (int, float)) else "")
+         + (f" · held-out {heldout_text(s['heldout'])}" if s.get("heldout") else "")),
         ("peers", f"{s.get('peers', 0)} · reachability {s.get('reachability') or 'unknown'}"),
         ("rollouts", f"out {s.get('rollouts_published_total', 0)} · in "
                      f"{s.get('rollouts_received_total', 0)} · used {s.get('external_used_total', 0)}"),

@@ -355,6 +355,17 @@ class LearnerConfig:
     """How many good checkpoints to keep (>= 1; the previous one is the fallback)."""
     seed: int = 0
     """Seeds task sampling and generation (mixed with the round number)."""
+    eval_every: int = 25
+    """Score the policy on the fixed held-out set (``heldout.py``: questions no training round
+    uses) after every N rounds; 0 = off. Runs between rounds, outside the round's time; the
+    result is the round record's ``heldout``. One score costs about one round on the embedded
+    model (two generate calls of ``eval_questions`` sequences: bench/heldout_curve.py cost), so
+    25 keeps it near 4-5 % of round time. ``swarm-node eval`` scores a data dir or an exported
+    model the same way."""
+    eval_questions: int = 32
+    """Questions in the held-out set, dealt round-robin over ``tasks.families``."""
+    eval_samples: int = 1
+    """Sampled completions per held-out question (besides the greedy one)."""
     slowdown_for_tests: float = 1.0
     """Tests and benches only: every round is stretched to this multiple of its duration
     (a sleep after training, counted as round time: emulates a slower device). 1 = off."""
@@ -362,8 +373,12 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if not self.data_dir:
             raise TableError("data_dir", "must be non-empty")
-        _non_negative(self, "checkpoint_every", "checkpoint_every_s", "seed")
-        _positive(self, "keep_checkpoints")
+        _non_negative(self, "checkpoint_every", "checkpoint_every_s", "seed", "eval_every")
+        _positive(self, "keep_checkpoints", "eval_questions", "eval_samples")
+        if self.eval_questions > 10_000:
+            raise TableError("eval_questions", f"must be <= 10000, got {self.eval_questions}")
+        if self.eval_samples > 64:
+            raise TableError("eval_samples", f"must be <= 64, got {self.eval_samples}")
         if not math.isfinite(self.checkpoint_every_s):
             raise TableError("checkpoint_every_s", "must be finite")
         if not (1.0 <= self.slowdown_for_tests <= 100.0):

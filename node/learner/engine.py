@@ -37,8 +37,10 @@ class Completion:
 
 
 class Engine(Protocol):
-    def generate(self, prompts: list[str], *, n: int, seed: int) -> list[list[Completion]]:
-        """``n`` completions for each prompt, reproducible for a given ``seed``."""
+    def generate(self, prompts: list[str], *, n: int, seed: int,
+                 greedy: bool = False) -> list[list[Completion]]:
+        """``n`` completions for each prompt, reproducible for a given ``seed``; ``greedy``:
+        the most likely token at every step instead of sampling (the held-out score)."""
 
     def sync_weights(self) -> None:
         """Sample from the policy's current weights from now on."""
@@ -122,15 +124,19 @@ class TransformersEngine:
         """Nothing to do: ``generate`` samples from the live policy."""
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], *, n: int, seed: int) -> list[list[Completion]]:
+    def generate(self, prompts: list[str], *, n: int, seed: int,
+                 greedy: bool = False) -> list[list[Completion]]:
         if n < 1 or not prompts:
             raise EngineError(f"need n >= 1 and at least one prompt (n={n}, {len(prompts)} prompts)")
         tok, cfg = self.tokenizer, self.config
         batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         batch = {k: v.to(self.model.device) for k, v in batch.items()}
+        sampling: dict[str, Any] = (dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+                                    if greedy else
+                                    dict(do_sample=True, temperature=cfg.temperature,
+                                         top_p=cfg.top_p, top_k=0))
         kwargs: dict[str, Any] = dict(
-            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
-            max_new_tokens=cfg.max_new_tokens, num_return_sequences=n,
+            **sampling, max_new_tokens=cfg.max_new_tokens, num_return_sequences=n,
             eos_token_id=self._eos_ids, pad_token_id=tok.pad_token_id)
         if self._multi_token_stops:
             kwargs.update(stop_strings=self._multi_token_stops, tokenizer=tok)

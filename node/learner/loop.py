@@ -12,6 +12,9 @@ One round (each phase timed in the record's ``seconds``; ``stop`` is checked bet
     publish   this round's local groups, in RolloutBatches sized to fit one message each
     train     GRPO on I local + J external groups, external ones anchored to our baseline
 
+After every ``eval_every`` rounds, between rounds (outside the round's ``seconds``), the
+policy is scored on the fixed held-out set (``heldout.py``): the record's ``heldout``.
+
 The learner never imports libp2p; the bridge is its only way to the swarm.
 """
 
@@ -35,6 +38,7 @@ from node.learner.checkpoint import load_checkpoint
 from node.learner.config import LearnerConfig
 from node.learner.engine import Engine, make_engine
 from node.learner.grpo import GrpoTrainer, TrainingGroup, advantages
+from node.learner.heldout import Evaluator
 from node.learner.policy import Policy, load_policy
 from node.learner.progress import PhaseCallback, PhaseReporter
 from node.learner.prompting import PromptFormat, make_prompt_format, resolve_engine
@@ -122,6 +126,25 @@ class Learner:
         self.trainer.optimizer.register_step_post_hook(lambda *_: self.engine.sync_weights())
         for family in config.tasks.families:  # fail fast on a misconfigured family
             get_family(family).sample_spec(random.Random(0), config.tasks.family_config.get(family, {}))
+        self.evaluator: Evaluator | None = None
+        if config.eval_every:
+            sapo = config.sapo
+            self.evaluator = Evaluator(
+                tasks=config.tasks, engine=self.engine, prompts=self.prompts,
+                questions=config.eval_questions, samples=config.eval_samples,
+                max_batch=sapo.questions_per_round * sapo.completions_per_question)
+
+    def heldout(self) -> dict[str, Any] | None:
+        """The held-out score of the policy as it is now, if this round count is due one
+        (every ``eval_every`` rounds trained), as the record's ``heldout``; else None."""
+        if self.evaluator is None or self.round % self.config.eval_every:
+            return None
+        self.progress.report("eval")
+        score = self.evaluator.run()
+        log.info("peer %s after %d rounds: held-out accuracy greedy %.3f sampled %.3f "
+                 "(%d questions, %.2f s)", self.peer_id[:16], self.round, score.greedy_accuracy,
+                 score.sampled_accuracy, score.questions, score.seconds)
+        return score.to_record(after_rounds=self.round)
 
     @property
     def fingerprint(self) -> str:
@@ -319,7 +342,8 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
                             keep=config.keep_checkpoints, on_saved=on_checkpoint,
                             saved_round=learner.round if learner.resumed_from else None,
                             provenance={"model": config.policy.model, "swarm_id": swarm_id,
-                                        "task_families": list(config.tasks.families)},
+                                        "task_families": list(config.tasks.families),
+                                        "family_config": config.tasks.family_config},
                             outer_state=outer_state)
     while (rounds is None or learner.round < start_round + rounds) and not (stop and stop.is_set()):
         record = learner.run_round(bridge, stop)
@@ -327,6 +351,9 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
             break
         learner.round += 1
         compute += sum(record["seconds"].values())
+        heldout = learner.heldout()  # between rounds: not in the round's seconds
+        if heldout is not None:
+            record["heldout"] = heldout
         record["compute_utilisation"] = round(compute / max(1e-9, time.monotonic() - t_start), 4)
         records.append(record)
         log.info("peer %s round %d: reward %.3f, published %d, received %d, external %d, rejected %d",

@@ -14,6 +14,9 @@ failed check is counted under its reason in ``RescoreResult.rejected``):
                                        prompt or a completion
     too_long                           a completion over ``trainer.max_completion_tokens``
                                        local tokens (characters checked first)
+    heldout_seed                       a seed no training question has (tasks.base
+                                       ``TRAINING_SEEDS``): the held-out set's, or forged;
+                                       so no peer can make us train on our evaluation set
 
 Only then is the task rebuilt (the prompt must equal the regenerated one: ``prompt_mismatch``)
 and every completion scored, in the sandboxed worker (``verifier.py``), all rollouts of a
@@ -36,6 +39,7 @@ from typing import Any, Callable
 from node.bridge import Received
 from node.learner.config import SapoConfig, TaskConfig, TrainerConfig, VerifyConfig
 from node.learner.errors import TaskError
+from node.learner.tasks.base import TRAINING_SEEDS
 from node.learner.grpo import TrainingGroup
 from node.learner.tasks import FAMILIES, normalize_config
 from node.learner.tasks.rgym import VETTED
@@ -156,6 +160,8 @@ class Rescorer:
             return "unvetted_family"
         if spec.family not in self._own:
             return "foreign_family"
+        if spec.seed >= TRAINING_SEEDS:
+            return "heldout_seed"
         try:
             config = normalize_config(spec.family, dict(spec.config))
         except TaskError as e:

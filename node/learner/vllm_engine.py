@@ -101,12 +101,14 @@ class VllmEngine:
         self.pushes += 1
         log.debug("pushed %d tensors to vLLM (%s)", len(weights), counts)
 
-    def generate(self, prompts: list[str], *, n: int, seed: int) -> list[list[Completion]]:
+    def generate(self, prompts: list[str], *, n: int, seed: int,
+                 greedy: bool = False) -> list[list[Completion]]:
         if n < 1 or not prompts:
             raise EngineError(f"need n >= 1 and at least one prompt (n={n}, {len(prompts)} prompts)")
         cfg = self.config
         params = [self._vllm.SamplingParams(
-            n=n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
+            n=n, temperature=0.0 if greedy else cfg.temperature,
+            top_p=1.0 if greedy else cfg.top_p, max_tokens=cfg.max_new_tokens,
             stop=list(cfg.stop or ()), include_stop_str_in_output=True,
             seed=_request_seed(seed, i)) for i in range(len(prompts))]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

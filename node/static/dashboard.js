@@ -44,7 +44,7 @@ function rows(tbodyId, data, empty) {
 }
 
 // A line chart of (round, value) points in a 640x220 viewBox, y fixed to [0, max(1, ymax)].
-function chart(svgId, points) {
+function chart(svgId, points, empty) {
   const svg = $(svgId), W = 640, H = 220, L = 40, R = 12, T = 10, B = 34;
   svg.replaceChildren();
   const pts = points.filter(p => typeof p[1] === "number");
@@ -66,7 +66,7 @@ function chart(svgId, points) {
   }
   svg.append(el("text", {x: W - R, y: H - 1, "text-anchor": "end", class: "label"}, "round"));
   if (!pts.length) {
-    svg.append(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "label"}, "no rounds yet"));
+    svg.append(el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "label"}, empty || "no rounds yet"));
     svg.dataset.points = "0";
     return;
   }
@@ -101,6 +101,10 @@ function render(data) {
   $("phase-bar").style.width = (100 * frac).toFixed(0) + "%";
   setText("reward", fixed(s.mean_reward, 3));
   setText("accuracy", fixed(s.accuracy, 2));
+  const h = s.heldout;
+  setText("heldout", h ? fixed(h.greedy_accuracy, 2) : null);
+  setText("heldout-sampled", h ? fixed(h.sampled_accuracy, 2) : null);
+  setText("heldout-after", h ? "after " + h.after_rounds + " rounds, " + h.questions + " questions" : "no score yet");
   setText("peers", s.peers);
   setText("reachability", s.reachability || "unknown");
   const kids = Object.entries(s.children || {});
@@ -123,6 +127,8 @@ function render(data) {
        bytes(o.bytes_sent), bytes(o.bytes_received), fixed(o.seconds, 1), short(o.param_hash, 6)]), "no outer steps yet");
   chart("reward-chart", data.rounds.map(r => [r.round, r.mean_reward]));
   chart("accuracy-chart", data.rounds.map(r => [r.round, r.accuracy]));
+  chart("heldout-chart", data.rounds.filter(r => r.heldout).map(r => [r.heldout.after_rounds, r.heldout.greedy_accuracy]),
+        "no held-out score yet (every eval_every rounds)");
   document.body.dataset.ready = data.rounds.length ? "1" : "0";
   document.body.dataset.round = String(s.round);
 }

@@ -61,3 +61,17 @@ def test_read_only_localhost_only(dashboard):
     assert dashboard._server.server_address[0] == "127.0.0.1"
     with pytest.raises(ValueError, match="127.0.0.1"):
         Dashboard(0, host="0.0.0.0")
+
+
+def test_the_page_gets_the_heldout_scores_to_draw(tmp_path, dashboard):
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    score = {"after_rounds": 10, "greedy_accuracy": 0.5, "sampled_accuracy": 0.25, "questions": 32}
+    rounds = [{"round": i, "mean_reward": 0.1, **({"heldout": score} if i == 9 else {})}
+              for i in range(12)]
+    for r in rounds:
+        board.on_round(r)
+    dashboard.publish(board.flush(), rounds, [])
+    data = json.loads(_get(dashboard, "/api/status")[2])
+    assert data["status"]["heldout"]["greedy_accuracy"] == 0.5       # the card
+    assert [r["heldout"] for r in data["rounds"] if r["heldout"]] == [score]  # the curve
+    assert b'id="heldout-chart"' in _get(dashboard, "/")[2]

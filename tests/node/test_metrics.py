@@ -13,7 +13,8 @@ def test_metrics_endpoint_serves_round_counters():
         m.on_round({"round": 4, "mean_reward": 0.25, "peers": 3, "rollouts_published": 8,
                     "rollouts_received": 5, "external_used": 4,
                     "rejected_by_reason": {"bad_signature": 2},
-                    "gossip_rejected": {"stale": 3}})
+                    "gossip_rejected": {"stale": 3},
+                    "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375}})
         m.on_outer({"status": "ok"})
         body = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
         text = body.decode()
@@ -25,3 +26,5 @@ def test_metrics_endpoint_serves_round_counters():
     assert 'swarm_node_rejected_total{reason="bad_signature"} 2.0' in text
     assert 'swarm_node_outer_steps_total{status="ok"} 1.0' in text
     assert 'swarm_node_gossip_rejected{reason="stale"} 3.0' in text
+    assert 'swarm_node_heldout_accuracy{decoding="greedy"} 0.5' in text
+    assert 'swarm_node_heldout_accuracy{decoding="sampled"} 0.375' in text

@@ -19,3 +19,21 @@ def test_node_report_takes_the_last_rounds_utilisation() -> None:
     assert rep["compute_utilisation"] == 0.8 and rep["discarded_rounds"] == 0
     assert node_report(peer_id="p", model="m", rounds=[], outer_steps=[])[
         "compute_utilisation"] is None
+
+
+def _png_width(path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # IHDR width
+
+
+def test_the_report_lists_heldout_scores_and_the_png_plots_them_beside_training(tmp_path) -> None:
+    from node.report import heldout_points, plot_rewards
+
+    score = {"after_rounds": 2, "greedy_accuracy": 0.5, "sampled_accuracy": 0.25}
+    rounds = [{"round": 0, "mean_reward": 0.1, "accuracy": 0.1},
+              {"round": 1, "mean_reward": 0.2, "accuracy": 0.2, "heldout": score}]
+    rep = node_report(peer_id="p", model="m", rounds=rounds, outer_steps=[])
+    assert rep["heldout"] == [score] and heldout_points(rounds) == [(2, 0.5, 0.25)]
+    plain, both = tmp_path / "plain.png", tmp_path / "both.png"
+    plot_rewards([{"peer_id": "p", "rounds": rounds[:1]}], plain)
+    plot_rewards([{"peer_id": "p", "rounds": rounds}], both)
+    assert _png_width(plain) == 700 and _png_width(both) == 1200  # a second, accuracy panel

@@ -48,3 +48,20 @@ def test_ipc_path_stays_short_enough_for_unix_sockets(tmp_path):
     deep = tmp_path / ("x" * 120)
     assert len(str(ipc_path_for(deep))) <= 100
     assert ipc_path_for(deep) == ipc_path_for(deep)
+
+
+def test_the_newest_heldout_score_stays_in_the_status_and_its_line(tmp_path):
+    board = StatusBoard(tmp_path / "status.json")
+    board.child("learner", pid=os.getpid(), alive=True, restarts=0)
+    board.flush()
+    assert "heldout=none" in check_status(tmp_path, max_age_s=30)[1]
+    score = {"after_rounds": 10, "greedy_accuracy": 0.625, "sampled_accuracy": 0.5,
+             "questions": 32, "samples": 1, "seconds": 0.4, "by_family": {}}
+    board.on_round({"round": 9, "mean_reward": 0.5, "heldout": score})
+    board.on_round({"round": 10, "mean_reward": 0.6})  # rounds between scores keep the last one
+    board.flush()
+    s = json.loads((tmp_path / "status.json").read_text())
+    assert s["heldout"] == {k: score[k] for k in ("after_rounds", "greedy_accuracy",
+                                                  "sampled_accuracy", "questions", "samples",
+                                                  "seconds")}
+    assert "heldout=0.62/0.50@10" in check_status(tmp_path, max_age_s=30)[1]

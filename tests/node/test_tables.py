@@ -42,6 +42,9 @@ BAD_VALUES = [
     ('[gossip]\nrollout_mode = "gossip"\n',
      "[gossip] rollout_mode: must be one of ['feeds', 'flood'], got 'gossip'"),
     ("[learner]\ncheckpoint_every = -1\n", "[learner] checkpoint_every: must be >= 0, got -1"),
+    ("[learner]\neval_every = -1\n", "[learner] eval_every: must be >= 0, got -1"),
+    ('[learner]\neval_every = "often"\n',
+     "[learner] eval_every: expected an integer, got str 'often'"),
     ('[learner.policy]\ndtype = "int4"\n',
      "[learner.policy] dtype: must be auto/float32/bfloat16/float16, got 'int4'"),
     ("[learner.engine]\ntop_p = 1.5\n", "[learner.engine] top_p: must be in (0, 1], got 1.5"),
@@ -110,7 +113,8 @@ def test_the_local_swarm_defaults_pass_the_door(tmp_path):
     swarm = LocalSwarm(nodes=1, rounds=2, report=tmp_path / "r.json",
                        config_file=str(tmp_path / "local.toml"))
     config = check_join(swarm.join_args(tmp_path / "node-0", CHECK_BOOTSTRAP))
-    assert config.outer["every_rounds"] == 2 and config.learner == {"checkpoint_every": 2}
+    assert config.outer["every_rounds"] == 2
+    assert config.learner == {"checkpoint_every": 2, "eval_every": 10}
 
 
 def test_a_valid_config_gives_the_children_the_tables_they_had(tmp_path):

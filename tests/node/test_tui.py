@@ -107,3 +107,10 @@ def test_the_outer_step_shows_its_stage(tmp_path):
     assert board.state["round_phase"]["since"] == since  # one phase: elapsed counts on
     text = "\n".join(_draw(board.state, 120, 30))
     assert "outer step (DiLoCo) · exchange[2J" in text and "\x1b" not in text
+
+
+def test_the_reward_row_shows_the_newest_heldout_score(tmp_path):
+    state = _state(tmp_path)
+    assert "held-out" not in "\n".join(_draw(state, 160, 40))
+    state["heldout"] = {"after_rounds": 10, "greedy_accuracy": 0.625, "sampled_accuracy": 0.5}
+    assert "accuracy 0.10 · held-out 0.62/0.50@10" in "\n".join(_draw(state, 160, 40))

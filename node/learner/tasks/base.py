@@ -8,7 +8,15 @@ from typing import Any, Callable, Protocol
 
 from protocol import TaskSpec
 
-__all__ = ["ConfiguredFamily", "Task", "TaskFamily"]
+__all__ = ["HELDOUT_SEED_BASE", "TRAINING_SEEDS", "ConfiguredFamily", "Task", "TaskFamily"]
+
+TRAINING_SEEDS = 2**31
+"""Every training question's seed is below this: ``sample_spec`` draws it in [0, 2**31),
+and a received rollout whose seed is not is refused (``heldout_seed``, rescore.py)."""
+HELDOUT_SEED_BASE = 2**32
+"""Held-out questions (``heldout_spec``) have seeds from here on. ReasoningGYM seeds item
+``index`` with ``seed + index`` (index <= ``rgym.MAX_INDEX``), so a training question's
+effective seed stays below 2**31 + 10_000 < this: disjoint by construction."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +42,10 @@ class TaskFamily(Protocol):
     def build(self, spec: TaskSpec) -> Task:
         """Regenerate the task; raise ``TaskError`` if the spec is not valid."""
 
+    def heldout_spec(self, config: dict[str, Any], number: int) -> TaskSpec:
+        """Question ``number`` (0, 1, ...) of this family's fixed held-out set: a seed at or
+        above ``HELDOUT_SEED_BASE``, never one that ``sample_spec`` draws."""
+
 
 class ConfiguredFamily:
     """A built-in family whose config is a small validated dict: ``_config`` fills defaults and
@@ -51,4 +63,8 @@ class ConfiguredFamily:
 
     def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
         return TaskSpec(family=self.name, config=self._config(config),
-                        seed=rng.randrange(2**31), index=0)
+                        seed=rng.randrange(TRAINING_SEEDS), index=0)
+
+    def heldout_spec(self, config: dict[str, Any], number: int) -> TaskSpec:
+        return TaskSpec(family=self.name, config=self._config(config),
+                        seed=HELDOUT_SEED_BASE + number, index=0)

@@ -32,7 +32,7 @@ import random
 from typing import Any
 
 from node.learner.errors import TaskError
-from node.learner.tasks.base import Task
+from node.learner.tasks.base import HELDOUT_SEED_BASE, TRAINING_SEEDS, Task
 from node.learner.tasks.scorers import SAFE_SCORERS
 from protocol import TaskSpec
 
@@ -114,8 +114,16 @@ class ReasoningGymFamily:
 
     def sample_spec(self, rng: random.Random, config: dict[str, Any]) -> TaskSpec:
         self.normalize_config(config)
-        return TaskSpec(family=self.name, config=dict(config), seed=rng.randrange(2**31),
+        return TaskSpec(family=self.name, config=dict(config), seed=rng.randrange(TRAINING_SEEDS),
                         index=rng.randrange(MAX_INDEX + 1))
+
+    def heldout_spec(self, config: dict[str, Any], number: int) -> TaskSpec:
+        """Item ``number`` of one dataset seeded ``HELDOUT_SEED_BASE`` (one dataset built for
+        the whole set; its items' effective seeds are above every training item's)."""
+        if not 0 <= number <= MAX_INDEX:
+            raise TaskError("bad_config", f"{self.name}: held-out question {number} > {MAX_INDEX}")
+        self.normalize_config(config)
+        return TaskSpec(family=self.name, config=dict(config), seed=HELDOUT_SEED_BASE, index=number)
 
     def build(self, spec: TaskSpec) -> Task:
         if spec.index > MAX_INDEX:
