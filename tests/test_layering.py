@@ -21,6 +21,8 @@ EXCEPTIONS = {
     ("node/export.py", "torch"): "`swarm-node export` loads a checkpoint into a model, in its "
                                  "own process (a command, not the supervisor)",
     ("node/export.py", "transformers"): "the same export command",
+    ("node/evaluate.py", "transformers"): "`swarm-node eval` loads an exported model, in its "
+                                          "own process (a command, not the supervisor)",
 }
 """(file, package) -> why that file may import the package inside a function."""
 
