@@ -131,17 +131,27 @@ def in_swarms_lane(item: pytest.Item) -> bool:
 IMAGE_TEST = "tests/deploy/test_image_build.py::"
 
 
+LAST = ("tests/e2e/test_local_swarm.py::", IMAGE_TEST)
+"""Run after everything else, in this order. The image test: its build starts at collection
+(below) and takes minutes; run third in the swarms lane (its own order), the test waited
+410 s for it in a fresh-clone run. The local swarm: its rounds are stretched to 10x their
+compute time ([learner] slowdown_for_tests), so a loaded CPU stretches them 10x as much: 478 s
+beside the rest lane in a fresh-clone run, 99-122 s alone; last, the rest lane is done."""
+
+
+def _last(item: pytest.Item) -> int:
+    return next((k + 1 for k, prefix in enumerate(LAST) if item.nodeid.startswith(prefix)), 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``--lane``: keep that lane's tests. The image test goes last: its build starts at
-    collection (below) and takes minutes; run among the first (the swarms lane's own order),
-    the test waited 410 s for it in a fresh-clone run, where last it overlaps the rest."""
+    """``--lane``: keep that lane's tests; then the LAST ones go last."""
     lane = config.getoption("--lane")
     keep, drop = [], []
     for item in items:
         (keep if lane is None or in_swarms_lane(item) == (lane == "swarms") else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
-    items[:] = sorted(keep, key=lambda item: item.nodeid.startswith(IMAGE_TEST))
+    items[:] = sorted(keep, key=_last)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
