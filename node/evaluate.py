@@ -32,7 +32,7 @@ def evaluate(*, data_dir: str | Path | None = None, model: str | Path | None = N
     from node.learner.config import EngineConfig, TaskConfig
     from node.learner.engine import make_engine
     from node.learner.heldout import Evaluator
-    from node.learner.policy import resolve_device
+    from node.learner.policy import prepare_tokenizer, resolve_device
     from node.learner.prompting import make_prompt_format, resolve_engine
     from protocol.tables import TableError
 
@@ -52,9 +52,7 @@ def evaluate(*, data_dir: str | Path | None = None, model: str | Path | None = N
                            family_config=dict(prov.get("family_config") or {}))
     except TableError as e:
         raise EvalError(f"task families: {e.reason}") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    prepare_tokenizer(tokenizer)
     net.to(resolve_device(device))
     prompts = make_prompt_format("auto", tokenizer)
     engine_config = resolve_engine(EngineConfig(temperature=temperature), model=net,

@@ -22,7 +22,8 @@ from node.learner.errors import PolicyError
 from node.learner.tiny_model import cache_dir, ensure_embedded
 from protocol import atomic_write_bytes
 
-__all__ = ["Policy", "compute_fingerprint", "load_policy", "resolve_device", "resolve_dtype"]
+__all__ = ["Policy", "compute_fingerprint", "load_policy", "prepare_tokenizer", "resolve_device",
+           "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -86,14 +87,20 @@ def load_policy(config: PolicyConfig, data_dir: str | Path) -> Policy:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(config.dtype, device))
     except (OSError, ValueError) as e:
         raise PolicyError(f"cannot load model {config.model!r}: {e}") from e
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    prepare_tokenizer(tokenizer)
     fingerprint = _stored_fingerprint(data, config.model, model)
     model.to(device)
     log.info("policy %s loaded on %s as %s (fingerprint %s, %d params)", config.model, device,
              model.dtype, fingerprint[:12], sum(p.numel() for p in model.parameters()))
     return Policy(model=model, tokenizer=tokenizer, fingerprint=fingerprint, source=source)
+
+
+def prepare_tokenizer(tokenizer: Any) -> None:
+    """What generation and training need of any tokenizer: a pad token (the end-of-sequence
+    one if it has none) and padding on the left."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
 
 
 def _stored_fingerprint(data: Path, model_name: str, model: Any) -> str:

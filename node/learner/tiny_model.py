@@ -161,18 +161,15 @@ def ensure_embedded(base_dir: str | os.PathLike[str], *, cache: Path | None = No
         return base
     base.parent.mkdir(parents=True, exist_ok=True)
     cached = cache / f"embedded-{_build_key()}" if cache is not None else None
+    if cached is not None and (cached / "config.json").exists():
+        try:
+            _copy_into_place(cached, base)
+            log.info("embedded model copied from the cache %s", cached)
+            return base
+        except OSError as e:
+            log.warning("embedded model cache %s unreadable (%s): building it", cached, e)
     tmp = Path(tempfile.mkdtemp(dir=base.parent, prefix=".base-"))
     try:
-        if cached is not None and (cached / "config.json").exists():
-            try:
-                shutil.copytree(cached, tmp, dirs_exist_ok=True)
-                os.replace(tmp, base)
-                log.info("embedded model copied from the cache %s", cached)
-                return base
-            except OSError as e:
-                log.warning("embedded model cache %s unreadable (%s): building it", cached, e)
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir()
         started = time.monotonic()
         build_embedded(tmp)
         log.info("embedded model built in %.1f s%s", time.monotonic() - started,
@@ -185,16 +182,22 @@ def ensure_embedded(base_dir: str | os.PathLike[str], *, cache: Path | None = No
     return base
 
 
-def _keep(built: Path, cached: Path) -> None:
-    """Copy a build into the cache, atomically (a concurrent builder's copy wins: same bytes)."""
+def _copy_into_place(src: Path, dest: Path) -> None:
+    """Copy the directory ``src`` to ``dest`` atomically: into a temp dir beside ``dest``,
+    then renamed (raises OSError if ``dest`` appeared meanwhile: a concurrent copy won)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".embedded-"))
-        try:
-            shutil.copytree(built, tmp, dirs_exist_ok=True)
-            os.replace(tmp, cached)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep(built: Path, cached: Path) -> None:
+    """Copy a build into the cache (a concurrent builder's copy wins: same bytes)."""
+    try:
+        _copy_into_place(built, cached)
     except OSError as e:  # read-only home, full disk, or another node's copy is there first
         if not (cached / "config.json").exists():
             log.warning("cannot keep the embedded model in the cache %s: %s", cached, e)
