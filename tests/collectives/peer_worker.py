@@ -16,6 +16,7 @@ all-reduce, and D/out/<name>.killed says at which meeting.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import enum
 import math
 import signal
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from collectives import OuterConfig, OuterLoop
-from collectives.allreduce import AllReduce
+from collectives.allreduce import LINGER_S, AllReduce
 from protocol import Identity, atomic_write_bytes
 
 SHAPES = [(100, 50), (50,), (200, 30)]
@@ -46,13 +47,18 @@ class Fault(enum.Enum):
     """After answering `after` members with its reduced shard (a partial all-gather)."""
     VOTE = "vote"
     """After a whole exchange, before its vote (`after` is ignored): every member's reducer
-    accepted its contribution, so every survivor counts it among the voters."""
+    accepted its contribution and ours answered every member (its mean and verdict sent),
+    so every survivor completes the exchange and counts it among the voters."""
 
 
 FAULT: dict[str, object] = {"kind": Fault.NONE, "after": 0, "n": 0, "loop": None,
-                            "mark": None}
-"""The fault ordered (kind, after), the exchanges counted since, the clock path's loop and
-the file that says at which meeting the fault struck."""
+                            "mark": None, "answering": 0}
+"""The fault ordered (kind, after), the exchanges counted since, the clock path's loop, the
+file that says at which meeting the fault struck, and how many members our reducer is
+still answering (VOTE waits for none)."""
+
+ANSWERED_WAIT_S = 10.0
+"""VOTE: how long the vote waits for our reducer's last answers before the crash anyway."""
 
 
 def crash() -> None:
@@ -85,10 +91,34 @@ def install_faults() -> None:
             return wrapped
 
         setattr(AllReduce, name, wrap())
+    on_reduce = AllReduce._on_reduce
+
+    async def answering(self, peer, reader, writer):  # type: ignore[no-untyped-def]
+        FAULT["answering"] = int(FAULT["answering"]) + 1  # type: ignore[call-overload]
+        try:
+            await on_reduce(self, peer, reader, writer)
+            # answered once the member closed (it read our verdict), as _guard waits
+            # (p2pd may still hold what we wrote)
+            try:
+                await asyncio.wait_for(reader.read(1), LINGER_S)
+            except (asyncio.TimeoutError, ConnectionError):
+                pass
+        finally:
+            FAULT["answering"] = int(FAULT["answering"]) - 1  # type: ignore[call-overload]
+
+    AllReduce._on_reduce = answering  # type: ignore[method-assign]
     reconcile = OuterLoop._reconcile
 
     def before_vote(self, *a, **kw):  # type: ignore[no-untyped-def]
         if FAULT["kind"] is Fault.VOTE:
+            # our member side has every shard, but our reducer (on the transport's loop)
+            # may still be sending a slower member our mean or verdict: killed then, that
+            # member fails the exchange (a REDUCER fault) and adopts the others' state
+            t = time.monotonic()
+            while FAULT["answering"] and time.monotonic() < t + ANSWERED_WAIT_S:
+                time.sleep(0.01)
+            logging.getLogger(__name__).info("vote fault: %.2f s for the last answers",
+                                             time.monotonic() - t)
             crash()
         return reconcile(self, *a, **kw)
 
