@@ -7,14 +7,17 @@ the fix. The checks, in the order printed:
     packages   installed versions of our key dependencies against deploy/constraints.txt
     torch      torch's version (the user's choice: reported only), the device `join` would
                use (CUDA name and memory) and this machine's RAM
+    model      the model's training step against the device's memory, as the learner checks
+               it (``python -m node.learner.fit``): the estimate and, when it cannot fit, the
+               settings that would
     disk       free space where the data dir lives, against the checkpoints of the model
     ports      the swarm and collective listen ports, metrics and dashboard ports: bindable?
     bootstrap  per --bootstrap address: TCP reachable, then a libp2p dial with our own host
                code that reads the swarm ids and protocol version of the peer's topics
                (``python -m swarm.probe``)
 
-``preflight`` is the cheap, fatal part (ports, disk) that `join` runs before it starts any
-child. This module imports neither torch nor libp2p: torch is asked in a child interpreter
+``preflight`` is the cheap, fatal part (ports, disk, and a model that cannot fit) that `join`
+runs before it starts any child. This module imports neither torch nor libp2p: torch is asked in a child interpreter
 (``python -m node.doctor --torch-facts``), the bootstrap peer by ``swarm.probe`` in another,
 as the supervisor does with its children.
 """
@@ -40,8 +43,8 @@ from node.config import NodeConfig
 from node.tables import learner_table
 from protocol import PROTOCOL_VERSION
 
-__all__ = ["Check", "Verdict", "check_bootstrap", "check_disk", "check_packages", "check_ports",
-           "check_python", "check_torch", "preflight", "run_checks"]
+__all__ = ["Check", "Verdict", "check_bootstrap", "check_disk", "check_model", "check_packages",
+           "check_ports", "check_python", "check_torch", "preflight", "run_checks"]
 
 TESTED_PYTHON = ("3.11",)
 """deploy/python_check.py's TESTED (tests/node/test_doctor.py checks they agree)."""
@@ -106,6 +109,7 @@ def run_checks(config: NodeConfig) -> Iterator[Check]:
     yield check_python()
     yield check_packages()
     yield check_torch(config)
+    yield check_model(config)
     yield check_disk(config)
     yield check_ports(config)
     if not config.bootstrap:
@@ -117,15 +121,19 @@ def run_checks(config: NodeConfig) -> Iterator[Check]:
 
 
 def preflight(config: NodeConfig) -> list[Check]:
-    """The FAILs `join` refuses to start with, in milliseconds: swarm, metrics and dashboard
-    ports in use, no room for one checkpoint. The collective's port is left to the learner (a
-    dead node's p2pd may hold it; the new learner kills it: node/orphans.py), and nothing is
-    checked while a node holds the data dir (the supervisor says so itself)."""
+    """The FAILs `join` refuses to start with, in about a second: swarm, metrics and dashboard
+    ports in use, no room for one checkpoint, a model whose training step cannot fit the
+    device (``check_model``; not asked of the embedded model, a few MiB: the learner checks
+    it). The collective's port is left to the learner (a dead node's p2pd may hold it; the new
+    learner kills it: node/orphans.py), and nothing is checked while a node holds the data dir
+    (the supervisor says so itself)."""
     from node.locks import lock_holder
 
     if lock_holder(config.data_dir / "node.lock") is not None:
         return []
     checks = [check_ports(config, collective=False), check_disk(config)]
+    if config.model != "embedded":
+        checks.append(check_model(config))
     return [c for c in checks if c.verdict is Verdict.FAIL]
 
 
@@ -246,6 +254,41 @@ def check_torch(config: NodeConfig) -> Check:
     dev = devices[index]
     return _ok("torch", f"torch {facts['version']}, device cuda:{index} {dev['name']} "
                         f"({_gib(dev['memory'])}), {mem}")
+
+
+# --- model fit -----------------------------------------------------------------------------
+
+FIT_TIMEOUT_S = 120.0
+"""Bound on ``python -m node.learner.fit`` (seconds on a CPU; a GPU's torch import may take
+longer, and a hub id's config.json is downloaded)."""
+
+
+def check_model(config: NodeConfig) -> Check:
+    """The learner's fit check (node.learner.fit) in a child of its own, on the learner's
+    table: it imports torch only where a CUDA device may be used."""
+    table = learner_table(config, ipc_path="", rounds=None)["learner"]
+    try:
+        out = subprocess.run([sys.executable, "-m", "node.learner.fit", "--config-json",
+                              json.dumps(table)], capture_output=True, text=True,
+                             timeout=FIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return _warn("model", f"the fit check of {config.model!r} took over {FIT_TIMEOUT_S:g} s",
+                     "run `python -m node.learner.fit --config-json ...` to see why")
+    try:
+        result = dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (IndexError, json.JSONDecodeError, TypeError, ValueError):
+        tail = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
+        return _warn("model", f"the fit check of {config.model!r} did not run: {tail[0][-200:]}",
+                     "run `swarm-node doctor -v`, or report it")
+    if result.get("fits") is True:
+        auto = " (--model auto)" if config.model == "auto" else ""
+        return _ok("model", f"{result['model']}{auto} fits {result['device']}: training step "
+                            f"~{_gib(result['estimate'])} of {_gib(result['available'])} "
+                            "available")
+    if result.get("fits") is False:
+        return _fail("model", str(result["problem"]), str(result["fix"]))
+    return _fail("model", str(result.get("error")), "--model: a Hugging Face id, a local model "
+                 "directory with a config.json, 'embedded' or 'auto'")
 
 
 # --- disk ----------------------------------------------------------------------------------

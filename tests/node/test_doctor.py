@@ -7,6 +7,7 @@ needs a live peer.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import socket
 import subprocess
@@ -105,6 +106,29 @@ def test_join_refuses_to_start_on_a_port_in_use(tmp_path: Path, held_port: int) 
     assert not (tmp_path / "status.json").exists()  # no supervisor started
 
 
+def test_join_refuses_a_model_that_cannot_fit_before_any_child(tmp_path: Path) -> None:
+    """A config.json whose weights alone are far beyond this machine (~16 B parameters):
+    `join` says so, with the estimate and the fix, before the supervisor or a child starts
+    (node.learner.fit in a child of the preflight: no torch import)."""
+    model = tmp_path / "huge"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 4_000_000, "hidden_size": 4096,
+        "intermediate_size": 4096, "num_hidden_layers": 1, "num_attention_heads": 32}))
+    data = tmp_path / "data"
+    out = subprocess.run(
+        [sys.executable, "-m", "node", "join", "--bootstrap", dead_addr(), "--data-dir",
+         str(data), "--listen", "/ip4/127.0.0.1/tcp/0", "--model", str(model), "--device",
+         "cpu"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"cannot start: model {str(model)!r} does not fit cpu: its "
+                               "training step needs 553.6 GiB (566910 MiB = weights "), lines
+    assert "is available; fix: it fits with --model embedded" in lines[0], lines
+    assert not (data / "status.json").exists() and not (data / "identity.key").exists()
+
+
 def test_disk_needs_room_for_the_model_s_checkpoints(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     model = tmp_path / "model"
@@ -153,8 +177,9 @@ def test_doctor_prints_one_line_per_check_and_exits_0_when_healthy(
                  "--listen", f"/ip4/127.0.0.1/tcp/{closed_port()}", "--device", "cpu")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stdout + out.stderr
-    assert [line.split()[1] for line in lines] == ["python", "packages", "torch", "disk", "ports",
-                                                   "bootstrap"], lines
+    assert [line.split()[1] for line in lines] == ["python", "packages", "torch", "model", "disk",
+                                                   "ports", "bootstrap"], lines
+    assert lines[3].startswith("ok    model      embedded fits cpu: training step ~"), lines
     assert all(line[:4] in VERDICTS for line in lines), lines
     assert lines[-1].startswith("ok "), lines
 
@@ -164,7 +189,7 @@ def test_doctor_exits_1_with_a_fail_line_per_problem(tmp_path: Path, held_port: 
                  "--listen", f"/ip4/127.0.0.1/tcp/{held_port}", "--device", "cpu")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 1, out.stdout + out.stderr
-    assert len(lines) == 6 and all(line[:4] in VERDICTS for line in lines), lines
+    assert len(lines) == 7 and all(line[:4] in VERDICTS for line in lines), lines
     fails = [line for line in lines if line.startswith("FAIL")]
     assert [line.split()[1] for line in fails] == ["ports", "bootstrap"], lines
     assert f"port {held_port}" in fails[0] and "nothing answers" in fails[1]
