@@ -15,6 +15,11 @@ the fix. The checks, in the order printed:
     bootstrap  per --bootstrap address: TCP reachable, then a libp2p dial with our own host
                code that reads the swarm ids and protocol version of the peer's topics
                (``python -m swarm.probe``)
+    reachable  the reachability verdict the node would reach (swarm.reachability): the same
+               probe listens on the node's swarm address and asks each bootstrap peer to dial
+               it back: ``public`` (dialled back), ``relayed`` (not, but the peer serves a
+               circuit relay: peers will reach this node through it) or ``unreachable``
+               (neither: peers cannot reach it first), each with what to do about it
 
 ``preflight`` is the cheap, fatal part (ports, disk, and a model that cannot fit) that `join`
 runs before it starts any child. This module imports neither torch nor libp2p: torch is asked in a child interpreter
@@ -44,7 +49,8 @@ from node.tables import learner_table
 from protocol import PROTOCOL_VERSION
 
 __all__ = ["Check", "Verdict", "check_bootstrap", "check_disk", "check_model", "check_packages",
-           "check_ports", "check_python", "check_torch", "preflight", "run_checks"]
+           "check_ports", "check_python", "check_reachability", "check_torch", "preflight",
+           "run_checks"]
 
 TESTED_PYTHON = ("3.11",)
 """deploy/python_check.py's TESTED (tests/node/test_doctor.py checks they agree)."""
@@ -116,8 +122,17 @@ def run_checks(config: NodeConfig) -> Iterator[Check]:
         yield _warn("bootstrap", "none given: join needs one",
                     "pass --bootstrap /ip4/<addr>/tcp/<port>/p2p/<peer id> (ask the swarm's "
                     "operator, or start one: swarm-node bootstrap)")
+        return
+    listen, why_not = _reach_listen(config)
+    results = []
     for addr in config.bootstrap:
-        yield check_bootstrap(addr, swarm_id=config.swarm_id)
+        check, result = _bootstrap(addr, swarm_id=config.swarm_id, listen=listen,
+                                   dial_back_port=_announced_port(config))
+        yield check
+        if result is not None:
+            results.append(result)
+    yield check_reachability(results, listen=config.listen[0] if config.listen else "",
+                             not_asked=why_not)
 
 
 def preflight(config: NodeConfig) -> list[Check]:
@@ -427,10 +442,18 @@ def _dial_target(maddr: str) -> tuple[str, int] | None:
 def check_bootstrap(addr: str, *, swarm_id: str) -> Check:
     """TCP to the address, then ``swarm.probe``: a libp2p dial that must reach the peer id at
     the end of the address, and the (protocol version, swarm id) of its gossip topics."""
+    return _bootstrap(addr, swarm_id=swarm_id, listen=None, dial_back_port=0)[0]
+
+
+def _bootstrap(addr: str, *, swarm_id: str, listen: str | None,
+               dial_back_port: int) -> tuple[Check, dict[str, Any] | None]:
+    """``check_bootstrap``'s line and the probe's result (None when it did not run); with
+    ``listen``, the probe also asks the peer to dial us back on ``dial_back_port`` (0: the
+    port it listens on; ``check_reachability``)."""
     target = _dial_target(addr)
     if target is None:
         return _fail("bootstrap", f"{addr}: not /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>",
-                     "use the full multiaddr `swarm-node bootstrap` printed")
+                     "use the full multiaddr `swarm-node bootstrap` printed"), None
     host, port = target
     start = time.monotonic()
     try:
@@ -442,13 +465,19 @@ def check_bootstrap(addr: str, *, swarm_id: str) -> Check:
             reason = e.strerror or type(e).__name__
         return _fail("bootstrap", f"nothing answers at {host}:{port} ({reason})",
                      "is the bootstrap peer running at that address? check it with the "
-                     "swarm's operator; a firewall may block its TCP port")
+                     "swarm's operator; a firewall may block its TCP port"), None
     tcp_ms = (time.monotonic() - start) * 1000
-    result = _probe(addr)
+    result = _probe(addr, listen=listen, port=dial_back_port)
     if isinstance(result, str):
         return _warn("bootstrap", f"{host}:{port} answers TCP ({tcp_ms:.0f} ms); the libp2p "
                                   f"probe did not run: {result}",
-                     "run `python -m swarm.probe ADDR` to see why")
+                     "run `python -m swarm.probe ADDR` to see why"), None
+    return _bootstrap_verdict(addr, host, port, result, swarm_id=swarm_id), \
+        {**result, "peer": addr.rsplit("/p2p/", 1)[-1]}
+
+
+def _bootstrap_verdict(addr: str, host: str, port: int, result: dict[str, Any], *,
+                       swarm_id: str) -> Check:
     peer = addr.rsplit("/p2p/", 1)[-1]
     if not result["connected"]:
         return _fail("bootstrap", f"{host}:{port} answers TCP but the libp2p dial to {peer} "
@@ -475,11 +504,12 @@ def check_bootstrap(addr: str, *, swarm_id: str) -> Check:
                  f"of {swarm_id!r}")
 
 
-def _probe(addr: str) -> dict[str, Any] | str:
+def _probe(addr: str, *, listen: str | None = None, port: int = 0) -> dict[str, Any] | str:
     """``python -m swarm.probe``'s result, or why there is none."""
+    reach = ["--listen", listen, "--port", str(port)] if listen else []
     try:
         out = subprocess.run([sys.executable, "-m", "swarm.probe", addr,
-                              "--timeout", str(PROBE_TIMEOUT_S)],
+                              "--timeout", str(PROBE_TIMEOUT_S), *reach],
                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S + 60)
     except subprocess.TimeoutExpired:
         return "timed out"
@@ -488,6 +518,78 @@ def _probe(addr: str) -> dict[str, Any] | str:
     except (IndexError, json.JSONDecodeError):
         tail = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
         return tail[0][-200:]
+
+
+
+# --- reachability --------------------------------------------------------------------------
+
+DIRECT_PORT = 4001
+"""The fixed swarm port the advice suggests when the node listens on port 0."""
+
+
+def _reach_listen(config: NodeConfig) -> tuple[str | None, str]:
+    """(where the probe listens to be dialled back: the node's first TCP listen address, or
+    None; why not when None)."""
+    for addr in config.listen:
+        hp = _host_port(addr)
+        if hp is None:
+            continue
+        if hp[2] and _bind_error(*hp) is not None:
+            return None, f"the swarm port {hp[2]} is in use (see ports)"
+        return "/".join(addr.split("/")[:5]), ""
+    return None, "no /ip4 or /ip6 TCP listen address"
+
+
+def _announced_port(config: NodeConfig) -> int:
+    """The TCP port of the first --announce address (what the node asks peers to dial back
+    on, swarm.nat), else 0: the port the probe listens on."""
+    for addr in config.announce:
+        parts = addr.split("/")
+        if len(parts) >= 5 and parts[3] == "tcp" and parts[4].isdigit():
+            return int(parts[4])
+    return 0
+
+
+def check_reachability(results: list[dict[str, Any]], *, listen: str, not_asked: str = "") -> Check:
+    """The verdict the node's own check would reach from the bootstrap peers' answers
+    (``swarm.probe`` results, each with its ``peer``): dialled back by any -> public; else
+    any serving a relay -> relayed; else unreachable (swarm.reachability.decide: bootstrap
+    peers decide)."""
+    if not_asked:
+        return _warn("reachable", f"not checked: {not_asked}", "fix the lines above, then run "
+                     "doctor again")
+    by = {state: [r for r in results if r.get("reachability") == state]
+          for state in ("public", "relayed", "unreachable")}
+    if by["public"]:
+        r = by["public"][0]
+        return _ok("reachable", f"public: {r['peer'][:16]}… dialled us back at "
+                                f"{r['observed_ip']}:{r['port']}")
+    answered = by["relayed"] or by["unreachable"]
+    if not answered:
+        why = "; ".join(sorted({str(r.get("reach_error") or "no answer") for r in results}))
+        return _warn("reachable", f"unknown: no bootstrap peer answered the dial-back "
+                                  f"question ({why or 'none connected'})",
+                     "run doctor again in a minute (peers limit dial-backs); the node checks "
+                     "again itself every few minutes")
+    r = answered[0]
+    ip, port = r["observed_ip"] or "<your public IP>", int(r["port"])
+    hp = _host_port(listen)
+    fixed = hp[2] if hp is not None and hp[2] else 0
+    forward = (f"forward TCP ports {fixed} and {fixed + 1} on your router to this machine and "
+               f"add --announce /ip4/{ip}/tcp/{fixed}" if fixed else
+               f"listen on a fixed port (--listen /ip4/0.0.0.0/tcp/{DIRECT_PORT}), forward TCP "
+               f"ports {DIRECT_PORT} and {DIRECT_PORT + 1} on your router to this machine and "
+               f"add --announce /ip4/{ip}/tcp/{DIRECT_PORT}")
+    if by["relayed"]:
+        return _warn("reachable", f"relayed: {r['peer'][:16]}… could not dial us back at "
+                                  f"{ip}:{port} (NAT or firewall) but serves a circuit relay: "
+                                  "peers will reach this node through it",
+                     f"this node can train as it is; to be dialled directly (faster outer "
+                     f"steps), {forward}")
+    return _fail("reachable", f"unreachable: {r['peer'][:16]}… could not dial us back at "
+                              f"{ip}:{port} (NAT or firewall) and serves no relay: peers cannot "
+                              "reach this node first",
+                 f"{forward}, or use a bootstrap peer that serves a relay")
 
 
 if __name__ == "__main__":

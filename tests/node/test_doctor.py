@@ -19,7 +19,7 @@ import pytest
 
 from node.config import NodeConfig
 from node.doctor import (CHECKPOINT_FACTOR, CHECKPOINT_FACTOR_MIN, MIN_FREE, TESTED_PYTHON,
-                         Verdict, check_bootstrap, check_disk, check_ports)
+                         Verdict, check_bootstrap, check_disk, check_ports, check_reachability)
 from protocol import Identity
 from swarm.config import GossipConfig
 from tests.swarm.procs import SwarmProc, short_tmpdir
@@ -173,15 +173,19 @@ def test_a_wrong_peer_id_fails_after_tcp(bootstrap_addr: str) -> None:
 
 def test_doctor_prints_one_line_per_check_and_exits_0_when_healthy(
         tmp_path: Path, bootstrap_addr: str) -> None:
+    port = closed_port()
     out = doctor("--bootstrap", bootstrap_addr, "--swarm-id", SWARM, "--data-dir", str(tmp_path),
-                 "--listen", f"/ip4/127.0.0.1/tcp/{closed_port()}", "--device", "cpu")
+                 "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--device", "cpu")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stdout + out.stderr
     assert [line.split()[1] for line in lines] == ["python", "packages", "torch", "model", "disk",
-                                                   "ports", "bootstrap"], lines
+                                                   "ports", "bootstrap", "reachable"], lines
     assert lines[3].startswith("ok    model      embedded fits cpu: training step ~"), lines
     assert all(line[:4] in VERDICTS for line in lines), lines
-    assert lines[-1].startswith("ok "), lines
+    assert lines[-2].startswith("ok    bootstrap"), lines
+    peer = bootstrap_addr.rsplit("/p2p/", 1)[1]  # it dialled the probe's port back
+    assert lines[-1].startswith(f"ok    reachable  public: {peer[:16]}… dialled us back at "
+                                f"127.0.0.1:{port}"), lines
 
 
 def test_doctor_exits_1_with_a_fail_line_per_problem(tmp_path: Path, held_port: int) -> None:
@@ -189,7 +193,44 @@ def test_doctor_exits_1_with_a_fail_line_per_problem(tmp_path: Path, held_port: 
                  "--listen", f"/ip4/127.0.0.1/tcp/{held_port}", "--device", "cpu")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 1, out.stdout + out.stderr
-    assert len(lines) == 7 and all(line[:4] in VERDICTS for line in lines), lines
+    assert len(lines) == 8 and all(line[:4] in VERDICTS for line in lines), lines
     fails = [line for line in lines if line.startswith("FAIL")]
     assert [line.split()[1] for line in fails] == ["ports", "bootstrap"], lines
     assert f"port {held_port}" in fails[0] and "nothing answers" in fails[1]
+    assert lines[-1] == (f"warn  reachable  not checked: the swarm port {held_port} is in use "
+                         "(see ports); fix: fix the lines above, then run doctor again")
+
+
+PEER = "12D3KooWAbcdefghijklmnopqrstuvwxyz"
+
+
+def _answer(state: str, **extra: object) -> dict[str, object]:
+    """One bootstrap peer's answer as swarm.probe reports it (doctor adds ``peer``)."""
+    return {"peer": PEER, "reachability": state, "observed_ip": "203.0.113.7", "port": 4001,
+            "reach_error": "", **extra}
+
+
+@pytest.mark.parametrize(("answers", "listen", "want"), [
+    ([_answer("relayed"), _answer("public")], "/ip4/0.0.0.0/tcp/4001",
+     f"ok    reachable  public: {PEER[:16]}… dialled us back at 203.0.113.7:4001"),
+    ([_answer("unreachable"), _answer("relayed")], "/ip4/0.0.0.0/tcp/4001",
+     f"warn  reachable  relayed: {PEER[:16]}… could not dial us back at 203.0.113.7:4001 (NAT or "
+     "firewall) but serves a circuit relay: peers will reach this node through it; fix: this "
+     "node can train as it is; to be dialled directly (faster outer steps), forward TCP ports "
+     "4001 and 4002 on your router to this machine and add --announce /ip4/203.0.113.7/tcp/4001"),
+    ([_answer("unreachable")], "/ip4/0.0.0.0/tcp/0",
+     f"FAIL  reachable  unreachable: {PEER[:16]}… could not dial us back at 203.0.113.7:4001 (NAT "
+     "or firewall) and serves no relay: peers cannot reach this node first; fix: listen on a "
+     "fixed port (--listen /ip4/0.0.0.0/tcp/4001), forward TCP ports 4001 and 4002 on your "
+     "router to this machine and add --announce /ip4/203.0.113.7/tcp/4001, or use a bootstrap "
+     "peer that serves a relay"),
+    ([_answer("", reach_error="the peer refused to dial us back now (it limits dial-backs)")],
+     "/ip4/0.0.0.0/tcp/0",
+     "warn  reachable  unknown: no bootstrap peer answered the dial-back question (the peer "
+     "refused to dial us back now (it limits dial-backs)); fix: run doctor again in a minute "
+     "(peers limit dial-backs); the node checks again itself every few minutes"),
+])
+def test_reachability_verdict_is_the_node_s_rule(answers, listen, want) -> None:
+    """Any bootstrap peer that dialled us back makes us public (swarm.reachability.decide);
+    else a relay makes us relayed; else unreachable; no answer is no verdict."""
+    assert check_reachability(answers, listen=listen).line() == want
