@@ -20,6 +20,9 @@ the fix. The checks, in the order printed:
                it back: ``public`` (dialled back), ``relayed`` (not, but the peer serves a
                circuit relay: peers will reach this node through it) or ``unreachable``
                (neither: peers cannot reach it first), each with what to do about it
+               (node/reachable.py)
+
+Each line is a ``node.check.Check``.
 
 ``preflight`` is the cheap, fatal part (ports, disk, and a model that cannot fit) that `join`
 runs before it starts any child. This module imports neither torch nor libp2p: torch is asked in a child interpreter
@@ -29,7 +32,6 @@ as the supervisor does with its children.
 
 from __future__ import annotations
 
-import enum
 import errno
 import json
 import os
@@ -40,17 +42,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.check import Check, Verdict, fail, ok, warn
 from node.config import NodeConfig
+from node.reachable import check_reachability
 from node.tables import learner_table
 from protocol import PROTOCOL_VERSION
 
-__all__ = ["Check", "Verdict", "check_bootstrap", "check_disk", "check_model", "check_packages",
-           "check_ports", "check_python", "check_reachability", "check_torch", "preflight",
-           "run_checks"]
+__all__ = ["check_bootstrap", "check_disk", "check_model", "check_packages", "check_ports",
+           "check_python", "check_torch", "preflight", "run_checks"]
 
 TESTED_PYTHON = ("3.11",)
 """deploy/python_check.py's TESTED (tests/node/test_doctor.py checks they agree)."""
@@ -78,38 +80,6 @@ PROBE_TIMEOUT_S = 10.0
 """The libp2p dial and the peer's topics (python -m swarm.probe --timeout)."""
 
 
-class Verdict(enum.Enum):
-    OK = "ok"
-    WARN = "warn"
-    FAIL = "FAIL"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Check:
-    """One line of the doctor's output."""
-
-    name: str
-    verdict: Verdict
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        text = f"{self.verdict.value:<4}  {self.name:<9}  {self.detail}"
-        return f"{text}; fix: {self.fix}" if self.fix and self.verdict is not Verdict.OK else text
-
-
-def _ok(name: str, detail: str) -> Check:
-    return Check(name=name, verdict=Verdict.OK, detail=detail)
-
-
-def _warn(name: str, detail: str, fix: str) -> Check:
-    return Check(name=name, verdict=Verdict.WARN, detail=detail, fix=fix)
-
-
-def _fail(name: str, detail: str, fix: str) -> Check:
-    return Check(name=name, verdict=Verdict.FAIL, detail=detail, fix=fix)
-
-
 def run_checks(config: NodeConfig) -> Iterator[Check]:
     """Every check, in the order printed, each yielded as soon as it is done."""
     yield check_python()
@@ -119,9 +89,9 @@ def run_checks(config: NodeConfig) -> Iterator[Check]:
     yield check_disk(config)
     yield check_ports(config)
     if not config.bootstrap:
-        yield _warn("bootstrap", "none given: join needs one",
-                    "pass --bootstrap /ip4/<addr>/tcp/<port>/p2p/<peer id> (ask the swarm's "
-                    "operator, or start one: swarm-node bootstrap)")
+        yield warn("bootstrap", "none given: join needs one",
+                   "pass --bootstrap /ip4/<addr>/tcp/<port>/p2p/<peer id> (ask the swarm's "
+                   "operator, or start one: swarm-node bootstrap)")
         return
     listen, why_not = _reach_listen(config)
     results = []
@@ -131,8 +101,7 @@ def run_checks(config: NodeConfig) -> Iterator[Check]:
         yield check
         if result is not None:
             results.append(result)
-    yield check_reachability(results, listen=config.listen[0] if config.listen else "",
-                             not_asked=why_not)
+    yield check_reachability(results, fixed_port=_fixed_port(config), not_asked=why_not)
 
 
 def preflight(config: NodeConfig) -> list[Check]:
@@ -157,9 +126,9 @@ def preflight(config: NodeConfig) -> list[Check]:
 def check_python() -> Check:
     have = "%d.%d.%d" % sys.version_info[:3]
     if "%d.%d" % sys.version_info[:2] in TESTED_PYTHON:
-        return _ok("python", f"Python {have} ({sys.executable})")
-    return _warn("python", f"Python {have} is untested (tested: {', '.join(TESTED_PYTHON)})",
-                 f"use Python {TESTED_PYTHON[-1]}: make PY=python{TESTED_PYTHON[-1]} setup")
+        return ok("python", f"Python {have} ({sys.executable})")
+    return warn("python", f"Python {have} is untested (tested: {', '.join(TESTED_PYTHON)})",
+                f"use Python {TESTED_PYTHON[-1]}: make PY=python{TESTED_PYTHON[-1]} setup")
 
 
 def _norm(name: str) -> str:
@@ -197,13 +166,13 @@ def check_packages(pins: dict[str, str] | None = None) -> Check:
             differ.append(f"{name} {have} (pinned {want})")
     fix = "pip install -c deploy/constraints.txt -e .  (or: make setup)"
     if missing:
-        return _fail("packages", f"not installed: {', '.join(missing)}", fix)
+        return fail("packages", f"not installed: {', '.join(missing)}", fix)
     if differ:
-        return _warn("packages", f"untested versions: {', '.join(differ)}", fix)
+        return warn("packages", f"untested versions: {', '.join(differ)}", fix)
     if pins is None:
-        return _ok("packages", f"{len(KEY_PACKAGES)} key packages installed (no "
-                               "deploy/constraints.txt here to compare with)")
-    return _ok("packages", f"{len(KEY_PACKAGES)} key packages as pinned in deploy/constraints.txt")
+        return ok("packages", f"{len(KEY_PACKAGES)} key packages installed (no "
+                              "deploy/constraints.txt here to compare with)")
+    return ok("packages", f"{len(KEY_PACKAGES)} key packages as pinned in deploy/constraints.txt")
 
 
 # --- torch, device, memory -----------------------------------------------------------------
@@ -252,23 +221,23 @@ def _ask_torch() -> dict[str, Any] | str:
 def check_torch(config: NodeConfig) -> Check:
     facts = _ask_torch()
     if isinstance(facts, str):
-        return _fail("torch", f"cannot use torch: {facts}",
-                     "install torch: the CPU or CUDA build of your choice (README)")
+        return fail("torch", f"cannot use torch: {facts}",
+                    "install torch: the CPU or CUDA build of your choice (README)")
     ram = _ram()
     mem = f"RAM {_gib(ram[0])} free of {_gib(ram[1])}" if ram else "RAM unknown"
     devices = facts["devices"]
     want = config.device
     if want == "cpu" or (want == "auto" and not devices):
         where = "cpu" + ("" if devices else " (no CUDA device)")
-        return _ok("torch", f"torch {facts['version']}, device {where}, {mem}")
+        return ok("torch", f"torch {facts['version']}, device {where}, {mem}")
     index = 0 if want in ("auto", "cuda") else int(want.split(":", 1)[1])
     if index >= len(devices):
         seen = f"{len(devices)} CUDA device(s)" if devices else "no CUDA device"
-        return _fail("torch", f"--device {want} but torch {facts['version']} sees {seen}",
-                     "install a CUDA build of torch (README, GPU node), or --device cpu")
+        return fail("torch", f"--device {want} but torch {facts['version']} sees {seen}",
+                    "install a CUDA build of torch (README, GPU node), or --device cpu")
     dev = devices[index]
-    return _ok("torch", f"torch {facts['version']}, device cuda:{index} {dev['name']} "
-                        f"({_gib(dev['memory'])}), {mem}")
+    return ok("torch", f"torch {facts['version']}, device cuda:{index} {dev['name']} "
+                       f"({_gib(dev['memory'])}), {mem}")
 
 
 # --- model fit -----------------------------------------------------------------------------
@@ -287,23 +256,23 @@ def check_model(config: NodeConfig) -> Check:
                               json.dumps(table)], capture_output=True, text=True,
                              timeout=FIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return _warn("model", f"the fit check of {config.model!r} took over {FIT_TIMEOUT_S:g} s",
-                     "run `python -m node.learner.fit --config-json ...` to see why")
+        return warn("model", f"the fit check of {config.model!r} took over {FIT_TIMEOUT_S:g} s",
+                    "run `python -m node.learner.fit --config-json ...` to see why")
     try:
         result = dict(json.loads(out.stdout.strip().splitlines()[-1]))
     except (IndexError, json.JSONDecodeError, TypeError, ValueError):
         tail = out.stderr.strip().splitlines()[-1:] or [f"exit status {out.returncode}"]
-        return _warn("model", f"the fit check of {config.model!r} did not run: {tail[0][-200:]}",
-                     "run `swarm-node doctor -v`, or report it")
+        return warn("model", f"the fit check of {config.model!r} did not run: {tail[0][-200:]}",
+                    "run `swarm-node doctor -v`, or report it")
     if result.get("fits") is True:
         auto = " (--model auto)" if config.model == "auto" else ""
-        return _ok("model", f"{result['model']}{auto} fits {result['device']}: training step "
-                            f"~{_gib(result['estimate'])} of {_gib(result['available'])} "
-                            "available")
+        return ok("model", f"{result['model']}{auto} fits {result['device']}: training step "
+                           f"~{_gib(result['estimate'])} of {_gib(result['available'])} "
+                           "available")
     if result.get("fits") is False:
-        return _fail("model", str(result["problem"]), str(result["fix"]))
-    return _fail("model", str(result.get("error")), "--model: a Hugging Face id, a local model "
-                 "directory with a config.json, 'embedded' or 'auto'")
+        return fail("model", str(result["problem"]), str(result["fix"]))
+    return fail("model", str(result.get("error")), "--model: a Hugging Face id, a local model "
+                "directory with a config.json, 'embedded' or 'auto'")
 
 
 # --- disk ----------------------------------------------------------------------------------
@@ -348,11 +317,11 @@ def check_disk(config: NodeConfig) -> Check:
         sized = f"{keep}+1 checkpoints of {config.model!r} need ~{_gib(want)}"
     detail = f"{_gib(free)} free at {where}"
     if free < need_one:
-        return _fail("disk", f"{detail}: not room for one checkpoint (at least "
-                             f"{_gib(need_one)})", fix)
+        return fail("disk", f"{detail}: not room for one checkpoint (at least "
+                            f"{_gib(need_one)})", fix)
     if free < want:
-        return _warn("disk", f"{detail}; {sized}", fix)
-    return _ok("disk", f"{detail} ({sized})")
+        return warn("disk", f"{detail}; {sized}", fix)
+    return ok("disk", f"{detail} ({sized})")
 
 
 # --- ports ---------------------------------------------------------------------------------
@@ -405,14 +374,14 @@ def check_ports(config: NodeConfig, *, collective: bool = True) -> Check:
         if e is None:
             continue
         if e.errno == errno.EADDRINUSE:
-            return _fail("ports", f"port {port} ({what}, {host}) is in use", _in_use_fix(
+            return fail("ports", f"port {port} ({what}, {host}) is in use", _in_use_fix(
                 config, what, port))
-        return _fail("ports", f"cannot listen on {host}:{port} ({what}): {e.strerror}",
-                     "listen on an address of this machine (or 0.0.0.0) and a port above "
-                     "1023, e.g. --listen /ip4/0.0.0.0/tcp/4001")
+        return fail("ports", f"cannot listen on {host}:{port} ({what}): {e.strerror}",
+                    "listen on an address of this machine (or 0.0.0.0) and a port above "
+                    "1023, e.g. --listen /ip4/0.0.0.0/tcp/4001")
     if not ports:
-        return _ok("ports", "all listen ports are 0 (the OS picks free ones)")
-    return _ok("ports", "free: " + ", ".join(f"{p} ({w})" for w, _, _, p in ports))
+        return ok("ports", "all listen ports are 0 (the OS picks free ones)")
+    return ok("ports", "free: " + ", ".join(f"{p} ({w})" for w, _, _, p in ports))
 
 
 def _in_use_fix(config: NodeConfig, what: str, port: int) -> str:
@@ -452,8 +421,8 @@ def _bootstrap(addr: str, *, swarm_id: str, listen: str | None,
     port it listens on; ``check_reachability``)."""
     target = _dial_target(addr)
     if target is None:
-        return _fail("bootstrap", f"{addr}: not /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>",
-                     "use the full multiaddr `swarm-node bootstrap` printed"), None
+        return fail("bootstrap", f"{addr}: not /ip4|ip6|dns/<host>/tcp/<port>/p2p/<id>",
+                    "use the full multiaddr `swarm-node bootstrap` printed"), None
     host, port = target
     start = time.monotonic()
     try:
@@ -463,15 +432,15 @@ def _bootstrap(addr: str, *, swarm_id: str, listen: str | None,
             reason = f"no answer in {TCP_TIMEOUT_S:g} s"
         else:
             reason = e.strerror or type(e).__name__
-        return _fail("bootstrap", f"nothing answers at {host}:{port} ({reason})",
-                     "is the bootstrap peer running at that address? check it with the "
-                     "swarm's operator; a firewall may block its TCP port"), None
+        return fail("bootstrap", f"nothing answers at {host}:{port} ({reason})",
+                    "is the bootstrap peer running at that address? check it with the "
+                    "swarm's operator; a firewall may block its TCP port"), None
     tcp_ms = (time.monotonic() - start) * 1000
     result = _probe(addr, listen=listen, port=dial_back_port)
     if isinstance(result, str):
-        return _warn("bootstrap", f"{host}:{port} answers TCP ({tcp_ms:.0f} ms); the libp2p "
-                                  f"probe did not run: {result}",
-                     "run `python -m swarm.probe ADDR` to see why"), None
+        return warn("bootstrap", f"{host}:{port} answers TCP ({tcp_ms:.0f} ms); the libp2p "
+                                 f"probe did not run: {result}",
+                    "run `python -m swarm.probe ADDR` to see why"), None
     return _bootstrap_verdict(addr, host, port, result, swarm_id=swarm_id), \
         {**result, "peer": addr.rsplit("/p2p/", 1)[-1]}
 
@@ -480,28 +449,28 @@ def _bootstrap_verdict(addr: str, host: str, port: int, result: dict[str, Any], 
                        swarm_id: str) -> Check:
     peer = addr.rsplit("/p2p/", 1)[-1]
     if not result["connected"]:
-        return _fail("bootstrap", f"{host}:{port} answers TCP but the libp2p dial to {peer} "
-                                  f"failed: {result['error']}",
-                     "check the peer id at the end of the address (a restarted bootstrap "
-                     "with a new data dir has a new one) and that it is a swarm-node peer")
+        return fail("bootstrap", f"{host}:{port} answers TCP but the libp2p dial to {peer} "
+                                 f"failed: {result['error']}",
+                    "check the peer id at the end of the address (a restarted bootstrap "
+                    "with a new data dir has a new one) and that it is a swarm-node peer")
     swarms = [tuple(s) for s in result["swarms"]]
     ids = sorted({sid for _, sid in swarms})
     if (PROTOCOL_VERSION, swarm_id) in swarms:
-        return _ok("bootstrap", f"{peer[:16]}… at {host}:{port}: swarm {swarm_id!r}, protocol "
-                                f"{PROTOCOL_VERSION} ({result['seconds']:.1f} s)")
+        return ok("bootstrap", f"{peer[:16]}… at {host}:{port}: swarm {swarm_id!r}, protocol "
+                               f"{PROTOCOL_VERSION} ({result['seconds']:.1f} s)")
     if not swarms:
-        return _warn("bootstrap", f"connected to {peer[:16]}… at {host}:{port} but it "
-                                  f"announced no swarm-node topic within {PROBE_TIMEOUT_S:g} s",
-                     "is it a swarm-node peer? ask the swarm's operator")
+        return warn("bootstrap", f"connected to {peer[:16]}… at {host}:{port} but it "
+                                 f"announced no swarm-node topic within {PROBE_TIMEOUT_S:g} s",
+                    "is it a swarm-node peer? ask the swarm's operator")
     if swarm_id in ids:
         theirs = sorted({v for v, sid in swarms if sid == swarm_id})
-        return _fail("bootstrap", f"{host}:{port} speaks protocol {theirs} of swarm "
-                                  f"{swarm_id!r}, we speak {PROTOCOL_VERSION}",
-                     "install the swarm-node version the swarm runs")
-    return _fail("bootstrap", f"{host}:{port} is in swarm {', '.join(map(repr, ids))}, we are "
-                              f"in swarm {swarm_id!r}",
-                 f"--swarm-id {ids[0]} to join its swarm, or the address of a bootstrap peer "
-                 f"of {swarm_id!r}")
+        return fail("bootstrap", f"{host}:{port} speaks protocol {theirs} of swarm "
+                                 f"{swarm_id!r}, we speak {PROTOCOL_VERSION}",
+                    "install the swarm-node version the swarm runs")
+    return fail("bootstrap", f"{host}:{port} is in swarm {', '.join(map(repr, ids))}, we are "
+                             f"in swarm {swarm_id!r}",
+                f"--swarm-id {ids[0]} to join its swarm, or the address of a bootstrap peer "
+                f"of {swarm_id!r}")
 
 
 def _probe(addr: str, *, listen: str | None = None, port: int = 0) -> dict[str, Any] | str:
@@ -520,12 +489,7 @@ def _probe(addr: str, *, listen: str | None = None, port: int = 0) -> dict[str, 
         return tail[0][-200:]
 
 
-
 # --- reachability --------------------------------------------------------------------------
-
-DIRECT_PORT = 4001
-"""The fixed swarm port the advice suggests when the node listens on port 0."""
-
 
 def _reach_listen(config: NodeConfig) -> tuple[str | None, str]:
     """(where the probe listens to be dialled back: the node's first TCP listen address, or
@@ -540,6 +504,14 @@ def _reach_listen(config: NodeConfig) -> tuple[str | None, str]:
     return None, "no /ip4 or /ip6 TCP listen address"
 
 
+def _fixed_port(config: NodeConfig) -> int:
+    """The swarm port of the first TCP listen address; 0 when the OS picks it."""
+    for addr in config.listen:
+        if (hp := _host_port(addr)) is not None:
+            return hp[2]
+    return 0
+
+
 def _announced_port(config: NodeConfig) -> int:
     """The TCP port of the first --announce address (what the node asks peers to dial back
     on, swarm.nat), else 0: the port the probe listens on."""
@@ -548,48 +520,6 @@ def _announced_port(config: NodeConfig) -> int:
         if len(parts) >= 5 and parts[3] == "tcp" and parts[4].isdigit():
             return int(parts[4])
     return 0
-
-
-def check_reachability(results: list[dict[str, Any]], *, listen: str, not_asked: str = "") -> Check:
-    """The verdict the node's own check would reach from the bootstrap peers' answers
-    (``swarm.probe`` results, each with its ``peer``): dialled back by any -> public; else
-    any serving a relay -> relayed; else unreachable (swarm.reachability.decide: bootstrap
-    peers decide)."""
-    if not_asked:
-        return _warn("reachable", f"not checked: {not_asked}", "fix the lines above, then run "
-                     "doctor again")
-    by = {state: [r for r in results if r.get("reachability") == state]
-          for state in ("public", "relayed", "unreachable")}
-    if by["public"]:
-        r = by["public"][0]
-        return _ok("reachable", f"public: {r['peer'][:16]}… dialled us back at "
-                                f"{r['observed_ip']}:{r['port']}")
-    answered = by["relayed"] or by["unreachable"]
-    if not answered:
-        why = "; ".join(sorted({str(r.get("reach_error") or "no answer") for r in results}))
-        return _warn("reachable", f"unknown: no bootstrap peer answered the dial-back "
-                                  f"question ({why or 'none connected'})",
-                     "run doctor again in a minute (peers limit dial-backs); the node checks "
-                     "again itself every few minutes")
-    r = answered[0]
-    ip, port = r["observed_ip"] or "<your public IP>", int(r["port"])
-    hp = _host_port(listen)
-    fixed = hp[2] if hp is not None and hp[2] else 0
-    forward = (f"forward TCP ports {fixed} and {fixed + 1} on your router to this machine and "
-               f"add --announce /ip4/{ip}/tcp/{fixed}" if fixed else
-               f"listen on a fixed port (--listen /ip4/0.0.0.0/tcp/{DIRECT_PORT}), forward TCP "
-               f"ports {DIRECT_PORT} and {DIRECT_PORT + 1} on your router to this machine and "
-               f"add --announce /ip4/{ip}/tcp/{DIRECT_PORT}")
-    if by["relayed"]:
-        return _warn("reachable", f"relayed: {r['peer'][:16]}… could not dial us back at "
-                                  f"{ip}:{port} (NAT or firewall) but serves a circuit relay: "
-                                  "peers will reach this node through it",
-                     f"this node can train as it is; to be dialled directly (faster outer "
-                     f"steps), {forward}")
-    return _fail("reachable", f"unreachable: {r['peer'][:16]}… could not dial us back at "
-                              f"{ip}:{port} (NAT or firewall) and serves no relay: peers cannot "
-                              "reach this node first",
-                 f"{forward}, or use a bootstrap peer that serves a relay")
 
 
 if __name__ == "__main__":

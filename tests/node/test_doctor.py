@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from node.config import NodeConfig
+from node.check import Verdict
 from node.doctor import (CHECKPOINT_FACTOR, CHECKPOINT_FACTOR_MIN, MIN_FREE, TESTED_PYTHON,
-                         Verdict, check_bootstrap, check_disk, check_ports, check_reachability)
+                         check_bootstrap, check_disk, check_ports)
+from node.reachable import check_reachability
 from protocol import Identity
 from swarm.config import GossipConfig
 from tests.swarm.procs import SwarmProc, short_tmpdir
@@ -210,27 +212,27 @@ def _answer(state: str, **extra: object) -> dict[str, object]:
             "reach_error": "", **extra}
 
 
-@pytest.mark.parametrize(("answers", "listen", "want"), [
-    ([_answer("relayed"), _answer("public")], "/ip4/0.0.0.0/tcp/4001",
+@pytest.mark.parametrize(("answers", "fixed_port", "want"), [
+    ([_answer("relayed"), _answer("public")], 4001,
      f"ok    reachable  public: {PEER[:16]}… dialled us back at 203.0.113.7:4001"),
-    ([_answer("unreachable"), _answer("relayed")], "/ip4/0.0.0.0/tcp/4001",
+    ([_answer("unreachable"), _answer("relayed")], 4001,
      f"warn  reachable  relayed: {PEER[:16]}… could not dial us back at 203.0.113.7:4001 (NAT or "
      "firewall) but serves a circuit relay: peers will reach this node through it; fix: this "
      "node can train as it is; to be dialled directly (faster outer steps), forward TCP ports "
      "4001 and 4002 on your router to this machine and add --announce /ip4/203.0.113.7/tcp/4001"),
-    ([_answer("unreachable")], "/ip4/0.0.0.0/tcp/0",
+    ([_answer("unreachable")], 0,
      f"FAIL  reachable  unreachable: {PEER[:16]}… could not dial us back at 203.0.113.7:4001 (NAT "
      "or firewall) and serves no relay: peers cannot reach this node first; fix: listen on a "
      "fixed port (--listen /ip4/0.0.0.0/tcp/4001), forward TCP ports 4001 and 4002 on your "
      "router to this machine and add --announce /ip4/203.0.113.7/tcp/4001, or use a bootstrap "
      "peer that serves a relay"),
     ([_answer("", reach_error="the peer refused to dial us back now (it limits dial-backs)")],
-     "/ip4/0.0.0.0/tcp/0",
+     0,
      "warn  reachable  unknown: no bootstrap peer answered the dial-back question (the peer "
      "refused to dial us back now (it limits dial-backs)); fix: run doctor again in a minute "
      "(peers limit dial-backs); the node checks again itself every few minutes"),
 ])
-def test_reachability_verdict_is_the_node_s_rule(answers, listen, want) -> None:
+def test_reachability_verdict_is_the_node_s_rule(answers, fixed_port, want) -> None:
     """Any bootstrap peer that dialled us back makes us public (swarm.reachability.decide);
     else a relay makes us relayed; else unreachable; no answer is no verdict."""
-    assert check_reachability(answers, listen=listen).line() == want
+    assert check_reachability(answers, fixed_port=fixed_port).line() == want
