@@ -153,13 +153,15 @@ def test_readme_table_is_the_code_table() -> None:
 
 
 def test_readme_shows_the_real_refusal() -> None:
-    """README's example is this code's message, word for word (1.5B on a simulated 8 GiB card)."""
+    """README's example is the line `join` prints (node.doctor's model check: the problem,
+    then the fix) for this code's refusal, word for word (1.5B on a simulated 8 GiB card)."""
     text = (ROOT / "README.md").read_text()
-    start = text.index("    the learner stopped: model 'Qwen/Qwen2.5-1.5B-Instruct'")
+    start = text.index("    cannot start: model 'Qwen/Qwen2.5-1.5B-Instruct'")
     shown = " ".join(line.strip() for line in text[start:text.index("\n\n", start)].splitlines())
-    message = _refusal(QWEN_15B, learner(), gpu(8))
-    assert shown == f"the learner stopped: {message} (a restart cannot fix this; fix it and " \
-                    "start the node again)"
+    with pytest.raises(ModelDoesNotFit) as err:
+        fit_model(learner(QWEN_15B), device=gpu(8))
+    assert shown == f"cannot start: {err.value.problem}; fix: {err.value.fix}"
+    assert f"{err.value.problem}; {err.value.fix}" == str(err.value)
 
 
 @pytest.mark.parametrize(("config", "available_gib", "want"), [
