@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -81,27 +82,43 @@ PROBE_TIMEOUT_S = 10.0
 
 
 def run_checks(config: NodeConfig) -> Iterator[Check]:
-    """Every check, in the order printed, each yielded as soon as it is done."""
-    yield check_python()
-    yield check_packages()
-    yield check_torch(config)
-    yield check_model(config)
-    yield check_disk(config)
-    yield check_ports(config)
-    if not config.bootstrap:
-        yield warn("bootstrap", "none given: join needs one",
-                   "pass --bootstrap /ip4/<addr>/tcp/<port>/p2p/<peer id> (ask the swarm's "
-                   "operator, or start one: swarm-node bootstrap)")
-        return
-    listen, why_not = _reach_listen(config)
-    results = []
+    """Every check, in the order printed, each yielded as soon as it and those before it are
+    done. The children (torch's facts, the fit check, the bootstrap probes) run at once, on
+    threads that wait for them: a doctor run takes about its slowest child, torch's import.
+    The ports are tested before the probes start: a probe listens on the swarm port."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        facts = pool.submit(_ask_torch)
+        model = pool.submit(check_model, config)
+        disk, ports = check_disk(config), check_ports(config)
+        listen, why_not = _reach_listen(config)
+        probes = pool.submit(_bootstraps, config, listen) if config.bootstrap else None
+        yield check_python()
+        yield check_packages()
+        yield check_torch(config, facts.result())
+        yield model.result()
+        yield disk
+        yield ports
+        if probes is None:
+            yield warn("bootstrap", "none given: join needs one",
+                       "pass --bootstrap /ip4/<addr>/tcp/<port>/p2p/<peer id> (ask the swarm's "
+                       "operator, or start one: swarm-node bootstrap)")
+            return
+        lines, results = probes.result()
+        yield from lines
+        yield check_reachability(results, fixed_port=_fixed_port(config), not_asked=why_not)
+
+
+def _bootstraps(config: NodeConfig, listen: str | None) -> tuple[list[Check], list[dict[str, Any]]]:
+    """The bootstrap line of each address and the probes' results, one probe after another
+    (each listens on the same swarm port)."""
+    lines, results = [], []
     for addr in config.bootstrap:
         check, result = _bootstrap(addr, swarm_id=config.swarm_id, listen=listen,
                                    dial_back_port=_announced_port(config))
-        yield check
+        lines.append(check)
         if result is not None:
             results.append(result)
-    yield check_reachability(results, fixed_port=_fixed_port(config), not_asked=why_not)
+    return lines, results
 
 
 def preflight(config: NodeConfig) -> list[Check]:
@@ -218,8 +235,11 @@ def _ask_torch() -> dict[str, Any] | str:
         return lines[-1][-200:]
 
 
-def check_torch(config: NodeConfig) -> Check:
-    facts = _ask_torch()
+def check_torch(config: NodeConfig, facts: dict[str, Any] | str | None = None) -> Check:
+    """torch's version and the device `join` would use; ``facts``: ``_ask_torch()``'s answer
+    when already asked (None: ask now)."""
+    if facts is None:
+        facts = _ask_torch()
     if isinstance(facts, str):
         return fail("torch", f"cannot use torch: {facts}",
                     "install torch: the CPU or CUDA build of your choice (README)")
