@@ -143,7 +143,8 @@ def doctor(ctx: click.Context, verbose: bool, plain: bool, **opts: Any) -> None:
     del plain  # a join option: accepted so that one command line serves both
     logging.basicConfig(level=logging.DEBUG if verbose else logging.ERROR, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    from node.doctor import Check, Verdict, run_checks
+    from node.check import Check, Verdict
+    from node.doctor import run_checks
 
     default_map = ctx.default_map or {}
     extra = {k: default_map[k] for k in FILE_ONLY_KEYS if k in default_map}

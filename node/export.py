@@ -10,7 +10,9 @@ What is exported (``version``):
 
 The directory holds ``model.safetensors`` (+ ``config.json``, ``generation_config.json``),
 the base model's tokenizer files (its chat template included), ``README.md`` (a model card
-with YAML front matter) and ``provenance.json`` (``PROVENANCE_FIELDS``). It is written into a
+with YAML front matter) and ``provenance.json`` (``PROVENANCE_FIELDS``). The held-out score in
+both is the one the checkpoint recorded: the newest the node measured by that checkpoint's
+round (``heldout``; None, "not measured", when it had none). It is written into a
 temp dir beside ``out`` and renamed into place; an existing ``out`` is replaced only with
 ``force``.
 
@@ -34,16 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ExportError", "Exported", "PROVENANCE_FIELDS", "VERSIONS", "export_model",
-           "load_checkpoint_policy"]
+__all__ = ["ExportError", "Exported", "HELDOUT_FIELDS", "PROVENANCE_FIELDS", "VERSIONS",
+           "export_model", "load_checkpoint_policy"]
 
 log = logging.getLogger(__name__)
 
 VERSIONS = ("local", "outer")
 PROVENANCE_FIELDS = ("swarm_id", "base_model", "base_fingerprint", "exported_version", "rounds",
                      "outer_version", "outer_state_hash", "task_families", "checkpoint",
-                     "checkpoint_sha256", "exported_at")
+                     "checkpoint_sha256", "exported_at", "heldout")
 """Keys of ``provenance.json`` (None where the checkpoint does not record the fact)."""
+HELDOUT_FIELDS = ("after_rounds", "greedy_accuracy", "sampled_accuracy", "questions", "samples",
+                  "by_family")
+"""What ``provenance.json``'s ``heldout`` keeps of the checkpoint's held-out score."""
 CARD_NAME, PROVENANCE_NAME = "README.md", "provenance.json"
 
 
@@ -214,7 +219,15 @@ def _provenance(base_name: str, fingerprint: str, ckpt: Path, meta: dict[str, An
             "outer_state_hash": outer.get("state_hash"),
             "task_families": recorded.get("task_families"), "checkpoint": ckpt.name,
             "checkpoint_sha256": meta["sha256"]["model.safetensors"],
-            "exported_at": now.isoformat(timespec="seconds")}
+            "exported_at": now.isoformat(timespec="seconds"), "heldout": _heldout(meta)}
+
+
+def _heldout(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint's held-out score (``HELDOUT_FIELDS``), None if it records none."""
+    score = meta.get("heldout")
+    if not isinstance(score, dict) or not all(k in score for k in HELDOUT_FIELDS):
+        return None
+    return {k: score[k] for k in HELDOUT_FIELDS}
 
 
 def model_card(prov: dict[str, Any]) -> str:
@@ -229,7 +242,7 @@ def model_card(prov: dict[str, Any]) -> str:
             return "unknown"
         return ", ".join(value) if isinstance(value, list) else str(value)
 
-    rows = "\n".join(f"| {k} | `{show(prov[k])}` |" for k in PROVENANCE_FIELDS)
+    rows = "\n".join(f"| {k} | `{show(prov[k])}` |" for k in PROVENANCE_FIELDS if k != "heldout")
     return "\n".join(front) + f"""
 
 # {base}, RL post-trained by swarm-node
@@ -242,10 +255,43 @@ The {prov['exported_version']} policy of a swarm-node after {prov['rounds']} rou
 |---|---|
 {rows}
 
+{_heldout_section(prov)}
 `base_fingerprint` is the node's fingerprint of its base model (its config and weights);
 `outer_state_hash` the hash of the outer state (θ_global, momentum, version) the node
 reported at its last outer step (`param_hash`), None before its first. The same facts are
 in `{PROVENANCE_NAME}`.
+"""
+
+
+def _heldout_section(prov: dict[str, Any]) -> str:
+    """The model card's "Held-out score": the checkpoint's, with the round it was measured
+    at, or "not measured"."""
+    score = prov["heldout"]
+    again = "`swarm-node eval --model <this directory>` measures it on these weights."
+    if score is None:
+        return ("## Held-out score\n\nNot measured: the node had not scored its policy on the "
+                "held-out set by this checkpoint (`[learner] eval_every` is 0, or it had trained "
+                f"fewer rounds than that). {again}\n")
+    after, rounds = score["after_rounds"], prov["rounds"]
+    notes = []
+    if after != rounds:
+        notes.append(f"These weights are of round {rounds}, {rounds - after} round(s) after "
+                     "the measurement.")
+    if prov["exported_version"] == "outer":
+        notes.append("The node measured its local policy, not the outer version exported here.")
+    families = "\n".join(f"| {name} | {f['greedy_accuracy']:.3f} | {f['sampled_accuracy']:.3f} "
+                         f"| {f['questions']} |" for name, f in sorted(score["by_family"].items()))
+    return f"""## Held-out score
+
+Measured by the node after round {after} on its fixed held-out set (questions no training
+round uses, the same for every node with these task families): greedy accuracy
+**{score['greedy_accuracy']:.3f}**, sampled accuracy **{score['sampled_accuracy']:.3f}**
+({score['samples']} sampled completion(s) per question), {score['questions']} questions.
+{" ".join(notes + [again])}
+
+| family | greedy accuracy | sampled accuracy | questions |
+|---|---|---|---|
+{families}
 """
 
 

@@ -12,8 +12,10 @@ Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
                              and TaskSpec regeneration
     logprobs, memory       – chunked log-probs at the sampling temperature; step memory estimate,
                              token-budgeted micro-batches, out-of-memory detection
-    fit                    – ``--model auto``'s table; a model's step estimate checked
-                             against the device's memory before any weights load
+    shape, fit             – a model's config.json shape read without torch; ``--model
+                             auto``'s table; a model's step estimate checked against the
+                             device's memory before any weights load (``python -m
+                             node.learner.fit``: the check alone, before a node starts)
     grpo                   – advantages (local: GRPO; external: anchored), clipped loss, GrpoTrainer
     baseline, reputation   – our own per-family reward baseline; per-sender records and trust
     verifier_worker        – sandboxed child process that rebuilds tasks and scores text

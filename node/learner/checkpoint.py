@@ -11,7 +11,9 @@ Layout under ``<data_dir>/checkpoints/``::
         meta.json             round, fingerprint, sha256 of every file above, and
                               ``provenance`` (base model name, swarm id, task families) and
                               ``outer`` (version and state hash, ``OuterState.hash``) when
-                              the learner knows them
+                              the learner knows them, and ``heldout``: the newest held-out
+                              score the learner had measured by this round (a round
+                              record's ``heldout``, ``after_rounds`` <= round), once it has one
 
 A checkpoint is written into a temp dir, every file fsynced, then renamed into place, so a
 crash leaves either the old or the new one. The newest ``keep`` are kept; on load a corrupt
@@ -56,6 +58,8 @@ class Checkpoint:
     round: int
     path: Path
     fingerprint: str
+    heldout: dict[str, Any] | None = None
+    """The newest held-out score recorded with it (meta.json ``heldout``), if any."""
 
 
 def _ckpt_dir(data_dir: str | Path) -> Path:
@@ -91,6 +95,8 @@ class Snapshot:
     """JSON-able facts about where these weights come from (meta.json ``provenance``)."""
     outer: OuterState | None = None
     """The node's outer state at the snapshot (a copy, its hash already known), if any."""
+    heldout: dict[str, Any] | None = None
+    """The newest held-out score measured by the snapshot's round (meta.json ``heldout``)."""
 
 
 def _cpu_copy(obj: Any) -> Any:
@@ -104,12 +110,14 @@ def _cpu_copy(obj: Any) -> Any:
 
 
 def snapshot(model: Any, optimizer: torch.optim.Optimizer, *,
-             provenance: dict[str, Any] | None = None, outer: OuterState | None = None) -> Snapshot:
+             provenance: dict[str, Any] | None = None, outer: OuterState | None = None,
+             heldout: dict[str, Any] | None = None) -> Snapshot:
     """Copy weights, optimizer state and RNG state to CPU (the only part that blocks training).
     ``outer`` must already be a copy (``OuterLoop.state``): training does not move it."""
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     return Snapshot(model=_dedupe_shared(state), optimizer=_cpu_copy(optimizer.state_dict()),
-                    rng=torch.get_rng_state(), provenance=dict(provenance or {}), outer=outer)
+                    rng=torch.get_rng_state(), provenance=dict(provenance or {}), outer=outer,
+                    heldout=dict(heldout) if heldout is not None else None)
 
 
 def save_checkpoint(data_dir: str | Path, *, round: int, fingerprint: str, model: Any,
@@ -137,6 +145,8 @@ def write_snapshot(data_dir: str | Path, snap: Snapshot, *, round: int, fingerpr
         meta: dict[str, Any] = {"round": round, "fingerprint": fingerprint}
         if snap.provenance:
             meta["provenance"] = snap.provenance
+        if snap.heldout is not None:
+            meta["heldout"] = snap.heldout
         if snap.outer is not None:
             meta["outer"] = {"version": snap.outer.version, "state_hash": snap.outer.hash()}
             if snap.outer.version >= 1:  # version 0 is the base model: nothing to keep
@@ -222,4 +232,6 @@ def _load_one(path: Path, model: Any, optimizer: torch.optim.Optimizer, fingerpr
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     optimizer.load_state_dict(opt_state)
     torch.set_rng_state(rng["cpu"])
-    return Checkpoint(round=round_, path=path, fingerprint=fingerprint)
+    heldout = meta.get("heldout")
+    return Checkpoint(round=round_, path=path, fingerprint=fingerprint,
+                      heldout=heldout if isinstance(heldout, dict) else None)

@@ -29,7 +29,14 @@ class PolicyError(LearnerError):
 class ModelDoesNotFit(PolicyError):
     """The model's training step would not fit the device's memory (``node.learner.fit``);
     raised before any weights are loaded. The message is one line: the estimate, the memory
-    available and the settings that would fit."""
+    available and the settings that would fit (``problem``; ``fix``)."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.problem = problem
+        """The estimate against the memory available."""
+        self.fix = fix
+        """The settings that would make it fit."""
 
 
 class EngineError(LearnerError):

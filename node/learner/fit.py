@@ -2,7 +2,8 @@
 before it loads any weights.
 
     --model auto  ── DeviceMemory (kind, total) ── MODEL_TABLE ──▶ a model id
-    any model     ── its config.json (shape) + parameter count (meta device, no weights)
+    any model     ── its config.json (shape.py; no torch for Llama-like models) + parameter
+                     count (from the shape, else on torch's meta device; no weights)
                   ── memory.estimate_step_memory with [learner.trainer] ──▶ fits the
                      device's available memory, or ModelDoesNotFit: one line with the
                      estimate, the memory available and the settings that would fit
@@ -27,6 +28,12 @@ fused attention kernels keep less.
 
 The device is a parameter (``DeviceMemory``) of the choice and of the check, so tests
 simulate any size; ``probe_device`` measures the real one.
+
+The check runs twice: in a short child before `join` starts the node (``python -m
+node.learner.fit``, by ``node.doctor.check_model``: a model that cannot fit is refused in
+about a second, before the swarm process or any weights), and in the learner, which trains
+with the model it resolves. On a CPU (``--device cpu``, or ``auto`` on a machine with no
+NVIDIA device) neither torch nor transformers is imported for a Llama-like model.
 """
 
 from __future__ import annotations
@@ -34,16 +41,18 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
 from node.learner.config import EngineConfig, LearnerConfig, PolicyConfig, TrainerConfig
 from node.learner.errors import ModelDoesNotFit, PolicyError
 from node.learner.memory import PROMPT_ALLOWANCE, MemoryEstimate, estimate_step_memory
+from node.learner.shape import LLAMA_LIKE, ModelShape, read_shape
 
-__all__ = ["AUTO", "GIB", "MODEL_TABLE", "DeviceMemory", "TableRow", "cgroup_limit", "check_fit",
-           "choose_model", "count_params", "fit_model", "model_config_of", "probe_device"]
+__all__ = ["AUTO", "EMBEDDED_SHAPE", "GIB", "MODEL_TABLE", "NVIDIA_NODES", "DeviceMemory", "TableRow",
+           "cgroup_limit", "check_fit", "choose_model", "count_params", "fit_model", "main",
+           "model_config_of", "probe_device"]
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +98,18 @@ class DeviceMemory:
         return cls(name="cuda:0" if gpu else "cpu", total=total, available=avail, bfloat16=gpu)
 
 
-def _qwen25(hidden: int, inter: int, layers: int, heads: int) -> Callable[[], Any]:
-    def config() -> Any:  # Qwen2.5's config.json values for this size
-        from transformers import Qwen2Config
-
-        return Qwen2Config(vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
-                           num_hidden_layers=layers, num_attention_heads=heads,
-                           num_key_value_heads=2, tie_word_embeddings=True)
-    return config
+def _qwen25(hidden: int, inter: int, layers: int, heads: int) -> ModelShape:
+    """Qwen2.5's config.json values for this size."""
+    return ModelShape(model_type="qwen2", vocab_size=151936, hidden_size=hidden,
+                      intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=2, head_dim=hidden // heads, tie_word_embeddings=True)
 
 
-def _embedded() -> Any:
-    from node.learner.tiny_model import embedded_config
-
-    return embedded_config()
+EMBEDDED_SHAPE = ModelShape(model_type="llama", vocab_size=101, hidden_size=128,
+                            intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=4, head_dim=32, tie_word_embeddings=True)
+"""``tiny_model.embedded_config()``'s shape, written out: building that config builds the
+embedded tokenizer (torch); tests/learner/test_fit.py checks the two agree."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,17 +122,17 @@ class TableRow:
     """Matches CUDA GPUs (True) or devices without one (False)."""
     min_total_gib: float
     """Matches devices with at least this much memory (``DeviceMemory.total``)."""
-    config: Callable[[], Any]
+    shape: ModelShape
     """The model's shape (its config.json values) without a download: the refusal message
     weighs the table's smaller models with it."""
 
 
 MODEL_TABLE: tuple[TableRow, ...] = (
     TableRow(model="Qwen/Qwen2.5-1.5B-Instruct", gpu=True, min_total_gib=40,
-             config=_qwen25(1536, 8960, 28, 12)),
+             shape=_qwen25(1536, 8960, 28, 12)),
     TableRow(model="Qwen/Qwen2.5-0.5B-Instruct", gpu=True, min_total_gib=0,
-             config=_qwen25(896, 4864, 24, 14)),
-    TableRow(model="embedded", gpu=False, min_total_gib=0, config=_embedded),
+             shape=_qwen25(896, 4864, 24, 14)),
+    TableRow(model="embedded", gpu=False, min_total_gib=0, shape=EMBEDDED_SHAPE),
 )
 """``--model auto``'s choices, first match wins (module docstring). README's table is this."""
 
@@ -142,10 +149,13 @@ def choose_model(device: DeviceMemory) -> str:
 def model_config_of(model: str) -> Any:
     """The model's config: a table model's shape as the table knows it (no download, so the
     check also runs offline), else config.json (a local path, or the hub's file alone: no
-    weights)."""
+    weights): its ``ModelShape`` for a Llama-like model, else transformers' config."""
     for row in MODEL_TABLE:
         if row.model == model:
-            return row.config()
+            return row.shape
+    shape = read_shape(model)
+    if shape is not None:
+        return shape
     from transformers import AutoConfig
 
     try:
@@ -154,19 +164,15 @@ def model_config_of(model: str) -> Any:
         raise PolicyError(f"cannot load model {model!r}: its config is unreadable: {e}") from e
 
 
-_LLAMA_LIKE = {"llama": False, "mistral": False, "qwen2": True}
-"""Architectures ``count_params`` counts from the config alone: model_type → biases on q/k/v."""
-
-
 def count_params(model_config: Any) -> int:
-    """Parameters of the model ``model_config`` describes, tied embeddings counted once (as
-    the trainer counts them): from the shape for Llama, Mistral and Qwen2 (no modelling code
-    to import: the check stays within seconds), else counted on torch's meta device (no
-    memory, no weights)."""
-    qkv_bias = _LLAMA_LIKE.get(getattr(model_config, "model_type", ""))
-    if qkv_bias is not None:
-        return _llama_like_params(model_config, qkv_bias=qkv_bias or bool(
-            getattr(model_config, "attention_bias", False)))
+    """Parameters of the model ``model_config`` (a ``ModelShape`` or a transformers config)
+    describes, tied embeddings counted once (as the trainer counts them): from the shape for
+    Llama, Mistral and Qwen2 (no modelling code to import: the check stays within seconds),
+    else counted on torch's meta device (no memory, no weights)."""
+    if isinstance(model_config, ModelShape):
+        return _llama_like_params(model_config)
+    if getattr(model_config, "model_type", "") in LLAMA_LIKE:
+        return _llama_like_params(ModelShape.from_dict(model_config.to_dict()))
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -175,24 +181,22 @@ def count_params(model_config: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _llama_like_params(c: Any, *, qkv_bias: bool) -> int:
-    h, inter, vocab = int(c.hidden_size), int(c.intermediate_size), int(c.vocab_size)
-    heads = int(c.num_attention_heads)
-    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(c, "head_dim", None) or h // heads)
-    q, kv = heads * head_dim, kv_heads * head_dim
+def _llama_like_params(c: ModelShape) -> int:
+    h, inter, vocab = c.hidden_size, c.intermediate_size, c.vocab_size
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    qkv_bias = LLAMA_LIKE[c.model_type] or c.attention_bias
     attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if qkv_bias else 0)
-    if getattr(c, "attention_bias", False) and c.model_type == "llama":
+    if c.attention_bias and c.model_type == "llama":
         attention += h  # o_proj's bias too
-    mlp = 3 * h * inter + ((2 * inter + h) if getattr(c, "mlp_bias", False) else 0)
+    mlp = 3 * h * inter + ((2 * inter + h) if c.mlp_bias else 0)
     layer = attention + mlp + 2 * h  # two RMSNorm weights
-    head = 0 if getattr(c, "tie_word_embeddings", True) else vocab * h
-    return vocab * h + int(c.num_hidden_layers) * layer + h + head
+    head = 0 if c.tie_word_embeddings else vocab * h
+    return vocab * h + c.num_hidden_layers * layer + h + head
 
 
 @functools.cache
 def _table_params(model: str) -> int:
-    return count_params(next(row for row in MODEL_TABLE if row.model == model).config())
+    return count_params(next(row for row in MODEL_TABLE if row.model == model).shape)
 
 
 def _estimate(model_config: Any, n_params: int, trainer: TrainerConfig, param_bytes: int) -> MemoryEstimate:
@@ -230,7 +234,7 @@ def check_fit(model: str, model_config: Any, n_params: int, config: LearnerConfi
         f"model {model!r} does not fit {device.name}: its training step needs {_gib(est.total)} "
         f"({est.describe()}; rows of up to {trainer.max_completion_tokens + PROMPT_ALLOWANCE} "
         f"tokens, {trainer.microbatch_tokens}-token micro-batches) but {_gib(device.available)} "
-        f"of {_gib(device.total)} is available; {advice}")
+        f"of {_gib(device.total)} is available", advice)
 
 
 def _settings_that_fit(model: str, model_config: Any, n_params: int, config: LearnerConfig,
@@ -257,7 +261,7 @@ def _settings_that_fit(model: str, model_config: Any, n_params: int, config: Lea
     for row in MODEL_TABLE:  # largest first
         if row.model == model or row.gpu != device.gpu:
             continue
-        cfg = row.config()
+        cfg = row.shape
         n = _table_params(row.model)
         if n < n_params and fits(trainer, cfg=cfg, n=n):
             out.append(f"--model {row.model}")
@@ -268,7 +272,10 @@ def _settings_that_fit(model: str, model_config: Any, n_params: int, config: Lea
 def probe_device(policy: PolicyConfig, engine: EngineConfig | None = None) -> DeviceMemory:
     """The memory of the device ``policy.device`` names (module docstring: what counts as
     available; ``engine`` says whether vLLM takes its share). Creates the CUDA context on a
-    GPU."""
+    GPU. Imports torch only where a CUDA device may be used (module docstring)."""
+    if policy.device == "cpu" or (policy.device == "auto" and not _nvidia_present()):
+        total, available = _system_memory()
+        return DeviceMemory(name="cpu", total=total, available=available)
     import torch
 
     from node.learner.policy import resolve_device
@@ -286,6 +293,17 @@ def probe_device(policy: PolicyConfig, engine: EngineConfig | None = None) -> De
                             bfloat16=torch.cuda.is_bf16_supported())
     total, available = _system_memory()
     return DeviceMemory(name=dev.type, total=total, available=available)
+
+
+NVIDIA_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia/gpus", "/dev/kfd")
+"""Where a Linux machine shows an NVIDIA driver (or ROCm, which torch drives as CUDA);
+without any of them torch sees no CUDA device."""
+
+
+def _nvidia_present() -> bool:
+    """Whether CUDA may be there; False only where it cannot (Linux without the NVIDIA driver:
+    ``--device auto`` is the CPU there). Elsewhere (macOS: MPS) torch is asked."""
+    return not sys.platform.startswith("linux") or any(os.path.exists(p) for p in NVIDIA_NODES)
 
 
 def _system_memory() -> tuple[int, int]:
@@ -340,3 +358,37 @@ def fit_model(config: LearnerConfig, *, device: DeviceMemory | None = None) -> L
     log.info("model %s fits %s: training step estimate %s of %s available", model, device.name,
              _gib(est.total), _gib(device.available))
     return replace(config, policy=replace(config.policy, model=model))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m node.learner.fit --config-json LEARNER_TABLE``: the check alone, as the
+    learner runs it, before a node starts (``node.doctor.check_model``). Prints one JSON line:
+    ``{"fits": true, "model", "device", "estimate", "available", "total"}`` (bytes), or
+    ``{"fits": false, "problem", "fix"}`` (exit 2), or ``{"fits": null, "error"}`` when the
+    check cannot be made (exit 2)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m node.learner.fit")
+    parser.add_argument("--config-json", required=True, help="the [learner] table (JSON)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    try:
+        config = LearnerConfig.from_dict(json.loads(args.config_json))
+        device = probe_device(config.policy, config.engine)
+        model = choose_model(device) if config.policy.model == AUTO else config.policy.model
+        model_config = model_config_of(model)
+        est = check_fit(model, model_config, count_params(model_config), config, device)
+    except ModelDoesNotFit as e:
+        print(json.dumps({"fits": False, "problem": e.problem, "fix": e.fix}), flush=True)
+        return 2
+    except (PolicyError, ValueError, TypeError) as e:
+        print(json.dumps({"fits": None, "error": str(e)}), flush=True)
+        return 2
+    print(json.dumps({"fits": True, "model": model, "device": device.name, "estimate": est.total,
+                      "available": device.available, "total": device.total}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

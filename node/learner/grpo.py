@@ -69,9 +69,10 @@ from typing import Any, Callable
 import torch
 
 from node.learner.config import TrainerConfig
-from node.learner.logprobs import check_head_matches, chunk_tokens_for, token_logprobs
-from node.learner.memory import (PROMPT_ALLOWANCE, MemoryEstimate, estimate_step_memory, is_out_of_memory,
-                                 plan_microbatches, release_cached_memory)
+from node.learner.logprobs import check_head_matches, token_logprobs
+from node.learner.memory import (PROMPT_ALLOWANCE, MemoryEstimate, chunk_tokens_for,
+                                 estimate_step_memory, is_out_of_memory, plan_microbatches,
+                                 release_cached_memory)
 
 __all__ = ["Anchor", "Batch", "GrpoTrainer", "Row", "TrainingGroup", "advantages", "anchored_advantages",
            "build_batch", "build_rows", "collate", "group_advantages", "grpo_loss", "token_logprobs"]

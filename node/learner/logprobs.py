@@ -31,12 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from node.learner.errors import PolicyError
 
-__all__ = ["chunk_tokens_for", "check_head_matches", "token_logprobs"]
-
-
-def chunk_tokens_for(vocab_size: int, chunk_mb: float) -> int:
-    """Positions per chunk so that one chunk's fp32 logits take about ``chunk_mb`` MiB."""
-    return max(1, int(chunk_mb * 2**20) // (4 * vocab_size))
+__all__ = ["check_head_matches", "token_logprobs"]
 
 
 class _ChunkedLinearLogProb(torch.autograd.Function):

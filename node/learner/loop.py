@@ -115,11 +115,15 @@ class Learner:
         self.progress = PhaseReporter()
         """Phase/progress reports for the status view (run_learner's ``on_phase``)."""
         self.resumed_from: str | None = None
+        self.last_heldout: dict[str, Any] | None = None
+        """The newest held-out score (``heldout()``'s record; a resumed checkpoint's until
+        the first of this run): what each checkpoint records as its ``heldout``."""
         ckpt = load_checkpoint(config.data_dir, model=self.policy.model,
                                optimizer=self.trainer.optimizer, fingerprint=self.policy.fingerprint)
         if ckpt is not None:
             self.round = ckpt.round
             self.resumed_from = str(ckpt.path)
+            self.last_heldout = ckpt.heldout
             log.info("resumed from %s at round %d", ckpt.path, ckpt.round)
             self.engine.sync_weights()
         # an engine with its own copy of the weights (vLLM) gets them after every optimizer step
@@ -144,7 +148,8 @@ class Learner:
         log.info("peer %s after %d rounds: held-out accuracy greedy %.3f sampled %.3f "
                  "(%d questions, %.2f s)", self.peer_id[:16], self.round, score.greedy_accuracy,
                  score.sampled_accuracy, score.questions, score.seconds)
-        return score.to_record(after_rounds=self.round)
+        self.last_heldout = score.to_record(after_rounds=self.round)
+        return self.last_heldout
 
     @property
     def fingerprint(self) -> str:
@@ -344,7 +349,7 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
                             provenance={"model": config.policy.model, "swarm_id": swarm_id,
                                         "task_families": list(config.tasks.families),
                                         "family_config": config.tasks.family_config},
-                            outer_state=outer_state)
+                            outer_state=outer_state, heldout=lambda: learner.last_heldout)
     while (rounds is None or learner.round < start_round + rounds) and not (stop and stop.is_set()):
         record = learner.run_round(bridge, stop)
         if record is None:

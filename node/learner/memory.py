@@ -30,21 +30,26 @@ Nothing here depends on what a peer sends: N is bounded by ``TrainerConfig.micro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from node.learner.config import TrainerConfig
-from node.learner.logprobs import chunk_tokens_for
 
-__all__ = ["PROMPT_ALLOWANCE", "MemoryEstimate", "estimate_step_memory", "is_out_of_memory", "plan_microbatches",
-           "release_cached_memory"]
+if TYPE_CHECKING:  # the estimate is arithmetic: the fit check runs it before torch is imported
+    import torch
+
+__all__ = ["PROMPT_ALLOWANCE", "MemoryEstimate", "chunk_tokens_for", "estimate_step_memory",
+           "is_out_of_memory", "plan_microbatches", "release_cached_memory"]
 
 PROMPT_ALLOWANCE = 512
 """Prompt tokens the start-of-run estimate allows for on top of ``max_completion_tokens``
 (prompts are built locally from our own tasks; the chat template adds ~50 tokens)."""
-_TORCH_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: cuda only
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def chunk_tokens_for(vocab_size: int, chunk_mb: float) -> int:
+    """Positions per chunk so that one chunk's fp32 logits take about ``chunk_mb`` MiB
+    (logprobs.py's chunks)."""
+    return max(1, int(chunk_mb * 2**20) // (4 * vocab_size))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,12 +127,17 @@ def plan_microbatches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA/MPS out-of-memory, Python's MemoryError, or torch's CPU allocator failure."""
-    if isinstance(exc, (MemoryError, _TORCH_OOM)):
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: cuda only
+    if isinstance(exc, (MemoryError, oom)):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
 
 
 def release_cached_memory(device: torch.device) -> None:
     """Give cached allocator blocks back after an out-of-memory error (CUDA only)."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.empty_cache()

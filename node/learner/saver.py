@@ -38,10 +38,13 @@ class CheckpointSaver:
                  every_rounds: int, every_s: float, keep: int, saved_round: int | None,
                  on_saved: Callable[[int, Path, float], None] | None = None,
                  write: Writer = write_snapshot, provenance: dict[str, Any] | None = None,
-                 outer_state: Callable[[], Any] | None = None) -> None:
+                 outer_state: Callable[[], Any] | None = None,
+                 heldout: Callable[[], dict[str, Any] | None] | None = None) -> None:
         """``provenance``: recorded in every checkpoint's meta.json (base model name, swarm
         id, task families). ``outer_state()``: the node's outer state now (a copy:
-        ``OuterLoop.state``), or None; asked at each snapshot, on the training thread."""
+        ``OuterLoop.state``), or None; ``heldout()``: the newest held-out score (a round
+        record's ``heldout``), or None before one. Both asked at each snapshot, on the
+        training thread."""
         if every_rounds < 0 or every_s < 0:
             raise ValueError(f"checkpoint cadence must be >= 0 (every_rounds={every_rounds}, "
                              f"every_s={every_s})")
@@ -54,6 +57,7 @@ class CheckpointSaver:
         self._write = write
         self._provenance = dict(provenance or {})
         self._outer_state = outer_state
+        self._heldout = heldout
         self._last_save = time.monotonic()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -96,7 +100,9 @@ class CheckpointSaver:
 
     def _snapshot(self) -> Snapshot:
         outer = self._outer_state() if self._outer_state is not None else None
-        return snapshot(self.model, self.optimizer, provenance=self._provenance, outer=outer)
+        heldout = self._heldout() if self._heldout is not None else None
+        return snapshot(self.model, self.optimizer, provenance=self._provenance, outer=outer,
+                        heldout=heldout)
 
     def _start(self, snap: Snapshot, round_: int) -> None:
         self.saved_round = round_

@@ -16,8 +16,10 @@ from safetensors.torch import load_file
 
 from collectives.state import OuterState, flatten
 from node.cli import cli
+from node.learner.checkpoint import load_checkpoint
 from node.learner.config import PolicyConfig, TrainerConfig
 from node.learner.grpo import GrpoTrainer, TrainingGroup
+from node.learner.heldout import HeldoutScore
 from node.learner.policy import load_policy
 from node.learner.saver import CheckpointSaver
 from tests.lock_holder import held_lock
@@ -65,8 +67,9 @@ def _greedy(model, tokenizer):  # the very code the fresh interpreter runs
     return scope["greedy"](model.eval(), tokenizer, PROMPTS, MAX_NEW_TOKENS)
 
 
-def _train_and_checkpoint(data_dir: Path, model: str, outer_state=None):
-    """One GRPO step, then a checkpoint written as the learner writes it (CheckpointSaver)."""
+def _train_and_checkpoint(data_dir: Path, model: str, outer_state=None, heldout=None, round_=1):
+    """One GRPO step, then the checkpoint of ``round_`` written as the learner writes it
+    (CheckpointSaver), with ``heldout`` as the newest held-out score."""
     p = load_policy(PolicyConfig(model=model, device="cpu"), data_dir)
     trainer = GrpoTrainer(TrainerConfig(lr=1e-2), p.model, p.tokenizer)
     trainer.step([TrainingGroup(prompt="1+1=", completions=("2\n", "7x"), rewards=(1.0, 0.0))])
@@ -74,8 +77,8 @@ def _train_and_checkpoint(data_dir: Path, model: str, outer_state=None):
                             fingerprint=p.fingerprint, every_rounds=0, every_s=0, keep=2,
                             saved_round=None, provenance={"model": model, "swarm_id": "test-swarm",
                                                           "task_families": ["letter_sort"]},
-                            outer_state=outer_state)
-    saver.final(1)
+                            outer_state=outer_state, heldout=lambda: heldout)
+    saver.final(round_)
     return p
 
 
@@ -126,6 +129,8 @@ def test_export_loads_in_fresh_transformers_and_completes_as_the_node(which, dat
         ("test-swarm", 1, ["letter_sort"], 3)
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\n") and state[0].hash() in card
+    assert prov["heldout"] is None
+    assert "## Held-out score\n\nNot measured: the node had not scored its policy" in card
     fresh = _load_fresh(out)
     assert fresh["has_chat_template"] == (which == "qwen")
     assert fresh["completions"] == _greedy(policy.model, policy.tokenizer)
@@ -196,3 +201,52 @@ def test_export_while_the_node_runs_reads_its_checkpoint_and_says_so(data_dir, t
         result = _export(data_dir, tmp_path / "out")
     assert result.exit_code == 0, result.output
     assert f"note: a node (pid {pid}) is running on {data_dir}" in result.output
+
+
+def _score(after_rounds: int) -> dict:
+    """A held-out record as the learner makes it (Learner.heldout)."""
+    return HeldoutScore(greedy_accuracy=0.375, sampled_accuracy=0.25, greedy_reward=0.5,
+                        sampled_reward=0.4, questions=8, samples=2, seconds=0.7,
+                        by_family={"letter_sort": {"greedy_accuracy": 0.375,
+                                                   "sampled_accuracy": 0.25, "questions": 8}}
+                        ).to_record(after_rounds=after_rounds)
+
+
+def test_model_card_records_the_heldout_score_the_checkpoint_carries(data_dir, tmp_path):
+    """The checkpoint of round 3 carries the score measured after round 2: the card gives it
+    with its round, says the weights are newer, and that the outer version was not scored."""
+    base = load_policy(PolicyConfig(device="cpu"), data_dir)
+    state = _node_state(base)
+    _train_and_checkpoint(data_dir, "embedded", outer_state=lambda: state, heldout=_score(2),
+                          round_=3)
+    meta = json.loads((data_dir / "checkpoints" / "round-00000003" / "meta.json").read_text())
+    assert meta["heldout"] == _score(2)
+
+    assert _export(data_dir, tmp_path / "local").exit_code == 0
+    assert _export(data_dir, tmp_path / "outer", "--version", "outer").exit_code == 0
+
+    for version in ("local", "outer"):
+        prov = json.loads((tmp_path / version / "provenance.json").read_text())
+        assert prov["heldout"] == {"after_rounds": 2, "greedy_accuracy": 0.375,
+                                   "sampled_accuracy": 0.25, "questions": 8, "samples": 2,
+                                   "by_family": {"letter_sort": {"greedy_accuracy": 0.375,
+                                                                 "sampled_accuracy": 0.25,
+                                                                 "questions": 8}}}
+        card = (tmp_path / version / "README.md").read_text()
+        assert "Measured by the node after round 2 on its fixed held-out set" in card
+        assert "greedy accuracy\n**0.375**, sampled accuracy **0.250**" in card
+        assert "8 questions.\nThese weights are of round 3, 1 round(s) after the measurement." \
+            in card
+        assert "| letter_sort | 0.375 | 0.250 | 8 |" in card
+        outer_note = "The node measured its local policy, not the outer version exported here."
+        assert (outer_note in card) == (version == "outer")
+
+
+def test_a_checkpoint_gives_back_the_heldout_score_it_carries(data_dir):
+    """The score a checkpoint carries comes back on load (Checkpoint.heldout): a resumed
+    learner's checkpoints record it until it measures a newer one (Learner.last_heldout)."""
+    policy = _train_and_checkpoint(data_dir, "embedded", heldout=_score(1))
+    trainer = GrpoTrainer(TrainerConfig(lr=1e-2), policy.model, policy.tokenizer)
+    ckpt = load_checkpoint(data_dir, model=policy.model, optimizer=trainer.optimizer,
+                           fingerprint=policy.fingerprint)
+    assert ckpt is not None and ckpt.heldout == _score(1)

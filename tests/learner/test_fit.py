@@ -9,15 +9,16 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from node.learner.config import LearnerConfig, PolicyConfig, TrainerConfig
 from node.learner.errors import ModelDoesNotFit
-from node.learner.fit import (GIB, MODEL_TABLE, DeviceMemory, cgroup_limit, check_fit, choose_model,
-                              count_params, fit_model, model_config_of, probe_device)
+from node.learner.fit import (EMBEDDED_SHAPE, GIB, MODEL_TABLE, NVIDIA_NODES, DeviceMemory, cgroup_limit, check_fit,
+                              choose_model, count_params, fit_model, model_config_of, probe_device)
+from node.learner.shape import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT_GIB = 0.5
@@ -63,7 +64,7 @@ def test_auto_on_cpu_is_the_embedded_model_and_fits() -> None:
 
 def test_table_shapes_have_qwen25_parameter_counts() -> None:
     """The table's built-in shapes are Qwen2.5's (README: 494 M and 1.54 B parameters)."""
-    counts = {row.model: count_params(row.config()) for row in MODEL_TABLE}
+    counts = {row.model: count_params(row.shape) for row in MODEL_TABLE}
     assert counts[QWEN_05B] == 494_032_768
     assert counts[QWEN_15B] == 1_543_714_304
     assert counts["embedded"] < 2_000_000
@@ -127,8 +128,10 @@ def test_too_large_model_on_disk_refused_with_a_smaller_model_that_fits(tmp_path
     from transformers import Qwen2Config
 
     model_dir = tmp_path / "big"
-    MODEL_TABLE[0].config().save_pretrained(model_dir)
-    assert isinstance(model_config_of(str(model_dir)), Qwen2Config)
+    shape = MODEL_TABLE[0].shape
+    Qwen2Config(**{k: v for k, v in asdict(shape).items() if k != "model_type"}
+                ).save_pretrained(model_dir)
+    assert model_config_of(str(model_dir)) == shape  # read as JSON: no transformers
     config, device = learner(), gpu(8)
     message = _refusal(str(model_dir), config, device)
     est = float(re.search(r"needs ([\d.]+) GiB", message).group(1))  # type: ignore[union-attr]
@@ -150,13 +153,15 @@ def test_readme_table_is_the_code_table() -> None:
 
 
 def test_readme_shows_the_real_refusal() -> None:
-    """README's example is this code's message, word for word (1.5B on a simulated 8 GiB card)."""
+    """README's example is the line `join` prints (node.doctor's model check: the problem,
+    then the fix) for this code's refusal, word for word (1.5B on a simulated 8 GiB card)."""
     text = (ROOT / "README.md").read_text()
-    start = text.index("    the learner stopped: model 'Qwen/Qwen2.5-1.5B-Instruct'")
+    start = text.index("    cannot start: model 'Qwen/Qwen2.5-1.5B-Instruct'")
     shown = " ".join(line.strip() for line in text[start:text.index("\n\n", start)].splitlines())
-    message = _refusal(QWEN_15B, learner(), gpu(8))
-    assert shown == f"the learner stopped: {message} (a restart cannot fix this; fix it and " \
-                    "start the node again)"
+    with pytest.raises(ModelDoesNotFit) as err:
+        fit_model(learner(QWEN_15B), device=gpu(8))
+    assert shown == f"cannot start: {err.value.problem}; fix: {err.value.fix}"
+    assert f"{err.value.problem}; {err.value.fix}" == str(err.value)
 
 
 @pytest.mark.parametrize(("config", "available_gib", "want"), [
@@ -251,3 +256,46 @@ def test_learner_process_refuses_a_model_that_cannot_fit_within_seconds(tmp_path
     assert "is available; " in error
     assert not (tmp_path / "d" / "learner.lock").exists()
     assert seconds < 30, seconds  # the bound includes the child's torch import on a loaded box
+
+
+def test_the_embedded_shape_is_the_embedded_model_s() -> None:
+    """The table writes the embedded model's shape out (building its config needs torch)."""
+    from node.learner.tiny_model import embedded_config
+
+    assert ModelShape.from_dict(embedded_config().to_dict()) == EMBEDDED_SHAPE
+
+
+FIT_CHILD = """
+import json, sys
+from node.learner.fit import main
+code = main(["--config-json", sys.argv[1]])
+print(json.dumps({"code": code, "loaded": [m for m in ("torch", "transformers", "libp2p",
+                                                       "hivemind") if m in sys.modules]}))
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_the_check_alone_refuses_without_importing_torch_or_transformers(
+        tmp_path: Path, device: str) -> None:
+    """``python -m node.learner.fit`` (what join runs before any child: node.doctor) reads a
+    Llama-like config.json as JSON and the CPU's memory from /proc: no torch, no transformers,
+    the imports that took the old refusal (in the learner child) past five seconds. ``auto``
+    needs no torch where no NVIDIA device exists."""
+    from transformers import LlamaConfig
+
+    if device == "auto" and any(os.path.exists(p) for p in NVIDIA_NODES):
+        pytest.skip("this machine may have CUDA: auto asks torch")
+    model_dir = tmp_path / "huge"
+    LlamaConfig(vocab_size=4_000_000, hidden_size=4096, intermediate_size=4096,
+                num_hidden_layers=1, num_attention_heads=32).save_pretrained(model_dir)
+    table = {"data_dir": str(tmp_path / "d"), "policy": {"model": str(model_dir), "device": device}}
+    proc = subprocess.run([sys.executable, "-c", FIT_CHILD, json.dumps(table)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result, probe = (json.loads(line) for line in proc.stdout.splitlines())
+    assert probe == {"code": 2, "loaded": []}
+    assert result["fits"] is False
+    assert result["problem"].startswith(f"model {str(model_dir)!r} does not fit cpu: its "
+                                        "training step needs 553.6 GiB")
+    assert result["fix"] == "it fits with --model embedded"

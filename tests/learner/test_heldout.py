@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from node.bridge import LoopbackHub
 from node.cli import cli
+from node.export import HELDOUT_FIELDS
 from node.learner import LearnerConfig, PolicyConfig, TaskConfig, run_learner
 from node.learner.config import SapoConfig
 from node.learner.engine import Completion
@@ -131,6 +132,14 @@ def test_rounds_carry_the_heldout_score_every_eval_every_rounds(data_dir):
     # and an export of it scores the same, from its own provenance.json
     out = data_dir.parent / "exported"
     assert CliRunner().invoke(cli, ["export", "--data-dir", str(data_dir), str(out)]).exit_code == 0
+    # whose provenance and model card carry the score the node measured at round 2
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["heldout"] == {k: second[k] for k in HELDOUT_FIELDS}
+    card = (out / "README.md").read_text()
+    assert (f"Measured by the node after round 2 on its fixed held-out set" in card
+            and f"greedy accuracy\n**{second['greedy_accuracy']:.3f}**, sampled accuracy "
+                f"**{second['sampled_accuracy']:.3f}**\n(2 sampled completion(s) per question), "
+                "8 questions." in card), card
     done = CliRunner().invoke(cli, ["eval", "--model", str(out), "--questions", "8",
                                     "--samples", "2"])
     assert done.exit_code == 0, done.output

@@ -7,6 +7,7 @@ needs a live peer.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import socket
 import subprocess
@@ -17,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from node.config import NodeConfig
+from node.check import Verdict
 from node.doctor import (CHECKPOINT_FACTOR, CHECKPOINT_FACTOR_MIN, MIN_FREE, TESTED_PYTHON,
-                         Verdict, check_bootstrap, check_disk, check_ports)
+                         check_bootstrap, check_disk, check_ports)
+from node.reachable import check_reachability
 from protocol import Identity
 from swarm.config import GossipConfig
 from tests.swarm.procs import SwarmProc, short_tmpdir
@@ -105,6 +108,29 @@ def test_join_refuses_to_start_on_a_port_in_use(tmp_path: Path, held_port: int) 
     assert not (tmp_path / "status.json").exists()  # no supervisor started
 
 
+def test_join_refuses_a_model_that_cannot_fit_before_any_child(tmp_path: Path) -> None:
+    """A config.json whose weights alone are far beyond this machine (~16 B parameters):
+    `join` says so, with the estimate and the fix, before the supervisor or a child starts
+    (node.learner.fit in a child of the preflight: no torch import)."""
+    model = tmp_path / "huge"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 4_000_000, "hidden_size": 4096,
+        "intermediate_size": 4096, "num_hidden_layers": 1, "num_attention_heads": 32}))
+    data = tmp_path / "data"
+    out = subprocess.run(
+        [sys.executable, "-m", "node", "join", "--bootstrap", dead_addr(), "--data-dir",
+         str(data), "--listen", "/ip4/127.0.0.1/tcp/0", "--model", str(model), "--device",
+         "cpu"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"cannot start: model {str(model)!r} does not fit cpu: its "
+                               "training step needs 553.6 GiB (566910 MiB = weights "), lines
+    assert "is available; fix: it fits with --model embedded" in lines[0], lines
+    assert not (data / "status.json").exists() and not (data / "identity.key").exists()
+
+
 def test_disk_needs_room_for_the_model_s_checkpoints(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
     model = tmp_path / "model"
@@ -149,14 +175,19 @@ def test_a_wrong_peer_id_fails_after_tcp(bootstrap_addr: str) -> None:
 
 def test_doctor_prints_one_line_per_check_and_exits_0_when_healthy(
         tmp_path: Path, bootstrap_addr: str) -> None:
+    port = closed_port()
     out = doctor("--bootstrap", bootstrap_addr, "--swarm-id", SWARM, "--data-dir", str(tmp_path),
-                 "--listen", f"/ip4/127.0.0.1/tcp/{closed_port()}", "--device", "cpu")
+                 "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--device", "cpu")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stdout + out.stderr
-    assert [line.split()[1] for line in lines] == ["python", "packages", "torch", "disk", "ports",
-                                                   "bootstrap"], lines
+    assert [line.split()[1] for line in lines] == ["python", "packages", "torch", "model", "disk",
+                                                   "ports", "bootstrap", "reachable"], lines
+    assert lines[3].startswith("ok    model      embedded fits cpu: training step ~"), lines
     assert all(line[:4] in VERDICTS for line in lines), lines
-    assert lines[-1].startswith("ok "), lines
+    assert lines[-2].startswith("ok    bootstrap"), lines
+    peer = bootstrap_addr.rsplit("/p2p/", 1)[1]  # it dialled the probe's port back
+    assert lines[-1].startswith(f"ok    reachable  public: {peer[:16]}… dialled us back at "
+                                f"127.0.0.1:{port}"), lines
 
 
 def test_doctor_exits_1_with_a_fail_line_per_problem(tmp_path: Path, held_port: int) -> None:
@@ -164,7 +195,44 @@ def test_doctor_exits_1_with_a_fail_line_per_problem(tmp_path: Path, held_port: 
                  "--listen", f"/ip4/127.0.0.1/tcp/{held_port}", "--device", "cpu")
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 1, out.stdout + out.stderr
-    assert len(lines) == 6 and all(line[:4] in VERDICTS for line in lines), lines
+    assert len(lines) == 8 and all(line[:4] in VERDICTS for line in lines), lines
     fails = [line for line in lines if line.startswith("FAIL")]
     assert [line.split()[1] for line in fails] == ["ports", "bootstrap"], lines
     assert f"port {held_port}" in fails[0] and "nothing answers" in fails[1]
+    assert lines[-1] == (f"warn  reachable  not checked: the swarm port {held_port} is in use "
+                         "(see ports); fix: fix the lines above, then run doctor again")
+
+
+PEER = "12D3KooWAbcdefghijklmnopqrstuvwxyz"
+
+
+def _answer(state: str, **extra: object) -> dict[str, object]:
+    """One bootstrap peer's answer as swarm.probe reports it (doctor adds ``peer``)."""
+    return {"peer": PEER, "reachability": state, "observed_ip": "203.0.113.7", "port": 4001,
+            "reach_error": "", **extra}
+
+
+@pytest.mark.parametrize(("answers", "fixed_port", "want"), [
+    ([_answer("relayed"), _answer("public")], 4001,
+     f"ok    reachable  public: {PEER[:16]}… dialled us back at 203.0.113.7:4001"),
+    ([_answer("unreachable"), _answer("relayed")], 4001,
+     f"warn  reachable  relayed: {PEER[:16]}… could not dial us back at 203.0.113.7:4001 (NAT or "
+     "firewall) but serves a circuit relay: peers will reach this node through it; fix: this "
+     "node can train as it is; to be dialled directly (faster outer steps), forward TCP ports "
+     "4001 and 4002 on your router to this machine and add --announce /ip4/203.0.113.7/tcp/4001"),
+    ([_answer("unreachable")], 0,
+     f"FAIL  reachable  unreachable: {PEER[:16]}… could not dial us back at 203.0.113.7:4001 (NAT "
+     "or firewall) and serves no relay: peers cannot reach this node first; fix: listen on a "
+     "fixed port (--listen /ip4/0.0.0.0/tcp/4001), forward TCP ports 4001 and 4002 on your "
+     "router to this machine and add --announce /ip4/203.0.113.7/tcp/4001, or use a bootstrap "
+     "peer that serves a relay"),
+    ([_answer("", reach_error="the peer refused to dial us back now (it limits dial-backs)")],
+     0,
+     "warn  reachable  unknown: no bootstrap peer answered the dial-back question (the peer "
+     "refused to dial us back now (it limits dial-backs)); fix: run doctor again in a minute "
+     "(peers limit dial-backs); the node checks again itself every few minutes"),
+])
+def test_reachability_verdict_is_the_node_s_rule(answers, fixed_port, want) -> None:
+    """Any bootstrap peer that dialled us back makes us public (swarm.reachability.decide);
+    else a relay makes us relayed; else unreachable; no answer is no verdict."""
+    assert check_reachability(answers, fixed_port=fixed_port).line() == want
