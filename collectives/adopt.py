@@ -21,7 +21,7 @@ from collectives.consistency import (Candidate, Lineage, extension, head_rejecti
 from collectives.errors import SyncError
 from collectives.parts import LoopParts
 from collectives.state import OuterState
-from protocol import OuterStepCommit
+from protocol import OuterVersion
 
 __all__ = ["Adopter", "MAX_HOPS"]
 
@@ -52,8 +52,8 @@ class Adopter(LoopParts):
         """Adopt what extends our lineage, or the winning sibling of a fork, or (joiners) a
         trusted/anchored head; count and refuse every other newer claim."""
         heads = self._book.verify(self._transport.dht_get(
-            self._book.head_key, timeout=max(0.1, deadline - time.monotonic())), step=None,
-            kind="version")
+            self._book.head_key, timeout=max(0.1, deadline - time.monotonic())),
+            OuterVersion, step=None)
         heads.pop(self.peer_id, None)
         with self._lock:
             start = lineage = self._lineage
@@ -69,7 +69,7 @@ class Adopter(LoopParts):
                  and c.state_hash != lineage.hash for c in heads.values()):
             commits = self._book.verify(self._transport.dht_get(
                 self._book.key(lineage.version), timeout=max(0.1, deadline - time.monotonic())),
-                step=lineage.version, kind="version")
+                OuterVersion, step=lineage.version)
             target = sibling(commits, lineage, self.peer_id)
             if target is not None:
                 logger.info("fork at version %d: switching to %s… (signed by a majority of "
@@ -84,8 +84,8 @@ class Adopter(LoopParts):
                 and time.monotonic() < deadline:
             commits = self._book.verify(self._transport.dht_get(
                 self._book.key(lineage.version + 1),
-                timeout=max(0.1, deadline - time.monotonic())), step=lineage.version + 1,
-                kind="version")
+                timeout=max(0.1, deadline - time.monotonic())),
+                OuterVersion, step=lineage.version + 1)
             nxt = extension(commits, lineage, self.peer_id)
             if nxt is None and any(c.parent == lineage.hash for c in commits.values()) \
                     and any(c.step > lineage.version + 1 for c in heads.values()):
@@ -93,7 +93,7 @@ class Adopter(LoopParts):
                 children = self._book.verify(self._transport.dht_get(
                     self._book.key(lineage.version + 2),
                     timeout=max(0.1, deadline - time.monotonic())),
-                    step=lineage.version + 2, kind="version")
+                    OuterVersion, step=lineage.version + 2)
                 nxt = extension(commits, lineage, self.peer_id, children)
             if nxt is None:
                 for p, c in commits.items():
@@ -119,9 +119,9 @@ class Adopter(LoopParts):
                            dict(Counter(rejected.values())))
         if target is not None:
             self._fetch_adopt(rec, target, end=deadline, lineage=lineage, base=base)
-            self.clock.adopt([c.peers for c in heads.values() if c.state_hash == target.hash])
+            self.clock.adopt([c.period for c in heads.values() if c.state_hash == target.hash])
 
-    def _joiner_target(self, heads: dict[str, OuterStepCommit],
+    def _joiner_target(self, heads: dict[str, OuterVersion],
                        lineage: Lineage) -> Candidate | None:
         """The head a joiner (genesis lineage) adopts: anchored or trusted (rule 3), newer
         than ours unless it is the anchor."""
@@ -142,7 +142,7 @@ class Adopter(LoopParts):
         timeout = min(5.0, self.config.deadline_s / 4)
         self._transport.add_dht_peers(found, timeout=timeout)
         heads = self._book.verify(self._transport.dht_get(self._book.head_key, timeout=timeout),
-                                  step=None, kind="version")
+                                  OuterVersion, step=None)
         heads.pop(self.peer_id, None)
         with self._lock:
             lineage = self._lineage
@@ -150,7 +150,7 @@ class Adopter(LoopParts):
             return  # we hold a lineage: our catch-up follows it, with its period
         target = self._joiner_target(heads, lineage)
         if target is not None:
-            self.clock.adopt([heads[p].peers for p in target.holders])
+            self.clock.adopt([heads[p].period for p in target.holders])
             logger.info("meeting on the period of version %d (%.0f s) from the first attempt",
                         target.version, self.clock.period())
 

@@ -17,6 +17,7 @@ from collectives.consistency import Candidate, Lineage, decide_votes, settled_vo
 from collectives.errors import SyncError
 from collectives.parts import LoopParts
 from collectives.state import OuterState
+from protocol import OuterVote
 
 __all__ = ["Committer"]
 
@@ -64,14 +65,13 @@ class Committer(LoopParts):
             mine = self._state.hash()
         self._transport.dht_store(
             self._book.vote_key(v, nonce), self.peer_id,
-            self._book.seal(v + 1, mine, len(members), parent=parent,
-                            members=sorted(voters | {self.peer_id}), kind="vote"),
+            self._book.vote(v + 1, mine, parent=parent, members=sorted(voters | {self.peer_id})),
             ttl=3 * self.config.deadline_s + 60, timeout=min(5.0, self.config.deadline_s / 4))
         votes: dict = {}
         while expect:
             votes = self._book.verify(self._transport.dht_get(
                 self._book.vote_key(v, nonce), timeout=max(0.1, until - time.monotonic())),
-                step=v + 1, kind="vote")
+                OuterVote, step=v + 1)
             if expect <= set(votes) or time.monotonic() + VOTE_POLL_S > until:
                 break
             if settled_vote(votes, mine=mine, parent=parent, voters=voters, me=self.peer_id):
@@ -128,8 +128,8 @@ class Committer(LoopParts):
     def _publish(self, version: int, h: str, parent: str, members: tuple[str, ...]) -> None:
         # ``peers``: the period the group agreed on (schedule.py): a peer that adopts this
         # version without us goes to our meetings
-        data = self._book.seal(version, h, self.clock.agreed_code(), parent=parent,
-                               members=members)
+        data = self._book.version(version, h, parent=parent, members=members,
+                                  period=self.clock.agreed_code())
         ttl = (3 * self.config.deadline_s + 60) * 20
         self._transport.dht_store_many(  # both at once: one DHT round trip
             [(self._book.key(version), self.peer_id, data),

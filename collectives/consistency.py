@@ -7,22 +7,26 @@ bytes. It cannot forge another key's signature or find bytes for a hash it did n
 So nothing here counts keys: a record is only as good as the history of the key that signed
 it *as seen by the reader*.
 
-Records (``OuterStepCommit``, sealed with the node identity via ``protocol.seal``):
+Records (protocol/messages.py, one type per meaning, sealed with the node identity via
+``protocol.seal``):
 
-- ``<gid>/join/<v>[/<meeting>]``  kind "join": "I hold state ``state_hash`` at version v and
-  want to average now (at this meeting of the clock, schedule.py)"; ``peers`` carries the
-  sender's proposed period in deciseconds. Grouping only: a node groups with peers that
-  claim *its own* hash. Without a meeting: a step now (``outer_step``) or a node's last
-  step (``finish``, finish.py).
-- ``<gid>/left``  kind "join", hash ``finish.LEFT``: "I left at version v before my last
-  step": peers waiting for my last step stop waiting (only ever shortens a bounded wait).
-- ``<gid>/vote/<v>/<nonce>``  kind "vote": a member's result of one attempt from version v
+- ``<gid>/join/<v>[/<meeting>]``  ``OuterJoin``: "I hold state ``state_hash`` at version v
+  and want to average now (at this meeting of the clock, schedule.py)", with the sender's
+  clock code (its period proposal and the period in force) and whether its run finished.
+  Grouping only: a node groups with peers that claim *its own* hash. Without a meeting: a
+  step now (``outer_step``) or a node's last step (``finish``, finish.py).
+- ``<gid>/left``  ``OuterLeft``: "I left at version v before my last step": peers waiting
+  for my last step stop waiting (only ever shortens a bounded wait).
+- ``<gid>/vote/<v>/<nonce>``  ``OuterVote``: a member's result of one attempt from version v
   (the group's nonce names the attempt): the new hash if it applied the average, its
   unchanged hash if it failed. Members decide together.
-- ``<gid>/commit/<v>`` kind "version", and ``<gid>/head`` (the signer's latest): "version v
-  is ``state_hash``, made from ``parent`` by the contributions of ``members``"; ``peers``
-  carries the meeting period the group agreed on (``schedule.Clock.agreed_code``), which a
-  peer that adopts the version takes as its own until its next meeting.
+- ``<gid>/commit/<v>`` and ``<gid>/head`` (the signer's latest)  ``OuterVersion``: "version v
+  is ``state_hash``, made from ``parent`` by the contributions of ``members``", with the
+  meeting period the group agreed on (``schedule.Clock.agreed_code``), which a peer that
+  adopts the version takes as its own until its next meeting.
+
+A record of another type under a key, or under another signer's subkey, is rejected and
+counted (``CommitBook.invalid``).
 
 Acceptance rules (``Lineage`` = the hash and version we hold, and its ``witnesses``: the
 peers we saw contribute, through our own reducer, in the step that produced it):
@@ -67,16 +71,27 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
-from protocol import Identity, OuterStepCommit, ProtocolError, open_envelope, seal
+from collectives.schedule import FINISHED, PENDING
+from protocol import (
+    Identity,
+    OuterJoin,
+    OuterLeft,
+    OuterRecord,
+    OuterVersion,
+    OuterVote,
+    ProtocolError,
+    open_envelope,
+    seal,
+)
 
 __all__ = ["CommitBook", "Lineage", "Candidate", "decide_votes", "settled_vote", "extension",
-           "sibling", "trusted_head", "head_rejections"]
+           "sibling", "trusted_head", "head_rejections", "join_code"]
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("version", "vote", "join")
+R = TypeVar("R", OuterVersion, OuterVote, OuterJoin, OuterLeft)
 
 
 @dataclass(frozen=True)
@@ -111,17 +126,16 @@ def _quorum(signers: set[str], witnesses: frozenset[str], me: str) -> bool:
     return bool(base) and 2 * len(signers & base) > len(base)
 
 
-def _supported(commits: dict[str, OuterStepCommit], *, version: int, parent: str,
+def _supported(commits: dict[str, OuterVersion], *, version: int, parent: str,
                witnesses: frozenset[str], me: str, exclude: str,
-               children: dict[str, OuterStepCommit] | None = None) -> Candidate | None:
+               children: dict[str, OuterVersion] | None = None) -> Candidate | None:
     groups: dict[str, set[str]] = {}
     for peer, c in commits.items():
-        if c.kind == "version" and c.step == version and c.parent == parent \
-                and c.state_hash not in (parent, exclude):
+        if c.step == version and c.parent == parent and c.state_hash not in (parent, exclude):
             groups.setdefault(c.state_hash, set()).add(peer)
     for h, signers in sorted(groups.items()):
         vouchers = {p for p, c in (children or {}).items()
-                    if c.kind == "version" and c.step == version + 1 and c.parent == h}
+                    if c.step == version + 1 and c.parent == h}
         if _quorum(signers | vouchers, witnesses, me):
             vouched = [set(commits[p].members) for p in sorted(signers & witnesses)]
             if not vouched:  # nobody we know says who made it
@@ -132,8 +146,8 @@ def _supported(commits: dict[str, OuterStepCommit], *, version: int, parent: str
     return None
 
 
-def extension(commits: dict[str, OuterStepCommit], lineage: Lineage, me: str,
-              children: dict[str, OuterStepCommit] | None = None) -> Candidate | None:
+def extension(commits: dict[str, OuterVersion], lineage: Lineage, me: str,
+              children: dict[str, OuterVersion] | None = None) -> Candidate | None:
     """The version commit for ``lineage.version + 1`` that a quorum of our witnesses signed
     (rule 2), else None. At most one can have a strict majority. ``children``: the commits
     for the version after it, if read: a witness that signed a child of a commit (a version
@@ -146,7 +160,7 @@ def extension(commits: dict[str, OuterStepCommit], lineage: Lineage, me: str,
                       children=children)
 
 
-def sibling(commits: dict[str, OuterStepCommit], lineage: Lineage,
+def sibling(commits: dict[str, OuterVersion], lineage: Lineage,
             me: str) -> Candidate | None:
     """A fork of our version (same parent, other hash) that a strict majority of the
     parent's witnesses signed, else None (rule 2, forks)."""
@@ -156,7 +170,7 @@ def sibling(commits: dict[str, OuterStepCommit], lineage: Lineage,
                       witnesses=lineage.parent_witnesses, me=me, exclude=lineage.hash)
 
 
-def decide_votes(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
+def decide_votes(votes: dict[str, OuterVote], *, mine: str, parent: str,
                  voters: set[str], me: str) -> str:
     """The hash a group's attempt from ``parent`` ends at (rule 1): most votes among
     ``voters`` (the peers our reducer accepted, and us with ``mine``); ties go to an advanced
@@ -164,7 +178,7 @@ def decide_votes(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
     return _ranked(_tally(votes, mine=mine, parent=parent, voters=voters, me=me), parent)[0][0]
 
 
-def settled_vote(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
+def settled_vote(votes: dict[str, OuterVote], *, mine: str, parent: str,
                  voters: set[str], me: str) -> str | None:
     """``decide_votes``' hash if no votes still missing from ``voters`` could change it,
     however they go, else None. A member may stop waiting then: it decides what it would
@@ -184,11 +198,11 @@ def settled_vote(votes: dict[str, OuterStepCommit], *, mine: str, parent: str,
     return winner
 
 
-def _tally(votes: dict[str, OuterStepCommit], *, mine: str, parent: str, voters: set[str],
+def _tally(votes: dict[str, OuterVote], *, mine: str, parent: str, voters: set[str],
            me: str) -> Counter[str]:
     tally: Counter[str] = Counter({mine: 1})
     for peer, c in votes.items():
-        if peer != me and peer in voters and c.kind == "vote" and c.parent == parent:
+        if peer != me and peer in voters and c.parent == parent:
             tally[c.state_hash] += 1
     return tally
 
@@ -202,12 +216,12 @@ def _rank_key(parent: str) -> Callable[[tuple[str, int]], tuple[int, bool, str]]
     return lambda kv: (kv[1], kv[0] != parent, kv[0])
 
 
-def trusted_head(heads: dict[str, OuterStepCommit], *, anchor: str,
+def trusted_head(heads: dict[str, OuterVersion], *, anchor: str,
                  trust: Callable[[str], bool], mine: str) -> Candidate | None:
     """A joiner's choice among version heads (rule 3): the anchor if someone holds it,
     else the (hash, version, members) signed by the most trusted peers (ties: the higher
     version, then the larger hash); None if no head qualifies."""
-    versions = {p: c for p, c in heads.items() if c.kind == "version" and c.state_hash != mine}
+    versions = {p: c for p, c in heads.items() if c.state_hash != mine}
     if anchor:
         at = [c for c in versions.values() if c.state_hash == anchor]
         if at:
@@ -235,12 +249,12 @@ def _safe_trust(trust: Callable[[str], bool], peer: str) -> bool:
         return False
 
 
-def head_rejections(heads: dict[str, OuterStepCommit], lineage: Lineage, *,
+def head_rejections(heads: dict[str, OuterVersion], lineage: Lineage, *,
                     joiner: bool) -> Counter[str]:
     """Reasons for refusing the heads that claim a version newer than ``lineage``."""
     out: Counter[str] = Counter()
     for c in heads.values():
-        if c.kind != "version" or c.step <= lineage.version or c.state_hash == lineage.hash:
+        if c.step <= lineage.version or c.state_hash == lineage.hash:
             continue
         if joiner:
             out["untrusted"] += 1
@@ -284,32 +298,54 @@ class CommitBook:
     def head_key(self) -> str:
         return f"{self.gid}/head"
 
-    def seal(self, step: int, state_hash: str, peers: int, *, parent: str = "",
-             members: tuple[str, ...] | list[str] = (), kind: str = "version") -> bytes:
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}")
-        msg = OuterStepCommit(group=self.group, step=step, state_hash=state_hash, peers=peers,
-                              parent=parent, members=tuple(members), kind=kind)
+    def version(self, step: int, state_hash: str, *, parent: str,
+                members: tuple[str, ...] | list[str], period: int) -> bytes:
+        """Our sealed ``OuterVersion``."""
+        return self._seal(OuterVersion(group=self.group, step=step, state_hash=state_hash,
+                                       parent=parent, members=tuple(members), period=period))
+
+    def vote(self, step: int, state_hash: str, *, parent: str,
+             members: tuple[str, ...] | list[str]) -> bytes:
+        """Our sealed ``OuterVote`` for the attempt that leads to version ``step``."""
+        return self._seal(OuterVote(group=self.group, step=step, state_hash=state_hash,
+                                    parent=parent, members=tuple(members)))
+
+    def join(self, step: int, state_hash: str, code: int) -> bytes:
+        """Our sealed ``OuterJoin``; ``code``: our clock's (schedule.py ``Clock.code``)."""
+        return self._seal(OuterJoin(group=self.group, step=step, state_hash=state_hash,
+                                    clock=code % FINISHED, finished=bool(code // FINISHED % 2),
+                                    pending=bool(code // PENDING % 2)))
+
+    def left(self, step: int) -> bytes:
+        """Our sealed ``OuterLeft``."""
+        return self._seal(OuterLeft(group=self.group, step=step))
+
+    def _seal(self, msg: OuterRecord) -> bytes:
         return seal(self.identity, msg, swarm_id=self.swarm_id)
 
-    def verify(self, raw: dict[str, bytes], *, step: int | None,
-               kind: str | None = None) -> dict[str, OuterStepCommit]:
-        """Peer id -> record for the values that verify; others counted in ``invalid``."""
-        out: dict[str, OuterStepCommit] = {}
+    def verify(self, raw: dict[str, bytes], kind: type[R], *, step: int | None) -> dict[str, R]:
+        """Peer id -> record of type ``kind`` (at ``step`` unless None), for the values that
+        verify and are that signer's own; others are counted in ``invalid``."""
+        out: dict[str, R] = {}
         for peer, data in raw.items():
             try:
                 env = open_envelope(data, swarm_id=self.swarm_id)
             except ProtocolError as e:
                 self.invalid += 1
-                logger.warning("invalid commit from %s: %s", peer, e)
+                logger.warning("invalid outer record from %s: %s", peer, e)
                 continue
             msg = env.message
-            if not isinstance(msg, OuterStepCommit) or env.sender_peer_id != peer \
-                    or msg.group != self.group or (step is not None and msg.step != step) \
-                    or (kind is not None and msg.kind != kind):
+            if not isinstance(msg, kind) or env.sender_peer_id != peer \
+                    or msg.group != self.group or (step is not None and msg.step != step):
                 self.invalid += 1
-                logger.warning("commit under subkey %s does not match (signer %s)", peer,
-                               env.sender_peer_id)
+                logger.warning("outer record under subkey %s does not match (a %s signed by "
+                               "%s)", peer, msg.TYPE, env.sender_peer_id)
                 continue
             out[peer] = msg
         return out
+
+
+def join_code(record: OuterJoin) -> int:
+    """The clock code (schedule.py) a join record carries, flags included."""
+    return record.clock + (FINISHED if record.finished else 0) \
+        + (PENDING if record.finished and record.pending else 0)

@@ -20,8 +20,8 @@ too (seen in the e2e local swarm). So ``finish()`` keeps the node *in* the meeti
    decides alike (``_who_steps``).
 2. **The last step**: at a meeting where every peer present has finished and nobody we
    expect is missing (our version's witnesses, our last group and the peers we discovered
-   are all there, or said they left: a signed record claiming ``LEFT`` under
-   ``<gid>/left``, stored by ``close()``), the peers step together if one of them still
+   are all there, or said they left: a signed ``OuterLeft`` under ``<gid>/left``, stored
+   by ``close()``), the peers step together if one of them still
    has rounds no average counted (the clock marks such records PENDING). Everyone present
    read the same records at the same time, so they all decide alike. A member whose last
    step failed is still PENDING at the next meeting, and the others are still there.
@@ -47,19 +47,18 @@ from collectives.background import Work
 from collectives.errors import StepFailed
 from collectives.parts import LoopParts
 from collectives.schedule import Clock
+from protocol import OuterLeft
 
-__all__ = ["Finisher", "LEFT"]
+__all__ = ["Finisher"]
 
 logger = logging.getLogger(__name__)
 
-LEFT = "0" * 64
-"""The state hash a node claims to say it left (no state hashes to it)."""
 POLL_S = 0.05
 """How often a finished node looks at the clock for the next meeting."""
 
 
 class Finisher(LoopParts):
-    """``finish()`` and the LEFT record (the attributes are ``OuterLoop``'s)."""
+    """``finish()`` and the left record (the attributes are ``OuterLoop``'s)."""
 
     _pool: ThreadPoolExecutor
     _pending: tuple[Work, Future[dict[str, Any]]] | None
@@ -149,10 +148,8 @@ class Finisher(LoopParts):
 
     def _gone(self) -> set[str]:
         """The peers that said they left (at any version)."""
-        said = self._book.verify(self._transport.dht_get(
-            self._left_key, timeout=min(5.0, self.config.dht_timeout_s)), step=None,
-            kind="join")
-        return {p for p, c in said.items() if c.state_hash == LEFT}
+        return set(self._book.verify(self._transport.dht_get(
+            self._left_key, timeout=min(5.0, self.config.dht_timeout_s)), OuterLeft, step=None))
 
     @property
     def _left_key(self) -> str:
@@ -168,7 +165,7 @@ class Finisher(LoopParts):
             v = self._state.version
         try:
             self._transport.dht_store(self._left_key, self.peer_id,
-                                      self._book.seal(v, LEFT, 1, kind="join"),
+                                      self._book.left(v),
                                       ttl=self.config.final_wait_s + 2, timeout=2.0)
         except Exception as e:  # noqa: BLE001 - leaving anyway
             logger.info("could not say we left: %s", e)

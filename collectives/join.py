@@ -18,7 +18,8 @@ from typing import Any
 
 from collectives.background import Work
 from collectives.parts import LoopParts
-from protocol import OuterStepCommit
+from collectives.consistency import join_code
+from protocol import OuterJoin
 
 __all__ = ["Joiner"]
 
@@ -46,8 +47,8 @@ class Joiner(LoopParts):
                 continue
             signed = self._book.verify(self._transport.dht_get(
                 self._book.join_key(v, meet=meet),
-                timeout=min(2.0, self.config.dht_timeout_s)), step=v, kind="join")
-            codes = [c.peers for p, c in signed.items()
+                timeout=min(2.0, self.config.dht_timeout_s)), OuterJoin, step=v)
+            codes = [join_code(c) for p, c in signed.items()
                      if p != self.peer_id and c.state_hash == my_hash]
             # still read by them: the window of the longest period in force among them
             if codes and now - meet <= self.clock.window(self.clock.longest(codes, ours=False)) \
@@ -68,8 +69,8 @@ class Joiner(LoopParts):
             return False
         signed = self._book.verify(self._transport.dht_get(
             self._book.join_key(lineage.version - 1, meet=meet),
-            timeout=min(2.0, self.config.dht_timeout_s)), step=lineage.version - 1,
-            kind="join")
+            timeout=min(2.0, self.config.dht_timeout_s)), OuterJoin,
+            step=lineage.version - 1)
         return bool(set(signed) & (lineage.witnesses - {self.peer_id}))
 
     def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
@@ -88,7 +89,7 @@ class Joiner(LoopParts):
         ahead = 0.0 if work.meet is None else max(0.0, work.meet - self._now())
         t_store = time.monotonic()
         self._transport.dht_store(join_key, self.peer_id,
-                                  self._book.seal(v, my_hash, code, kind="join"),
+                                  self._book.join(v, my_hash, code),
                                   ttl=2 * window + 2 + ahead, timeout=window)
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
         meet_at = None if work.meet is None else t_join + work.meet - self._now()
@@ -147,15 +148,16 @@ class Joiner(LoopParts):
         ends before ``meet_at`` (a peer that joined before the opening waits for it)."""
         mine = {self.peer_id: code}
         anyone = (expected | discovered) - {self.peer_id}
-        signed: dict[str, OuterStepCommit] = {}
+        signed: dict[str, OuterJoin] = {}
         while True:
             left = read_at - time.monotonic()
             # every read adds to the last (a read that fails or times out under load
             # returns nothing; the records seen before still stand, a newer one replaces)
             signed.update(self._book.verify(self._transport.dht_get(
                 join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
-                step=v, kind="join"))
-            holders = {p: c.peers for p, c in signed.items() if c.state_hash == my_hash} | mine
+                OuterJoin, step=v))
+            holders = {p: join_code(c) for p, c in signed.items()
+                       if c.state_hash == my_hash} | mine
             if meet_at is not None:
                 read_at = max(read_at, meet_at + self.clock.window(
                     self.clock.longest(list(holders.values()))))

@@ -34,7 +34,7 @@ class Bridge(Protocol):
         """Tell the swarm what this node runs; the swarm process announces it periodically."""
 
     def publish(self, message: Message) -> None:
-        """Sign (swarm side) and gossip a RolloutBatch or OuterStepCommit."""
+        """Sign (swarm side) and gossip a RolloutBatch (the one type a learner publishes)."""
 
     def receive(self, type_: str, *, max_items: int = 256) -> list[Received]:
         """Take up to ``max_items`` validated messages of one type (oldest first)."""

@@ -8,7 +8,8 @@ Layers, bottom up::
     errors    – the exception tree (ProtocolError and its children)
     limits    – size limits (Limits) and the strict msgpack codec (codec)
     schema    – typed message fields, checked on decode
-    messages  – PeerAnnouncement, RolloutBatch, OuterStepCommit, ...
+    messages  – PeerAnnouncement, RolloutBatch (gossiped); OuterVersion, OuterVote,
+                OuterJoin, OuterLeft (the outer step's DHT records)
     identity  – Ed25519 node identity and libp2p peer ids
     envelope  – signed envelope: seal() / open_envelope(); max_body_bytes()
     batching  – split_rollouts(): RolloutBatches sized to fit one sealed message
@@ -41,9 +42,14 @@ from protocol.files import atomic_write_bytes
 from protocol.identity import Identity, load_or_create_identity, peer_id_from_public_key
 from protocol.limits import Limits
 from protocol.messages import (
+    GOSSIPED,
     MESSAGE_TYPES,
     Message,
-    OuterStepCommit,
+    OuterJoin,
+    OuterLeft,
+    OuterRecord,
+    OuterVersion,
+    OuterVote,
     PeerAnnouncement,
     Rollout,
     RolloutBatch,
@@ -55,6 +61,7 @@ from protocol.version import PROTOCOL_VERSION, SOFTWARE_VERSION
 __all__ = [
     "PROTOCOL_VERSION",
     "SOFTWARE_VERSION",
+    "GOSSIPED",
     "MESSAGE_TYPES",
     "DecodeError",
     "DuplicateNonce",
@@ -64,7 +71,11 @@ __all__ = [
     "IdentityError",
     "Limits",
     "Message",
-    "OuterStepCommit",
+    "OuterJoin",
+    "OuterLeft",
+    "OuterRecord",
+    "OuterVersion",
+    "OuterVote",
     "PeerAnnouncement",
     "ProtocolError",
     "ReplayError",

@@ -82,28 +82,77 @@ class PeerAnnouncement(Message):
     swarm; receivers keep the entry that much longer: swarm/peers.py). 0: not stated."""
 
 
+CLOCK_CODE_MAX = 2047
+"""A clock code's largest value (collectives/schedule.py: the rungs of a period proposal and
+of the period in force)."""
+
+
 @dataclass(frozen=True, kw_only=True)
-class OuterStepCommit(Message):
-    """A peer's signed statement about the shared outer state (see collectives/consistency.py).
+class OuterVersion(Message):
+    """"At version ``step`` the outer state of ``group`` is ``state_hash``, made from
+    ``parent`` by averaging the contributions of ``members``." Stored in the DHT under the
+    version's key and the signer's head (collectives/consistency.py); never gossiped."""
 
-    A version commit says: at version ``step`` the state is ``state_hash``; it was made from
-    ``parent`` by averaging the contributions of ``members``. Join and vote records reuse the
-    type (``kind``)."""
-
-    TYPE = "outer_commit"
+    TYPE = "outer_version"
     group: str = spec(str, max_len=128, min_len=1)
     step: int = spec(int, lo=0, hi=U63)
     state_hash: str = spec(str, max_len=128, min_len=1)
-    peers: int = spec(int, lo=0, hi=10_000, default=0)
-    parent: str = spec(str, max_len=128, default="")
-    """Hash of the state this version was computed from ("" for join records)."""
-    members: tuple[str, ...] = spec(list, max_len=64, item=Spec(kind=str, max_len=128),
-                                    default=())
+    parent: str = spec(str, max_len=128, min_len=1)
+    members: tuple[str, ...] = spec(list, max_len=64, item=Spec(kind=str, max_len=128))
     """Sorted peer ids whose contributions made this version."""
-    kind: str = spec(str, max_len=16, default="version")
-    """"version" (a new state), "vote" (a member's result of one attempt) or "join"."""
+    period: int = spec(int, lo=1, hi=CLOCK_CODE_MAX)
+    """The meeting period the group that made it agreed on (a clock code): a peer that
+    adopts this version without that group goes to its meetings."""
 
+
+@dataclass(frozen=True, kw_only=True)
+class OuterVote(Message):
+    """A member's result of one attempt from version ``step - 1`` at ``parent``: the new
+    hash if it applied the group's average, ``parent`` if it did not. ``members``: the
+    voters it counts (the peers its reducer accepted, and itself)."""
+
+    TYPE = "outer_vote"
+    group: str = spec(str, max_len=128, min_len=1)
+    step: int = spec(int, lo=1, hi=U63)
+    state_hash: str = spec(str, max_len=128, min_len=1)
+    parent: str = spec(str, max_len=128, min_len=1)
+    members: tuple[str, ...] = spec(list, max_len=64, item=Spec(kind=str, max_len=128))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterJoin(Message):
+    """"I hold ``state_hash`` at version ``step`` and want to average at this meeting":
+    grouping only (a peer groups with those that claim its own hash)."""
+
+    TYPE = "outer_join"
+    group: str = spec(str, max_len=128, min_len=1)
+    step: int = spec(int, lo=0, hi=U63)
+    state_hash: str = spec(str, max_len=128, min_len=1)
+    clock: int = spec(int, lo=1, hi=CLOCK_CODE_MAX)
+    """The sender's period proposal and the period in force (a clock code)."""
+    finished: bool = spec(bool, default=False)
+    """Its run ended: it comes for one last step, asks for no period."""
+    pending: bool = spec(bool, default=False)
+    """Finished with rounds that no average counted yet."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterLeft(Message):
+    """"I left at version ``step`` before my last step": peers waiting for that step stop
+    waiting (it only ever shortens a bounded wait)."""
+
+    TYPE = "outer_left"
+    group: str = spec(str, max_len=128, min_len=1)
+    step: int = spec(int, lo=0, hi=U63)
+
+
+OuterRecord = OuterVersion | OuterVote | OuterJoin | OuterLeft
+"""The signed records of the outer step, stored in the DHT (never gossiped)."""
+
+GOSSIPED: tuple[type[Message], ...] = (RolloutBatch, PeerAnnouncement)
+"""The message types that travel on gossip topics (swarm/topics.py)."""
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (RolloutBatch, PeerAnnouncement, OuterStepCommit)
+    cls.TYPE: cls for cls in (RolloutBatch, PeerAnnouncement, OuterVersion, OuterVote,
+                              OuterJoin, OuterLeft)
 }

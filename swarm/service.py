@@ -77,7 +77,7 @@ __all__ = ["Ready", "GossipService", "run", "serve"]
 
 logger = logging.getLogger(__name__)
 
-PUBLISHABLE = ("rollouts", "outer_commit")
+PUBLISHABLE = ("rollouts",)
 
 
 @dataclass(frozen=True, kw_only=True)

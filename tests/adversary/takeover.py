@@ -2,7 +2,7 @@
 
 Built from the collectives' own parts so that it speaks exactly what honest nodes speak:
 ``Transport`` (p2pd + DHT, bootstrapped from the victims' collective addresses),
-``CommitBook.seal`` (a correctly signed ``OuterStepCommit`` under ``<gid>/head`` and
+``CommitBook.version`` (a correctly signed ``OuterVersion`` under ``<gid>/head`` and
 ``<gid>/commit/<step>``), ``OuterState`` (the zero state and its hash) and ``AllReduce``'s
 state handler (serves that state to whoever asks for its hash). Kept in its own module:
 if the commit format gains fields (lineage: parent hash, members), only ``_commit`` here
@@ -49,8 +49,9 @@ def zero_state(numel: int, step: int) -> OuterState:
 
 
 def _commit(book: CommitBook, step: int, state_hash: str) -> bytes:
-    """The signed head commit (adapt here if CommitBook.seal gains required fields)."""
-    return book.seal(step, state_hash, 2)
+    """The signed head commit: a version made from a parent nobody holds."""
+    return book.version(step, state_hash, parent="f" * 64, members=[book.identity.peer_id],
+                        period=1)
 
 
 def run_takeover(args: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import torch
 
 from collectives import OuterConfig, OuterLoop
 from collectives.state import OuterState
-from protocol import Identity, atomic_write_bytes
+from protocol import Identity, OuterVersion, atomic_write_bytes
 from tests.collectives.peer_worker import discover, make_model
 
 STEP = 10**6
@@ -58,14 +58,15 @@ def main() -> None:
     me = loop.peer_id
     forged = 0
     while not (root / "stop").exists():
-        tp.dht_store(book.head_key, me, book.seal(STEP, zero_hash, 1, parent="f" * 64,
-                                                  members=[me]), ttl=600, timeout=5)
-        heads = book.verify(tp.dht_get(book.head_key, timeout=5), step=None)
+        tp.dht_store(book.head_key, me, book.version(STEP, zero_hash, parent="f" * 64,
+                                                     members=[me], period=1),
+                     ttl=600, timeout=5)
+        heads = book.verify(tp.dht_get(book.head_key, timeout=5), OuterVersion, step=None)
         for peer, c in heads.items():
             if peer != me and c.state_hash != zero_hash:
                 tp.dht_store(book.key(c.step + 1), me,
-                             book.seal(c.step + 1, zero_hash, 1, parent=c.state_hash,
-                                       members=[me]), ttl=600, timeout=5)
+                             book.version(c.step + 1, zero_hash, parent=c.state_hash,
+                                          members=[me], period=1), ttl=600, timeout=5)
                 forged += 1
         atomic_write_bytes(root / "out" / "attacker.forged", str(forged).encode())
         time.sleep(1.0)

@@ -8,34 +8,54 @@ import random
 import pytest
 
 from collectives.consistency import (Candidate, CommitBook, Lineage, decide_votes, extension,
-                                     head_rejections, settled_vote, sibling, trusted_head)
-from protocol import Identity, OuterStepCommit
+                                     head_rejections, join_code, settled_vote, sibling,
+                                     trusted_head)
+from collectives.schedule import FINISHED, PENDING, Clock
+from protocol import Identity, OuterJoin, OuterLeft, OuterVersion, OuterVote
 
 
-def test_commits_verify_signer_group_kind_and_step() -> None:
+def test_records_verify_signer_group_type_and_step() -> None:
     ids = [Identity.generate() for _ in range(4)]
     books = [CommitBook(identity=i, group="g", gid="x", swarm_id="s") for i in ids]
-    raw = {i.peer_id: b.seal(3, "aa", 4, parent="p0", members=["m1", "m2"])
+    raw = {i.peer_id: b.version(3, "aa", parent="p0", members=["m1", "m2"], period=33)
            for i, b in zip(ids, books)}
     reader = CommitBook(identity=ids[0], group="g", gid="x", swarm_id="s")
-    got = reader.verify(raw, step=3, kind="version")
+    got = reader.verify(raw, OuterVersion, step=3)
     assert len(got) == 4 and got[ids[1].peer_id].members == ("m1", "m2")
-    assert got[ids[1].peer_id].parent == "p0"
-    forged = {ids[1].peer_id: books[0].seal(3, "cc", 4)}  # signed by someone else
+    assert got[ids[1].peer_id].parent == "p0" and got[ids[1].peer_id].period == 33
+    forged = {ids[1].peer_id: books[0].version(3, "cc", parent="p0", members=[], period=1)}
     other_group = {ids[2].peer_id: CommitBook(identity=ids[2], group="h", gid="x",
-                                              swarm_id="s").seal(3, "aa", 4)}
-    assert reader.verify({**forged, **other_group, ids[3].peer_id: b"junk"}, step=3) == {}
-    assert reader.verify(raw, step=4) == {}
-    assert reader.verify(raw, step=3, kind="vote") == {}
+                                              swarm_id="s").version(3, "aa", parent="p0",
+                                                                    members=[], period=1)}
+    assert reader.verify({**forged, **other_group, ids[3].peer_id: b"junk"}, OuterVersion,
+                         step=3) == {}
+    assert reader.verify(raw, OuterVersion, step=4) == {}
+    # another type under the key is not read as this one (a vote is no version commit)
+    assert reader.verify(raw, OuterVote, step=3) == {}
     assert reader.invalid == 11
-    with pytest.raises(ValueError):
-        books[0].seal(1, "aa", 2, kind="other")
 
 
-def _c(step: int, h: str, *, parent: str = "", members: tuple[str, ...] = (),
-       kind: str = "version") -> OuterStepCommit:
-    return OuterStepCommit(group="g", step=step, state_hash=h, parent=parent, members=members,
-                           kind=kind)
+def test_join_and_left_records_carry_what_they_say() -> None:
+    me = Identity.generate()
+    book = CommitBook(identity=me, group="g", gid="x", swarm_id="s")
+    for code in (1, 1 + 3 + 32 * 2, 1 + FINISHED, 33 + FINISHED + PENDING):
+        got = book.verify({me.peer_id: book.join(7, "aa", code)}, OuterJoin, step=7)
+        rec = got[me.peer_id]
+        assert join_code(rec) == code and rec.state_hash == "aa"
+        assert rec.finished == Clock.finished(code) and rec.pending == Clock.pending(code)
+    left = {me.peer_id: book.left(9)}
+    assert set(book.verify(left, OuterLeft, step=None)) == {me.peer_id}
+    assert book.verify(left, OuterJoin, step=None) == {}  # "left" is no join record
+    assert book.invalid == 1
+
+
+def _c(step: int, h: str, *, parent: str = "p", members: tuple[str, ...] = ()) -> OuterVersion:
+    return OuterVersion(group="g", step=step, state_hash=h, parent=parent, members=members,
+                        period=1)
+
+
+def _v(step: int, h: str, *, parent: str) -> OuterVote:
+    return OuterVote(group="g", step=step, state_hash=h, parent=parent, members=())
 
 
 def test_lineage_extension_needs_a_quorum_of_our_witnesses() -> None:
@@ -101,8 +121,8 @@ def test_a_fork_is_settled_by_the_parents_witnesses() -> None:
 
 
 def test_votes_count_only_peers_we_saw_contribute() -> None:
-    up, down = _c(5, "new", parent="old", kind="vote"), _c(5, "old", parent="old", kind="vote")
-    sybils = {f"s{i}": _c(5, "evil", parent="old", kind="vote") for i in range(10)}
+    up, down = _v(5, "new", parent="old"), _v(5, "old", parent="old")
+    sybils = {f"s{i}": _v(5, "evil", parent="old") for i in range(10)}
     assert decide_votes({**sybils, "a": up}, mine="new", parent="old", voters={"a", "b"},
                         me="me") == "new"
     assert decide_votes({"a": down, "b": down}, mine="new", parent="old", voters={"a", "b"},
@@ -112,7 +132,7 @@ def test_votes_count_only_peers_we_saw_contribute() -> None:
 
 
 def test_a_vote_is_settled_only_when_the_missing_votes_cannot_change_it() -> None:
-    up, down = _c(5, "new", parent="old", kind="vote"), _c(5, "old", parent="old", kind="vote")
+    up, down = _v(5, "new", parent="old"), _v(5, "old", parent="old")
 
     def settled(votes: dict, mine: str, voters: set[str]) -> str | None:
         return settled_vote(votes, mine=mine, parent="old", voters=voters, me="me")
@@ -130,7 +150,7 @@ def test_a_vote_is_settled_only_when_the_missing_votes_cannot_change_it() -> Non
     # a pair whose other member has not voted: its vote could go either way -> wait
     assert settled({}, "new", {"a"}) is None
     # votes of peers we did not see contribute neither count nor are waited for
-    sybils = {f"s{i}": _c(5, "evil", parent="old", kind="vote") for i in range(10)}
+    sybils = {f"s{i}": _v(5, "evil", parent="old") for i in range(10)}
     assert settled({**sybils, "a": up}, "new", {"a"}) == "new"
     # whenever settled, it is what every vote in decides, however the missing votes go
     rng = random.Random(0)
@@ -139,13 +159,13 @@ def test_a_vote_is_settled_only_when_the_missing_votes_cannot_change_it() -> Non
     for _ in range(3000):
         voters = {f"v{i}" for i in range(rng.randrange(1, 6))}
         mine = rng.choice(hashes[:2])
-        cast = {p: _c(5, rng.choice(hashes), parent="old", kind="vote") for p in voters
+        cast = {p: _v(5, rng.choice(hashes), parent="old") for p in voters
                 if rng.random() < 0.7}
         got = settled(cast, mine, voters)
         settled_cases += got is not None
         late = sorted(voters - set(cast))
         for fill in itertools.product(hashes, repeat=len(late)):
-            full = {**cast, **{p: _c(5, h, parent="old", kind="vote")
+            full = {**cast, **{p: _v(5, h, parent="old")
                                for p, h in zip(late, fill)}}
             want = decide_votes(full, mine=mine, parent="old", voters=voters, me="me")
             assert got is None or got == want, (cast, mine, voters, fill)

@@ -228,12 +228,12 @@ def test_a_joiner_reads_the_period_of_the_version_it_will_adopt_before_its_first
     trusted = [Identity.generate() for _ in range(2)]
     stranger = Identity.generate()
     members = tuple(sorted(i.peer_id for i in trusted))
-    heads = {i.peer_id: CommitBook(identity=i, group=group, gid=gid, swarm_id="s").seal(
-        3, "ab" * 32, 1 + 32 * 3, parent="cd" * 32, members=members) for i in trusted}
+    heads = {i.peer_id: CommitBook(identity=i, group=group, gid=gid, swarm_id="s").version(
+        3, "ab" * 32, parent="cd" * 32, members=members, period=1 + 32 * 3) for i in trusted}
     # a peer we do not trust claims a newer version with the longest period
     heads[stranger.peer_id] = CommitBook(identity=stranger, group=group, gid=gid,
-                                         swarm_id="s").seal(9, "ef" * 32, 1 + 32 * 8,
-                                                            parent="cd" * 32)
+                                         swarm_id="s").version(9, "ef" * 32, parent="cd" * 32,
+                                                               members=(), period=1 + 32 * 8)
 
     class Transport:
         def add_dht_peers(self, maddrs: list[str], timeout: float) -> None:
@@ -273,8 +273,8 @@ def test_a_version_adopted_at_the_meeting_that_made_it_ends_the_attempt_there() 
 
     group, gid = "g", "gid"
     witnesses = [Identity.generate() for _ in range(2)]
-    records = {w.peer_id: CommitBook(identity=w, group=group, gid=gid, swarm_id="s").seal(
-        0, "00" * 32, 1, kind="join") for w in witnesses}
+    records = {w.peer_id: CommitBook(identity=w, group=group, gid=gid, swarm_id="s").join(
+        0, "00" * 32, 1) for w in witnesses}
     me = Identity.generate()
     book = CommitBook(identity=me, group=group, gid=gid, swarm_id="s")
 

@@ -4,7 +4,10 @@ import pytest
 
 from protocol import (
     Identity,
-    OuterStepCommit,
+    OuterJoin,
+    OuterLeft,
+    OuterVersion,
+    OuterVote,
     PeerAnnouncement,
     Rollout,
     RolloutBatch,
@@ -21,7 +24,13 @@ def sample_messages():
         PeerAnnouncement(peer_id="12D3KooWabc", addrs=("/ip4/127.0.0.1/tcp/4001",),
                          model="tiny-abc123", capabilities=("train",), version="0.1.0",
                          collective_addrs=("/ip4/127.0.0.1/tcp/5001",)),
-        OuterStepCommit(group="g1", step=3, state_hash="ab" * 32, peers=4),
+        OuterVersion(group="g1", step=3, state_hash="ab" * 32, parent="cd" * 32,
+                     members=("12D3KooWabc", "12D3KooWdef"), period=33),
+        OuterVote(group="g1", step=3, state_hash="ab" * 32, parent="cd" * 32,
+                  members=("12D3KooWabc",)),
+        OuterJoin(group="g1", step=2, state_hash="cd" * 32, clock=65, finished=True,
+                  pending=True),
+        OuterLeft(group="g1", step=2),
     ]
 
 
@@ -30,7 +39,8 @@ def identity() -> Identity:
     return Identity.from_seed(bytes(range(32)))
 
 
-@pytest.fixture(params=range(3), ids=["rollouts", "announce", "commit"])
+@pytest.fixture(params=range(6), ids=["rollouts", "announce", "version", "vote", "join",
+                                      "left"])
 def message(request):
     return sample_messages()[request.param]
 

@@ -20,6 +20,7 @@ from protocol import (
     seal,
 )
 from protocol.limits import packb
+from protocol.version import PROTOCOL_VERSION
 
 SWARM = "test-swarm"
 
@@ -68,8 +69,9 @@ def test_wrong_swarm_rejected(identity, message):
     assert e.value.field == "sw" and e.value.reason == "wrong_swarm"
 
 
-def test_other_version_rejected(identity, message):
-    data = _tamper(seal(identity, message, swarm_id=SWARM), "v", 2)
+@pytest.mark.parametrize("other", [PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1])
+def test_other_version_rejected(identity, message, other):
+    data = _tamper(seal(identity, message, swarm_id=SWARM), "v", other)
     with pytest.raises(VersionError):
         open_envelope(data)
 
@@ -91,18 +93,18 @@ def test_unknown_optional_fields_are_ignored(identity):
     from protocol.envelope import _signed_bytes
 
     pk = identity.public_key
-    sig = identity.sign(_signed_bytes(1, msg.TYPE, pk, SWARM, 5, bytes(16), body))
-    data = packb({"v": 1, "t": msg.TYPE, "pk": pk, "sw": SWARM, "ts": 5, "n": bytes(16),
+    sig = identity.sign(_signed_bytes(PROTOCOL_VERSION, msg.TYPE, pk, SWARM, 5, bytes(16), body))
+    data = packb({"v": PROTOCOL_VERSION, "t": msg.TYPE, "pk": pk, "sw": SWARM, "ts": 5, "n": bytes(16),
                   "b": body, "s": sig})
     assert open_envelope(data).message == msg
 
 
 def test_missing_required_field_names_it(identity):
-    from protocol import OuterStepCommit
+    from protocol import OuterJoin
 
-    wire = {"group": "g", "state_hash": "x"}  # no step
+    wire = {"group": "g", "state_hash": "x", "clock": 1}  # no step
     with pytest.raises(SchemaError) as e:
-        OuterStepCommit.from_wire(wire)
+        OuterJoin.from_wire(wire)
     assert e.value.field == "step"
 
 

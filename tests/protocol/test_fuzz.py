@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import Identity, ProtocolError, SignatureError, open_envelope, seal
+from protocol.version import PROTOCOL_VERSION
 from protocol.limits import packb
 from tests.protocol.conftest import sample_messages
 
@@ -82,8 +83,8 @@ def test_garbage_bodies_raise_only_protocol_errors(msg, body):
 
     b = packb(body)
     pk = IDENTITY.public_key
-    sig = IDENTITY.sign(_signed_bytes(1, msg.TYPE, pk, SWARM, 1, bytes(16), b))
-    data = packb({"v": 1, "t": msg.TYPE, "pk": pk, "sw": SWARM, "ts": 1, "n": bytes(16),
+    sig = IDENTITY.sign(_signed_bytes(PROTOCOL_VERSION, msg.TYPE, pk, SWARM, 1, bytes(16), b))
+    data = packb({"v": PROTOCOL_VERSION, "t": msg.TYPE, "pk": pk, "sw": SWARM, "ts": 1, "n": bytes(16),
                   "b": b, "s": sig})
     try:
         open_envelope(data)

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from node.ipc_client import RequestRefused, SocketBridge
-from protocol import OuterStepCommit, PeerAnnouncement, Rollout, RolloutBatch, TaskSpec
+from protocol import OuterVersion, PeerAnnouncement, Rollout, RolloutBatch, TaskSpec
 from tests.swarm.conftest import Procs
 from tests.swarm.procs import wait_until
 
@@ -19,9 +19,14 @@ def test_bridge_refusals_and_garbage_do_not_hurt_the_swarm_process(procs: Procs)
     p = procs.node("solo")
     with SocketBridge.connect(p.ready["ipc"]) as br:
         br.announce(model="m", capabilities=("train",))
-        br.publish(OuterStepCommit(group="g", step=1, state_hash="ab" * 32))
+        small = Rollout(task=TaskSpec(family="f", seed=0, index=0), prompt="p",
+                        completions=("c",))
+        br.publish(RolloutBatch(model="m", round=0, rollouts=(small,)))
         with pytest.raises(RequestRefused, match="publish takes"):
             br.publish(PeerAnnouncement(peer_id="x", addrs=()))
+        with pytest.raises(RequestRefused, match="publish takes"):  # DHT records, not gossip
+            br.publish(OuterVersion(group="g", step=1, state_hash="ab" * 32, parent="cd" * 32,
+                                    members=(), period=1))
         big = Rollout(task=TaskSpec(family="f", seed=0, index=0), prompt="p" * 16000,
                       completions=("c" * 16000,) * 4)
         with pytest.raises(RequestRefused, match="too large"):
@@ -36,7 +41,7 @@ def test_bridge_refusals_and_garbage_do_not_hurt_the_swarm_process(procs: Procs)
             raw.sendall(b"\x00\x00\x00\x02\xc1\xc1")
             assert raw.recv(4096)  # an error response, then the server closes
             assert raw.recv(4096) == b""
-        # the first connection still works; the commit left through the publish loop
-        st = wait_until(lambda: (s := br.stats()).get("published_outer_commit") and s,
-                        timeout_s=10, what="the commit published")
-        assert st["rejected_ipc_malformed"] == 1 and st["published_outer_commit"] == 1
+        # the first connection still works; the batch left through the publish loop
+        st = wait_until(lambda: (s := br.stats()).get("published_rollouts") and s,
+                        timeout_s=10, what="the batch published")
+        assert st["rejected_ipc_malformed"] == 1 and st["published_rollouts"] == 1

@@ -57,10 +57,12 @@ def test_config_round_trips_through_json_and_rejects_bad_values() -> None:
 
 
 def test_topics_are_namespaced_by_version_and_swarm() -> None:
-    assert topic_for("s1", "rollouts") == "/swarm-node/1/s1/rollouts"
-    assert set(topics("s1")) == {"rollouts", "announce", "outer_commit"}
-    with pytest.raises(ValueError):
-        topic_for("s1", "nope")
+    assert topic_for("s1", "rollouts") == f"/swarm-node/{PROTOCOL_VERSION}/s1/rollouts"
+    # the outer step's records live in the DHT: no gossip topic for them
+    assert set(topics("s1")) == {"rollouts", "announce"}
+    for other in ("nope", "outer_version", "outer_join"):
+        with pytest.raises(ValueError):
+            topic_for("s1", other)
 
 
 def test_token_bucket_limits_rate_per_key_and_refills() -> None:
