@@ -202,7 +202,7 @@ def main() -> None:
     t0 = time.monotonic()
     load0 = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="sapo-bench-"))
-    base = ensure_embedded(tmp / "base")  # built once; every node copies it
+    base = ensure_embedded(tmp / "base")  # materialised once; every node copies it
     jobs = [(split, seed) for seed in seeds for split in splits]
     def one(job: tuple[str, int]) -> dict:
         split, seed = job

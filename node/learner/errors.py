@@ -4,8 +4,10 @@
 
     LearnerError
      ├── PolicyError        the model or tokenizer cannot be loaded
-     │    └── ModelDoesNotFit   its training step's memory estimate exceeds the device's
-     │                          available memory (the message says what would fit)
+     │    ├── ModelDoesNotFit   its training step's memory estimate exceeds the device's
+     │    │                     available memory (the message says what would fit)
+     │    └── EmbeddedWeightsMismatch   the embedded model's weights are not the pinned bytes
+     │                                  (the message names the file and the expected sha256)
      ├── EngineError        unknown inference backend, bad sampling request
      ├── TaskError          a TaskSpec cannot be regenerated (unknown family, bad config,
      │                      prompt mismatch); received rollouts raising it are rejected
@@ -14,8 +16,8 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "EngineError", "LearnerError", "ModelDoesNotFit", "PolicyError",
-           "TaskError"]
+__all__ = ["CheckpointError", "EmbeddedWeightsMismatch", "EngineError", "LearnerError",
+           "ModelDoesNotFit", "PolicyError", "TaskError"]
 
 
 class LearnerError(Exception):
@@ -30,6 +32,11 @@ class ModelDoesNotFit(PolicyError):
     """The model's training step would not fit the device's memory (``node.learner.fit``);
     raised before any weights are loaded. The message is one line: the estimate, the memory
     available and the settings that would fit."""
+
+
+class EmbeddedWeightsMismatch(PolicyError):
+    """The embedded model's weights (shipped in the package, or a data dir's copy) are not the
+    bytes ``node.learner.tiny_model.EMBEDDED_SHA256`` pins: refused, never loaded."""
 
 
 class EngineError(LearnerError):
