@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=shipped_weights_path(),
                     help="where to write the weights (default: the package's shipped file)")
     args = ap.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # save_pretrained's one-shard bar
     data = warm_started_weights()
     atomic_write_bytes(args.out, data)
     sys.stdout.write(f"{args.out}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}\n")
