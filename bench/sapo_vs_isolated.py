@@ -8,11 +8,20 @@ zero-advantage filter on external groups, splits ``I/J`` (and ``adaptive``, when
 reward (sum over nodes and rounds of the per-round mean over each node's own local rollouts),
 each split over 8/0 with a 95% bootstrap interval over seeds (seeds resampled, paired).
 
+The design is paired: a seed fixes the node identities, the learners' seeds and so the task
+draws in every split, and the interval resamples seeds with both arms of a pair together; the
+per-seed ratios are in the JSON too. The quick preset runs 4 seeds: with 2, the bootstrap has
+3 distinct resamples and its "95% interval" is just the span of the two per-seed ratios.
+
+Every run starts from the embedded model's shipped weights (``node.learner.tiny_model``), the
+same bytes on every machine; the JSON records their hash (``model_hash``), the machine, the
+torch build and the commit next to the numbers, so a rerun elsewhere can be compared.
+
 Every (split, seed) runs in its own subprocess (``--jobs`` at a time, one torch thread each);
 inside it the nodes run round-robin on a LoopbackHub (every message signed and verified), all
 from the same base model, identities and seeds in every split.
 
-    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py --quick      # 4 nodes, 8/0 vs 4/4, 2 seeds
+    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py --quick      # 4 nodes, 8/0 vs 4/4, 4 seeds
     PYTHONPATH=$PWD python bench/sapo_vs_isolated.py              # 8 nodes, 5 splits, 3 seeds
 
 Writes bench/results/<name>.json and <name>.png (cumulative reward per split over rounds).
@@ -22,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
 import os
+import platform
 import random
 import shutil
 import subprocess
@@ -119,6 +130,7 @@ def summarize(runs: list[dict], splits: list[str], seeds: list[int], baseline: s
             out[split]["ratio_reward"] = sum(rew) / max(sum(base_rew), 1e-9)
             out[split]["ci_accuracy"] = bootstrap_ratio(acc, base_acc)
             out[split]["ci_reward"] = bootstrap_ratio(rew, base_rew)
+            out[split]["ratio_accuracy_per_seed"] = [a / max(b, 1e-9) for a, b in zip(acc, base_acc)]
     return out
 
 
@@ -151,6 +163,32 @@ def plot(runs: list[dict], splits: list[str], seeds: list[int], path: Path, titl
     plt.close(fig)
 
 
+def provenance(base: Path) -> dict:
+    """What decides the numbers besides the code's arguments: the base model's weights (their
+    sha256, the pinned ``EMBEDDED_SHA256`` after ``ensure_embedded``'s check), the torch build,
+    the library versions, the commit and the machine."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    git = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always",
+                          "--dirty", "--abbrev=40"], capture_output=True, text=True)
+    return {
+        "model_hash": hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest(),
+        "machine": {"cpu_model": cpu, "cores": os.cpu_count(), "arch": platform.machine(),
+                    "platform": platform.platform()},
+        "torch": {"version": torch.__version__, "git_version": torch.version.git_version,
+                  "cuda": torch.version.cuda, "debug": torch.version.debug},
+        "transformers": transformers.__version__, "python": platform.python_version(),
+        "commit": git.stdout.strip() if git.returncode == 0 else None,
+    }
+
+
 def _job(args: argparse.Namespace, split: str, seed: int, base: Path, out: Path) -> dict:
     cmd = [sys.executable, __file__, "--job", split, str(seed), "--base", str(base), "--out", str(out),
            "--nodes", str(args.nodes), "--rounds", str(args.rounds), "--budget", str(args.budget)]
@@ -164,7 +202,7 @@ def _job(args: argparse.Namespace, split: str, seed: int, base: Path, out: Path)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="4 nodes, 8/0 vs 4/4, 2 seeds")
+    ap.add_argument("--quick", action="store_true", help="4 nodes, 8/0 vs 4/4, 4 seeds")
     ap.add_argument("--nodes", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=None, help="how many seeds (0, 1, ...)")
@@ -187,7 +225,7 @@ def main() -> None:
     quick = args.quick
     args.nodes = args.nodes or (4 if quick else 8)
     args.rounds = args.rounds or 100
-    seeds = list(range(args.seeds or (2 if quick else 3)))
+    seeds = list(range(args.seeds or (4 if quick else 3)))
     splits = (args.splits or ("8/0,4/4" if quick else "8/0,6/2,4/4,2/6,adaptive")).split(",")
     name = args.name or ("sapo_vs_isolated_quick" if quick else "sapo_vs_isolated")
     baseline = f"{args.budget}/0"
@@ -202,7 +240,8 @@ def main() -> None:
     t0 = time.monotonic()
     load0 = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="sapo-bench-"))
-    base = ensure_embedded(tmp / "base")  # built once; every node copies it
+    base = ensure_embedded(tmp / "base")  # materialised once; every node copies it
+    origin = provenance(base)
     jobs = [(split, seed) for seed in seeds for split in splits]
     def one(job: tuple[str, int]) -> dict:
         split, seed = job
@@ -221,7 +260,7 @@ def main() -> None:
         "budget": args.budget, "completions_per_question": SapoConfig().completions_per_question,
         "lr": args.lr, "per_split": per_split, "paper_cumulative_reward": PAPER,
         "paper_ratio_4_4": PAPER["4/4"] / PAPER["8/0"], "wall_seconds": time.monotonic() - t0,
-        "loadavg_start": load0, "loadavg_end": os.getloadavg(), "jobs": args.jobs,
+        "loadavg_start": load0, "loadavg_end": os.getloadavg(), "jobs": args.jobs, **origin,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({**summary, "runs": runs}))

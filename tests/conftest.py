@@ -93,22 +93,6 @@ def no_p2pd_survives_the_session():
                         f"(killed now, with this session's orphans):\n{lines}", pytrace=False)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def embedded_model_cache(tmp_path_factory: pytest.TempPathFactory):
-    """One embedded-model build cache for the session (node/learner/tiny_model.py): the nodes
-    the tests start build the model once, not once per data dir; nothing from the user's own
-    ``~/.cache`` is read, nothing is left there."""
-    old = os.environ.get("SWARM_NODE_CACHE")
-    os.environ["SWARM_NODE_CACHE"] = str(tmp_path_factory.mktemp("swarm-node-cache"))
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("SWARM_NODE_CACHE", None)
-        else:
-            os.environ["SWARM_NODE_CACHE"] = old
-
-
 LANES = ("swarms", "rest")
 REST_LANE_SLOW = ("tests/collectives/", "tests/learner/test_memory.py")
 """Slow tests that go in the ``rest`` lane: the collectives' multi-process tests spend most

@@ -3,7 +3,9 @@
 Layers, bottom up (imports point one way; nothing here imports libp2p or trio)::
 
     config, errors         – LearnerConfig and its parts; the LearnerError tree
-    tiny_model, policy     – the embedded model; loading any HF causal LM; fingerprint
+    tiny_model, policy     – the embedded model (shipped weights); loading any HF causal LM;
+                             fingerprint
+    warm_start             – how the shipped weights were made: ``python -m`` remakes them
     local_qwen             – a Qwen2-architecture model + BPE tokenizer built locally (tests, benches)
     prompting              – a task's wire prompt rendered for this model (raw / chat
                              template + system prompt); engine defaults sized for the model

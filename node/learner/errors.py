@@ -4,8 +4,10 @@
 
     LearnerError
      ├── PolicyError        the model or tokenizer cannot be loaded
-     │    └── ModelDoesNotFit   its training step's memory estimate exceeds the device's
-     │                          available memory (the message says what would fit)
+     │    ├── ModelDoesNotFit   its training step's memory estimate exceeds the device's
+     │    │                     available memory (the message says what would fit)
+     │    └── EmbeddedWeightsMismatch   the embedded model's weights are not the pinned bytes
+     │                                  (the message names the file and the expected sha256)
      ├── EngineError        unknown inference backend, bad sampling request
      ├── TaskError          a TaskSpec cannot be regenerated (unknown family, bad config,
      │                      prompt mismatch); received rollouts raising it are rejected
@@ -14,8 +16,8 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "EngineError", "LearnerError", "ModelDoesNotFit", "PolicyError",
-           "TaskError"]
+__all__ = ["CheckpointError", "EmbeddedWeightsMismatch", "EngineError", "LearnerError",
+           "ModelDoesNotFit", "PolicyError", "TaskError"]
 
 
 class LearnerError(Exception):
@@ -37,6 +39,11 @@ class ModelDoesNotFit(PolicyError):
         """The estimate against the memory available."""
         self.fix = fix
         """The settings that would make it fit."""
+
+
+class EmbeddedWeightsMismatch(PolicyError):
+    """The embedded model's weights (shipped in the package, or a data dir's copy) are not the
+    bytes ``node.learner.tiny_model.EMBEDDED_SHA256`` pins: refused, never loaded."""
 
 
 class EngineError(LearnerError):

@@ -19,7 +19,7 @@ import torch
 
 from node.learner.config import PolicyConfig
 from node.learner.errors import PolicyError
-from node.learner.tiny_model import cache_dir, ensure_embedded
+from node.learner.tiny_model import ensure_embedded
 from protocol import atomic_write_bytes
 
 __all__ = ["Policy", "compute_fingerprint", "load_policy", "prepare_tokenizer", "resolve_device",
@@ -80,7 +80,7 @@ def load_policy(config: PolicyConfig, data_dir: str | Path) -> Policy:
 
     hf_logging.disable_progress_bar()
     data = Path(data_dir)
-    source = str(ensure_embedded(data / "base", cache=cache_dir())) if config.model == "embedded" else config.model
+    source = str(ensure_embedded(data / "base")) if config.model == "embedded" else config.model
     device = resolve_device(config.device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)

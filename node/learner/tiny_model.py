@@ -1,18 +1,20 @@
-"""The embedded default policy: a tiny Llama-style model and a char-level tokenizer.
+"""The embedded default policy: a tiny Llama-style model, its char-level tokenizer, and its
+starting weights, shipped with the package.
 
-Both are built deterministically (fixed vocabulary, fixed-seed init on CPU in float32), then
-the model gets a short supervised warm start (``WARM_START``: a few dozen Adam steps on a
-synthetic corpus of ``letter_sort`` questions of mixed lengths, fixed seeds, one CPU thread),
-which leaves it where a small pretrained LM starts on a reasoning task: low but non-zero
-sampled accuracy on the default family, so most groups of completions score all-wrong (the
-SAPO paper's regime). The result is saved with ``save_pretrained`` and loaded back through the
-same ``from_pretrained`` path as any hub model; the fingerprint hashes the warm-started
-weights, so on one machine (one torch build) every data dir gets the same fingerprint.
+The shape (``embedded_config()``) and the tokenizer (a fixed vocabulary: four specials and the
+printable ASCII characters) are built in code; they are the same on every machine by
+construction. The weights are a file in this package, ``tiny_model.safetensors`` (float32,
+~3.4 MB), whose SHA-256 is ``EMBEDDED_SHA256``: every machine and torch build starts from the
+same bytes, so the fingerprint (``node.learner.policy``) agrees across the swarm. They are a
+warm-started init (``node.learner.warm_start``, which says why and how to regenerate them):
+a fresh init trained for a few dozen steps, which is reproducible per CPU and torch build only,
+hence shipped rather than rebuilt.
 
-Building takes seconds of CPU (the warm start), so a build is also kept in the user's cache
-(``cache_dir()``) under a key of everything that decides its bytes (this module's and the
-task's source, the torch and transformers versions): the nodes of ``swarm-node local`` and
-every later data dir on the machine copy it instead of building it again.
+``ensure_embedded(base_dir)`` materialises the model as a ``save_pretrained`` directory (config,
+generation config, tokenizer, weights) that loads through the same ``from_pretrained`` path as
+any hub model, and refuses weights that are not the pinned bytes: the shipped file (corrupted,
+or replaced without updating the pin) or a data dir's copy (say, from before the weights were
+shipped) raise ``EmbeddedWeightsMismatch``, naming the expected hash.
 """
 
 from __future__ import annotations
@@ -20,32 +22,32 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import shutil
 import string
 import tempfile
-import time
+from importlib import resources
 from pathlib import Path
-from typing import Any
 
-import torch
+from node.learner.errors import EmbeddedWeightsMismatch
+from protocol import atomic_write_bytes
 
-__all__ = ["EMBEDDED_SEED", "WARM_START", "build_embedded", "cache_dir", "embedded_config",
-           "ensure_embedded", "warm_start"]
+__all__ = ["EMBEDDED_SHA256", "WEIGHTS_FILE", "build_tokenizer", "embedded_config",
+           "ensure_embedded", "shipped_weights_path"]
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_SEED = 1234
-"""Seed of the deterministic init; changing it changes the embedded fingerprint."""
-WARM_START: dict[str, object] = {"steps": 40, "batch": 64, "lr": 3e-3, "lengths": (3, 4, 5),
-                                 "seed": "embedded-warm-start"}
-"""The supervised warm start (changing it changes the embedded fingerprint): ``steps`` AdamW
-steps of ``batch`` sorted-letter examples, the length of each drawn from ``lengths``."""
+EMBEDDED_SHA256 = "854ba249e202cd4e38d4e900d18689b485667b484f9fe6ee4feb4e8c9fd17da1"
+"""SHA-256 of ``tiny_model.safetensors``: the embedded model's starting weights. Changing it is
+changing the swarm's base model (and every node's fingerprint); tests/learner/test_tiny_model.py
+pins it too."""
+WEIGHTS_FILE = "model.safetensors"
+"""The weights' file name, in the package as ``tiny_model.safetensors``, in a base dir as this."""
 _SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 _CHARS = sorted(set(string.printable) - set("\x0b\x0c\r"))
 
 
-def _build_tokenizer():  # type: ignore[no-untyped-def]
+def build_tokenizer():  # type: ignore[no-untyped-def]
+    """The embedded model's char-level tokenizer (deterministic: a fixed vocabulary)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -58,9 +60,9 @@ def _build_tokenizer():  # type: ignore[no-untyped-def]
 
 
 def embedded_config():  # type: ignore[no-untyped-def]
-    """The embedded model's ``LlamaConfig`` (its shape), without building the model: what
+    """The embedded model's ``LlamaConfig`` (its shape), without loading any weights: what
     the fit check (``node.learner.fit``) needs before any weights exist."""
-    return _config_for(_build_tokenizer())
+    return _config_for(build_tokenizer())
 
 
 def _config_for(tokenizer):  # type: ignore[no-untyped-def]
@@ -74,130 +76,58 @@ def _config_for(tokenizer):  # type: ignore[no-untyped-def]
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.02)
 
 
-def build_embedded(out_dir: str | os.PathLike[str]) -> None:
-    """Build the embedded model and tokenizer and ``save_pretrained`` them into ``out_dir``."""
-    from transformers import LlamaForCausalLM
-
-    tokenizer = _build_tokenizer()
-    config = _config_for(tokenizer)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(EMBEDDED_SEED)
-        model = LlamaForCausalLM(config).to(torch.float32)
-        warm_start(model, tokenizer)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+def shipped_weights_path() -> Path:
+    """Where the package keeps the embedded model's weights."""
+    return Path(str(resources.files(__package__).joinpath("tiny_model.safetensors")))
 
 
-def warm_start(model, tokenizer,  # type: ignore[no-untyped-def]
-               recipe: dict[str, object] | None = None) -> float:
-    """Supervised warm start of ``model`` in place (loss on answer tokens only); returns the
-    last step's loss. Bit-reproducible on one torch build: fixed seeds, one intra-op thread."""
-    from node.learner.tasks.letter_sort import sort_question
-
-    r: dict[str, Any] = {**WARM_START, **(recipe or {})}
-    rng = random.Random(str(r["seed"]))
-    lengths = tuple(r["lengths"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(r["lr"]), weight_decay=0.0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    loss = torch.zeros(())
+def _verified(path: Path) -> bytes:
+    """The bytes of ``path``, if they are the pinned weights; else ``EmbeddedWeightsMismatch``."""
     try:
-        model.train()
-        for _ in range(int(r["steps"])):
-            rows = []
-            for _ in range(int(r["batch"])):
-                prompt, answer = sort_question(rng, lengths[rng.randrange(len(lengths))])
-                p = tokenizer.encode(prompt, add_special_tokens=False)
-                rows.append((p, tokenizer.encode(answer + "\n", add_special_tokens=False)))
-            width = max(len(p) + len(a) for p, a in rows)
-            ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            labels = torch.full_like(ids, -100)
-            for i, (p, a) in enumerate(rows):
-                ids[i, :len(p) + len(a)] = torch.tensor(p + a)
-                mask[i, :len(p) + len(a)] = 1
-                labels[i, len(p):len(p) + len(a)] = torch.tensor(a)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-    finally:
-        torch.set_num_threads(threads)
-    model.eval()
-    return loss.item()
+        data = path.read_bytes()
+    except OSError as e:
+        raise EmbeddedWeightsMismatch(f"embedded model weights {path} unreadable ({e}); "
+                                      f"expected sha256 {EMBEDDED_SHA256}") from e
+    found = hashlib.sha256(data).hexdigest()
+    if found != EMBEDDED_SHA256:
+        raise EmbeddedWeightsMismatch(f"embedded model weights {path} have sha256 {found}, "
+                                      f"expected {EMBEDDED_SHA256}")
+    return data
 
 
-def cache_dir() -> Path:
-    """Where built embedded models are kept: ``$SWARM_NODE_CACHE``, else
-    ``$XDG_CACHE_HOME/swarm-node``, else ``~/.cache/swarm-node``."""
-    if os.environ.get("SWARM_NODE_CACHE"):
-        return Path(os.environ["SWARM_NODE_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "swarm-node"
-
-
-def _build_key() -> str:
-    """A hash of everything that decides the built model's bytes."""
-    import transformers
-
-    from node.learner.tasks import letter_sort
-
-    h = hashlib.sha256()
-    for module_file in (__file__, letter_sort.__file__):
-        h.update(Path(module_file).read_bytes())
-    h.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
-    return h.hexdigest()[:24]
-
-
-def ensure_embedded(base_dir: str | os.PathLike[str], *, cache: Path | None = None) -> Path:
-    """Materialise the embedded model in ``base_dir`` once (atomic: temp dir + rename): copied
-    from ``cache`` (a ``cache_dir()``) when a build with the same key is there, else built
-    (and then kept in ``cache``). Without ``cache`` it is always built. A cache that cannot
-    be read or written is skipped (logged): the build does not depend on it."""
+def ensure_embedded(base_dir: str | os.PathLike[str]) -> Path:
+    """Materialise the embedded model in ``base_dir`` once (atomic: a temp dir beside it, then
+    renamed) and return ``base_dir``. A ``base_dir`` already there is checked instead: its
+    weights must be the pinned bytes (``EmbeddedWeightsMismatch`` otherwise; its message says
+    how to start over from the shipped weights)."""
     base = Path(base_dir)
     if (base / "config.json").exists():
-        return base
-    base.parent.mkdir(parents=True, exist_ok=True)
-    cached = cache / f"embedded-{_build_key()}" if cache is not None else None
-    if cached is not None and (cached / "config.json").exists():
         try:
-            _copy_into_place(cached, base)
-            log.info("embedded model copied from the cache %s", cached)
-            return base
-        except OSError as e:
-            log.warning("embedded model cache %s unreadable (%s): building it", cached, e)
+            _verified(base / WEIGHTS_FILE)
+        except EmbeddedWeightsMismatch as e:
+            raise EmbeddedWeightsMismatch(
+                f"{e}: this data dir's base model is not the one this version ships (made by "
+                f"an older version?); to start from the shipped weights, delete {base} and "
+                f"{base.parent / 'fingerprint.json'} (checkpoints of the old base are then "
+                f"ignored)") from None
+        return base
+    weights = _verified(shipped_weights_path())
+    from transformers import GenerationConfig
+
+    tokenizer = build_tokenizer()
+    config = _config_for(tokenizer)
+    config.architectures, config.dtype = ["LlamaForCausalLM"], "float32"  # as save_pretrained
+    generation = GenerationConfig.from_model_config(config)
+    generation.pad_token_id = tokenizer.pad_token_id
+    base.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=base.parent, prefix=".base-"))
     try:
-        started = time.monotonic()
-        build_embedded(tmp)
-        log.info("embedded model built in %.1f s%s", time.monotonic() - started,
-                 f"; kept in the cache {cached}" if cached is not None else "")
-        if cached is not None:
-            _keep(tmp, cached)
+        config.save_pretrained(tmp)
+        generation.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        atomic_write_bytes(tmp / WEIGHTS_FILE, weights)
         os.replace(tmp, base)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    log.info("embedded model materialised in %s (weights sha256 %s)", base, EMBEDDED_SHA256[:12])
     return base
-
-
-def _copy_into_place(src: Path, dest: Path) -> None:
-    """Copy the directory ``src`` to ``dest`` atomically: into a temp dir beside ``dest``,
-    then renamed (raises OSError if ``dest`` appeared meanwhile: a concurrent copy won)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-    try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _keep(built: Path, cached: Path) -> None:
-    """Copy a build into the cache (a concurrent builder's copy wins: same bytes)."""
-    try:
-        _copy_into_place(built, cached)
-    except OSError as e:  # read-only home, full disk, or another node's copy is there first
-        if not (cached / "config.json").exists():
-            log.warning("cannot keep the embedded model in the cache %s: %s", cached, e)

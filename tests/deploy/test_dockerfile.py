@@ -95,6 +95,33 @@ def test_copied_sources_exist_and_cover_the_packages(stages):
     assert all(f"!{src}" in ignore or f"!{src}/" in ignore for src in copied)
 
 
+def test_every_data_file_of_the_packages_is_package_data():
+    """The image installs the project as a wheel (``pip install /src``), which holds only the
+    files ``[tool.setuptools.package-data]`` names besides the modules: every other tracked
+    file in the packages (the embedded model's weights, the dashboard's static files) must
+    match one of its patterns, relative to its package's directory."""
+    import fnmatch
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_data: dict[str, list[str]] = setuptools["package-data"]
+    roots = [p.rstrip("*") for p in setuptools["packages"]["find"]["include"]]
+    tracked = subprocess.run(["git", "ls-files", "-z", *roots], cwd=ROOT, check=True,
+                             capture_output=True).stdout.decode().split("\0")
+    data = [Path(f) for f in tracked if f and not f.endswith((".py", ".md"))]
+
+    def covered(path: Path) -> bool:
+        for key, patterns in package_data.items():
+            for parent in path.parents if key == "*" else [Path(*key.split("."))]:
+                if parent in path.parents and any(
+                        fnmatch.fnmatch(path.relative_to(parent).as_posix(), p) for p in patterns):
+                    return True
+        return False
+
+    assert Path("node/learner/tiny_model.safetensors") in data
+    assert [str(p) for p in data if not covered(p)] == []
+
+
 def _hadolint() -> str | None:
     local = Path(sys.executable).parent / "hadolint"
     return str(local) if local.exists() else shutil.which("hadolint")

@@ -10,13 +10,13 @@ from node.learner.tiny_model import ensure_embedded
 
 @pytest.fixture(scope="session")
 def embedded_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded base model, built once per session."""
+    """The embedded base model (its shipped weights), materialised once per session."""
     return ensure_embedded(tmp_path_factory.mktemp("embedded") / "base")
 
 
 @pytest.fixture
 def data_dir(tmp_path: Path, embedded_base: Path) -> Path:
-    """A fresh learner data dir with the embedded base already materialised (saves ~4 s)."""
+    """A fresh learner data dir with the embedded base already materialised."""
     d = tmp_path / "node"
     d.mkdir()
     shutil.copytree(embedded_base, d / "base")

@@ -1,6 +1,6 @@
 """The embedded base model starts in the SAPO paper's regime on the node's default task.
 
-(Warm-start determinism across data dirs: test_policy_engine.py.)"""
+(The shipped weights, pinned, the same in every data dir: test_tiny_model.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Golden per-step GRPO numbers on the embedded model (torchtitan's loss-curve check, small).
 
-The embedded model (built from its fixed seed and warm start, ``tiny_model.py``) takes three
+The embedded model (its shipped, pinned weights: ``tiny_model.py``) takes three
 ``GrpoTrainer`` rounds of two epochs each on one fixed batch of letter-sort groups, on one CPU
 thread; each round's loss, policy loss, approx_kl, clipfrac and gradient norm, and a checksum
 of the parameters after the last round, must equal the values below. The first epoch of a
