@@ -275,14 +275,32 @@ def test_sigterm_while_the_collective_starts_checkpoints_and_leaves_promptly(tmp
     print(f"stopped {took:.1f} s after SIGTERM, {len(report['rounds'])} rounds")
 
 
-def test_unknown_model_stops_the_node_with_a_clear_error(tmp_path, bootstrap):
-    """A fatal learner error is reported once and not restarted (HF offline: fails fast)."""
+def test_unknown_model_is_refused_at_the_door(tmp_path, bootstrap):
+    """A model id that cannot be read (HF offline: fails fast) is refused by join's preflight
+    with one line naming it and the fix, exit 2, before any child starts."""
     node = tmp_path / "node"
     p = join(node, bootstrap.addr, SWARM, "--model", "Qwen/No-Such-Model-0.5B",
              env={"HF_HUB_OFFLINE": "1"})
+    assert p.wait(timeout=120) == 2, log_tail(node)
+    out = (node / "node.log").read_text()
+    assert "cannot start: cannot load model 'Qwen/No-Such-Model-0.5B'" in out, out
+    assert "; fix: --model:" in out and "Traceback" not in out, out
+    assert status(node) == {}  # no supervisor, no child: nothing ever ran
+
+
+def test_a_model_the_learner_cannot_load_stops_the_node_with_a_clear_error(tmp_path,
+                                                                          bootstrap):
+    """A model whose config.json passes the door but whose weights are missing: the learner's
+    fatal error is reported once and not restarted."""
+    from node.learner.tiny_model import WEIGHTS_FILE, ensure_embedded
+
+    model = ensure_embedded(tmp_path / "model")
+    (model / WEIGHTS_FILE).unlink()  # the config reads as before; the weights are gone
+    node = tmp_path / "node"
+    p = join(node, bootstrap.addr, SWARM, "--model", str(model))
     assert p.wait(timeout=240) == 1, log_tail(node)
     s = status(node)
     assert s["phase"] == "failed"
-    assert "cannot load model 'Qwen/No-Such-Model-0.5B'" in s["error"]
+    assert f"cannot load model {str(model)!r}" in s["error"], s["error"]
     assert s["children"]["learner"]["restarts"] == 0
     assert "Traceback" not in (node / "node.log").read_text()
