@@ -73,7 +73,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from collectives.schedule import FINISHED, PENDING
+from collectives.schedule import FINISHED, PENDING, Clock
 from protocol import (
     Identity,
     OuterJoin,
@@ -313,8 +313,8 @@ class CommitBook:
     def join(self, step: int, state_hash: str, code: int) -> bytes:
         """Our sealed ``OuterJoin``; ``code``: our clock's (schedule.py ``Clock.code``)."""
         return self._seal(OuterJoin(group=self.group, step=step, state_hash=state_hash,
-                                    clock=code % FINISHED, finished=bool(code // FINISHED % 2),
-                                    pending=bool(code // PENDING % 2)))
+                                    clock=code % FINISHED, finished=Clock.finished(code),
+                                    pending=Clock.pending(code)))
 
     def left(self, step: int) -> bytes:
         """Our sealed ``OuterLeft``."""
