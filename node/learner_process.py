@@ -440,7 +440,13 @@ def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:
     # the swarm process's counters are totals since it started, not per round
     return {**record, "peers": stats.get("peers", 0), "reachability": reachability(stats),
             "gossip_rejected": {k[len("rejected_"):]: v for k, v in stats.items()
-                                if k.startswith("rejected_") and v}}
+                                if k.startswith("rejected_") and v},
+            # what the swarm process did not deliver (e.g. ``outbound_queue_full``: a peer
+            # too slow to read our gossip) and how many peers its pubsub exchanges with
+            "gossip_dropped": {k[len("dropped_"):]: v for k, v in stats.items()
+                               if k.startswith("dropped_") and v},
+            "pubsub_peers": stats.get("pubsub_peers", 0),
+            "rollout_subscribers": stats.get("subscribers_rollouts", 0)}
 
 
 if __name__ == "__main__":

@@ -326,6 +326,8 @@ class GossipService:
         out.update(self.tunnels.stats())
         for type_ in self.subscribed:
             out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(self.topics[type_], ()))
+            out[f"subscribers_{type_}"] = len(self.stack.pubsub.peer_topics.get(
+                self.topics[type_], ()))
         if self.feeds:
             out["feed_sources"] = len(self.feed_client.sources())
             out["feed_subscribers"] = self.feed_server.subscribers()

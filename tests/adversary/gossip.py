@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import sys
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -58,7 +59,7 @@ class Observer:
     swarm_id: str
     model: str = ""
     model_known: trio.Event = field(default_factory=trio.Event)
-    by_sender: dict[str, dict[int, list[int]]] = field(
+    by_sender: dict[str, dict[int, list[float]]] = field(
         default_factory=lambda: collections.defaultdict(dict))
 
     def see(self, _peer: Any, msg: Any) -> bool:
@@ -75,7 +76,8 @@ class Observer:
             self.model = message.model
             self.model_known.set()
         if isinstance(message, RolloutBatch):
-            counts = self.by_sender[sender].setdefault(message.round, [0, 0])
+            counts = self.by_sender[sender].setdefault(message.round,
+                                                       [0, 0, round(time.time(), 1)])
             for rollout in message.rollouts:
                 counts[0] += len(rollout.completions)
                 counts[1] += sum(c.strip() == STEER_ANSWER for c in rollout.completions)
@@ -85,8 +87,9 @@ class Observer:
         async for _ in subscription:
             pass  # swarm.pubsub feeds no subscription channel; ``see`` recorded it
 
-    def summary(self) -> dict[str, dict[str, list[int]]]:
-        """sender -> round -> [completions, completions equal to the steered answer]."""
+    def summary(self) -> dict[str, dict[str, list[float]]]:
+        """sender -> round -> [completions, completions equal to the steered answer, when
+        the first batch of that round was heard (unix time)]."""
         return {s: {str(r): c for r, c in sorted(rounds.items())}
                 for s, rounds in self.by_sender.items()}
 
@@ -251,6 +254,7 @@ async def run_gossip_attack(attack: Attack, args: dict[str, Any]) -> dict[str, A
     victims = list(args["victims"])
     topic = topic_for(args["swarm_id"], "rollouts")
     observer = Observer(own={me.peer_id for me in identities}, swarm_id=args["swarm_id"])
+    links: dict[str, list[list[Any]]] = collections.defaultdict(list)
     sender = Sender(attack, args, identities, topic)
     await trio.to_thread.run_sync(sender.batch_for_warm_up)  # slow imports happen now
     _line("loaded")
@@ -262,6 +266,7 @@ async def run_gossip_attack(attack: Attack, args: dict[str, Any]) -> dict[str, A
                 stacks[0].pubsub.set_topic_validator(topic_name, observer.see, False)
                 subscription = await stacks[0].pubsub.subscribe(topic_name)
                 nursery.start_soon(observer.drain, subscription)
+            nursery.start_soon(_watch_links, stacks[0], victims, links)
             async with trio.open_nursery() as connecting:
                 for stack in stacks:
                     connecting.start_soon(_reach, stack, victims, topic)
@@ -277,4 +282,25 @@ async def run_gossip_attack(attack: Attack, args: dict[str, Any]) -> dict[str, A
             await trio.sleep(0.5)  # let the outbound queues drain
             nursery.cancel_scope.cancel()
     return {"peer_ids": [me.peer_id for me in identities], "sent": dict(sender.sent),
-            "observed": observer.summary()}
+            "observed": observer.summary(), "links": dict(links),
+            "observer_counters": dict(stacks[0].counters)}
+
+
+async def _watch_links(stack: Stack, victims: list[str],
+                       history: dict[str, list[list[Any]]]) -> None:
+    """Victim -> [[unix time, state], ...] whenever what host 0 knows of it changes (to tell
+    a lost connection from a lost pubsub stream or a forgotten subscription when an
+    observer stops hearing a victim)."""
+    peers = [parse_peer_addr(addr).peer_id for addr in victims]
+    while True:
+        for peer in peers:
+            topics = sorted(t.rsplit("/", 1)[-1] for t, subscribed in
+                            stack.pubsub.peer_topics.items() if peer in subscribed)
+            mesh = sorted(t.rsplit("/", 1)[-1] for t, members in stack.router.mesh.items()
+                          if peer in members)
+            state = (f"connected={peer in stack.host.get_connected_peers()} "
+                     f"pubsub={peer in stack.pubsub.peers} topics={topics} mesh={mesh}")
+            seen = history[str(peer)]
+            if not seen or seen[-1][1] != state:
+                seen.append([round(time.time(), 1), state])
+        await trio.sleep(0.5)

@@ -28,12 +28,24 @@ def test_every_attacker_of_run_b_attacked(run_b: dict[str, Any]) -> None:
     observed = run_b["attackers"]["observe"].get("observed", {})
     for name, node in run_b["nodes"].items():  # the silent observer heard the second half
         heard = {int(r) for r in observed.get(node["peer_id"], {})}
-        # what the node says it published, and when (to tell "it stopped publishing" from
-        # "the observer stopped hearing it": this failed in 2 fresh-clone runs of stop 40)
-        published = {r["round"]: (r["rollouts_published"], r.get("published_at"))
-                     for r in rounds(run_b, name)}
         assert len(heard & set(range(ROUNDS // 2, ROUNDS))) >= ROUNDS // 4, \
-            (name, sorted(heard), published, run_b["attackers"]["observe"].get("sent"))
+            _not_heard(run_b, name, observed.get(node["peer_id"], {}))
+
+
+def _not_heard(run: dict[str, Any], name: str, heard: dict[str, list[Any]]) -> str:
+    """Why the observer may not have heard node ``name``: what the node published and when,
+    what the observer heard and when, the link as each end saw it at the end."""
+    node, observe = run["nodes"][name], run["attackers"]["observe"]
+    records = rounds(run, name)
+    last = records[-1] if records else {}
+    published = [(r["round"], r["rollouts_published"], r.get("published_at")) for r in records]
+    heard_at = [(int(k), v[-1]) for k, v in heard.items()]
+    link = observe.get("links", {}).get(node["peer_id"])
+    return (f"{name}: published {published}; observer heard {heard_at}; observer's link "
+            f"{link}, counters {observe.get('observer_counters')}; node's last pubsub_peers "
+            f"{last.get('pubsub_peers')}, rollout subscribers by round "
+            f"{[r.get('rollout_subscribers') for r in records]}, dropped "
+            f"{last.get('gossip_dropped')}")
 
 
 def test_honest_generations_are_not_hijacked(run_b: dict[str, Any]) -> None:
