@@ -56,7 +56,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from collectives._hivemind import P2P, PeerID
+from collectives._hivemind import P2P, PeerID, open_stream
 from collectives.codec import Codec
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
@@ -267,8 +267,8 @@ class AllReduce(MemberExchange, ReducerMixin):
 
     async def _join_once(self, s: Session, leader: str) -> dict:
         try:  # bounded apart from the reply: the leader answers only at its freeze
-            _, reader, writer = await asyncio.wait_for(self.p2p.call_binary_stream_handler(
-                PeerID.from_base58(leader), self.names["join"]),
+            reader, writer = await asyncio.wait_for(open_stream(
+                self.p2p, PeerID.from_base58(leader), self.names["join"]),
                 min(s.remaining(), max(2.0, self.config.join_window_s)))
         except Exception as e:  # noqa: BLE001 - dial errors come as several types
             raise _Unreachable(repr(e)[:300]) from e
@@ -283,8 +283,8 @@ class AllReduce(MemberExchange, ReducerMixin):
         """The serialized state ``state_hash`` from ``peer`` (at most ``max_bytes``, in
         chunks; not verified here)."""
         async def go() -> bytes:
-            _, reader, writer = await self.p2p.call_binary_stream_handler(
-                PeerID.from_base58(peer), self.names["state"])
+            reader, writer = await open_stream(self.p2p, PeerID.from_base58(peer),
+                                               self.names["state"])
             try:
                 await send_header(writer, {"hash": state_hash})
                 head = await recv_header(reader)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from collectives._hivemind import P2P, PeerID
+from collectives._hivemind import P2P, PeerID, open_stream
 from collectives.codec import Codec, chunk_bounds
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
@@ -197,8 +197,8 @@ class MemberExchange:
                       landed: Callable[[int, int], None] | None) -> None:
         """Stripe ``k`` of ``n``: these ``chunks`` of ``part`` to ``peer``, the same chunks of
         its mean back into ``out``."""
-        _, reader, writer = await self.p2p.call_binary_stream_handler(
-            PeerID.from_base58(peer), self.names["reduce"])
+        reader, writer = await open_stream(self.p2p, PeerID.from_base58(peer),
+                                           self.names["reduce"])
         s.mark("stream_open")
 
         async def send() -> None:

@@ -1,17 +1,20 @@
 """The chunked, pipelined exchange in-process over real p2pd daemons (issue 17.5): shards of
-several chunks give every member the same bytes and the reference mean, and a chunk frame
-longer than its codec size for its length is refused."""
+several chunks give every member the same bytes and the reference mean, a chunk frame
+longer than its codec size for its length is refused, and a stream that cannot be opened
+leaves no daemon connection behind."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 
 import pytest
 import torch
 
 from collectives import OuterConfig, get_codec
 from collectives import reducer as reducer_mod
-from collectives._hivemind import P2P, PeerID
+from collectives._hivemind import P2P, PeerID, open_stream
 from collectives.allreduce import AllReduce, members_digest
 from collectives.codec import CHUNK_VALUES
 from collectives.streams import recv_header, send_frame, send_header
@@ -116,3 +119,23 @@ def test_chunk_frame_longer_than_its_codec_size_is_refused() -> None:
                 await p.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_stream_to_a_departed_peer_leaves_no_daemon_connection_open() -> None:
+    """hivemind's opener left its StreamWriter to the garbage collector when the dial failed;
+    the ResourceWarning then failed an unrelated test in a fresh-clone run."""
+    async def main() -> None:
+        a, b = await _group(2)
+        gone = b.peer_id
+        await b.shutdown()
+        for _ in range(3):
+            with pytest.raises(Exception):
+                await asyncio.wait_for(open_stream(a, gone, "/swarm-node/test/1"), 10)
+        await a.shutdown()
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        asyncio.run(main())
+        gc.collect()
+    unclosed = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+    assert not unclosed, unclosed
