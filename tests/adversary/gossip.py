@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 
 import multiaddr
 import trio
+from libp2p.peer.id import ID
 from libp2p.peer.peerstore import env_to_send_in_RPC
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
@@ -60,6 +61,8 @@ class Observer:
     swarm_id: str
     watched: frozenset[bytes] = frozenset()
     """Pubsub ``from`` ids (bytes) of the peers to observe; empty: everyone."""
+    own_ids: frozenset[bytes] = frozenset()
+    """Pubsub ``from`` ids (bytes) of ``own``: what we publish goes through ``see`` too."""
     model: str = ""
     model_known: trio.Event = field(default_factory=trio.Event)
     by_sender: dict[str, dict[int, list[float]]] = field(
@@ -70,8 +73,8 @@ class Observer:
         record a watched peer's message and let it through; ignore (drop, no penalty, not
         relayed) everyone else's unread. Reading every message of the flood, the observer
         fell 50 s behind the victims on a loaded box and missed their last rounds."""
-        if self.watched and msg.from_id not in self.watched:
-            raise Ignored("not a watched peer")
+        if self.watched and msg.from_id not in self.watched | self.own_ids:
+            raise Ignored("not a watched peer")  # our own publishes pass: validators see them
         try:
             env = open_envelope(msg.data, swarm_id=self.swarm_id)
         except ProtocolError:
@@ -261,7 +264,9 @@ async def run_gossip_attack(attack: Attack, args: dict[str, Any]) -> dict[str, A
     victims = list(args["victims"])
     topic = topic_for(args["swarm_id"], "rollouts")
     observer = Observer(own={me.peer_id for me in identities}, swarm_id=args["swarm_id"],
-                        watched=frozenset(parse_peer_addr(a).peer_id.to_bytes() for a in victims))
+                        watched=frozenset(parse_peer_addr(a).peer_id.to_bytes() for a in victims),
+                        own_ids=frozenset(ID.from_base58(me.peer_id).to_bytes()
+                                          for me in identities))
     links: dict[str, list[list[Any]]] = collections.defaultdict(list)
     sender = Sender(attack, args, identities, topic)
     await trio.to_thread.run_sync(sender.batch_for_warm_up)  # slow imports happen now
