@@ -281,28 +281,41 @@ class OuterHook:
         is up."""
         return self.loop.state() if self.loop is not None else None
 
-    def close(self, *, final_step: bool = False) -> None:
-        """Collect a step still running (its record is emitted); with ``final_step`` (the
-        run ended by itself, not by a signal) the last steps (``OuterLoop.finish``: it keeps
-        attending the meetings of the peers still training until they all ended too, steps
-        with them and serves the result, bounded by ``final_wait_s``), so the swarm ends at
-        one state; then leave (telling finished peers not to wait for us). A collective
-        still starting is abandoned (SIGTERM) or, with ``final_step``, waited for (at most
-        START_WAIT_S) for those last steps."""
+    def finish(self) -> None:
+        """The run ended by itself: its last steps (``OuterLoop.finish``: keep attending the
+        meetings of the peers still training until they all ended too, step with them and
+        serve the result, bounded by ``final_wait_s``), so the swarm ends at one state. A
+        step still running is collected first (its record is emitted), and a collective
+        still starting is waited for (at most START_WAIT_S). run_learner calls this before
+        its final checkpoint: the weights it keeps are the ones these steps leave."""
         if self.loop is None and self._startup is not None:
-            self._finish_start(final_step=final_step)
+            self._finish_start(final_step=True)
         if self.loop is None:
             return
         try:
-            record = self.loop.poll(wait=min(self.config.deadline_s + 5, 30.0))  # < stop timeout
-            if record is not None:
-                emit("outer", record=record)
-            if final_step:
-                emit("phase", phase="outer", done=0, total=0)
-                self.loop.finish(stop=self.stop, on_record=lambda r: emit("outer", record=r))
+            self._collect()
+            emit("phase", phase="outer", done=0, total=0)
+            self.loop.finish(stop=self.stop, on_record=lambda r: emit("outer", record=r))
+        except Exception as e:  # noqa: BLE001 - leaving anyway
+            log.warning("outer step at exit: %s", e)
+
+    def close(self) -> None:
+        """Leave: collect a step still running (its record is emitted) and tell finished
+        peers not to wait for us. A collective still starting is abandoned."""
+        if self.loop is None and self._startup is not None:
+            self._finish_start(final_step=False)
+        if self.loop is None:
+            return
+        try:
+            self._collect()
         except Exception as e:  # noqa: BLE001 - leaving anyway
             log.warning("outer step at exit: %s", e)
         self.loop.close()
+
+    def _collect(self) -> None:
+        record = self.loop.poll(wait=min(self.config.deadline_s + 5, 30.0))  # < stop timeout
+        if record is not None:
+            emit("outer", record=record)
 
     def _finish_start(self, *, final_step: bool) -> None:
         """Take the loop still starting (the run ended by itself) or abandon it."""
@@ -380,7 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     peer_id = load_or_create_identity(payload["data_dir"]).peer_id
     bridge = AnnouncingBridge(SocketBridge.connect(payload["ipc_path"], wait_s=60), peer_id)
     outer = OuterHook(outer_config, bridge, payload["data_dir"], config, stop)
-    finished = False
     try:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,
                              on_round=lambda rec: _on_round(rec, bridge), outer=outer,
@@ -388,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "phase", phase=name, done=done, total=total),
                              on_checkpoint=lambda r, path, secs: emit(
                                  "checkpoint", round=r, path=str(path), seconds=round(secs, 3)),
-                             swarm_id=outer.config.swarm_id, outer_state=outer.state)
-        finished = not stop.is_set()
+                             swarm_id=outer.config.swarm_id, outer_state=outer.state,
+                             finish=outer.finish)
     except (LearnerError, ValueError) as e:
         log.error("%s", e)
         emit("fatal", error=str(e))
@@ -406,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as leave:  # each step runs even if one before it raised
             leave.callback(reap_children)
             leave.callback(bridge.close)
-            outer.close(final_step=finished)
+            outer.close()
     emit("done", rounds=len(report.get("rounds", [])))
     lock.release()
     return 0

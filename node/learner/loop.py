@@ -316,6 +316,7 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
                 on_checkpoint: Callable[[int, Any, float], None] | None = None,
                 swarm_id: str | None = None,
                 outer_state: Callable[[], Any] | None = None,
+                finish: Callable[[], None] | None = None,
                 ) -> dict[str, Any]:
     """Run ``rounds`` more SAPO rounds (None: until ``stop`` is set); return the node report.
 
@@ -326,7 +327,8 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
     announces the model fingerprint, calls ``on_round(record)`` and ``outer(model, round)``
     after every round, ``on_phase(name, done, total)`` within rounds, checkpoints every
     ``config.checkpoint_every`` rounds or ``checkpoint_every_s`` seconds (in the background,
-    ``on_checkpoint(round, path, seconds)`` when written) and on exit. Every checkpoint
+    ``on_checkpoint(round, path, seconds)`` when written) and on exit, after ``finish()`` (the
+    last outer steps of a run that ended by itself, not by ``stop``). Every checkpoint
     records its provenance (base model, ``swarm_id``, task families) and ``outer_state()``
     (the node's outer state, a copy, or None), which ``swarm-node export`` reads.
     """
@@ -373,6 +375,8 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
             if step is not None:
                 outer_steps.append(step)
         saver.after_round(learner.round)
+    if finish is not None and not (stop and stop.is_set()):
+        finish()  # the last outer steps: they may move the weights the final checkpoint keeps
     learner.progress.report("checkpoint")
     saver.final(learner.round)
     learner.rescorer.close()

@@ -6,7 +6,8 @@ snapshot (weights, optimizer and RNG state copied to CPU memory); a background t
 it in checkpoint.py's format (temp dir, fsync, rename), so a round never waits on the disk.
 At most one write is in flight: a save that falls due while the previous one is still being
 written is taken at the next round boundary instead. ``final(round)`` (on stop) waits for the
-write in flight and saves synchronously. An error of the background write (a full disk) is
+write in flight and saves synchronously, also when the round is saved but the outer state moved
+since (the last outer steps run after the last round: their result is what the node keeps). An error of the background write (a full disk) is
 raised by the next call, in the training thread, where the learner process handles it.
 
 A kill therefore loses at most ``checkpoint_every_s`` plus one round (checkpoints are taken
@@ -59,6 +60,8 @@ class CheckpointSaver:
         self._outer_state = outer_state
         self._heldout = heldout
         self._last_save = time.monotonic()
+        self._saved_outer: tuple[int, str] | None = None
+        """(version, state hash) of the outer state in the newest snapshot, if any."""
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         for stale in (self.data_dir / "checkpoints").glob(".tmp-*"):  # a write cut by a kill
@@ -87,11 +90,14 @@ class CheckpointSaver:
         return True
 
     def final(self, round_: int) -> None:
-        """On stop: wait for the write in flight, then save ``round_`` if it is not saved."""
+        """On stop: wait for the write in flight, then save ``round_`` if it is not saved, or
+        if the outer state moved since it was (the run's last outer steps, or a version
+        adopted, after the last round: a resume or an export must see that state)."""
         self.wait()
         self._raise_error()
-        if round_ != self.saved_round:
-            self._save(self._snapshot(), round_)
+        snap = self._snapshot() if self._outer_state is not None else None
+        if round_ != self.saved_round or (snap is not None and _outer_key(snap) != self._saved_outer):
+            self._save(snap or self._snapshot(), round_)
         self._raise_error()
 
     def wait(self) -> None:
@@ -106,6 +112,7 @@ class CheckpointSaver:
 
     def _start(self, snap: Snapshot, round_: int) -> None:
         self.saved_round = round_
+        self._saved_outer = _outer_key(snap)
         self._last_save = time.monotonic()
         self._thread = threading.Thread(target=self._save, args=(snap, round_),
                                         name=f"checkpoint-{round_}", daemon=True)
@@ -114,6 +121,7 @@ class CheckpointSaver:
     def _save(self, snap: Snapshot, round_: int) -> None:
         t = time.monotonic()
         self.saved_round = round_
+        self._saved_outer = _outer_key(snap)
         try:
             path = self._write(self.data_dir, snap, round=round_, fingerprint=self.fingerprint,
                                keep=self.keep)
@@ -130,3 +138,7 @@ class CheckpointSaver:
         if self._error is not None:
             e, self._error = self._error, None
             raise e
+
+
+def _outer_key(snap: Snapshot) -> tuple[int, str] | None:
+    return (snap.outer.version, snap.outer.hash()) if snap.outer is not None else None

@@ -159,3 +159,33 @@ def test_kill_9_loses_at_most_the_work_since_the_last_timed_checkpoint(data_dir)
     print(f"rounds {len(rounds)}, checkpoints {ckpts}, lost {lost_s:.1f} s of work "
           f"(every_s {every_s}, longest round {longest_round:.1f} s)")
     assert lost_s <= every_s + 2 * longest_round + 5.0, (rounds, ckpts)
+
+
+def test_final_saves_the_round_again_when_the_outer_state_moved_after_it(tmp_path):
+    """The run's last outer steps come after its last round (OuterHook.finish): a node that
+    adopted the swarm's last version there kept the state of the round before (fresh-clone
+    run L: node-1's final checkpoint at version 0, the swarm ended at version 2)."""
+    from collectives.state import OuterState
+
+    m, opt = _model_opt()
+    states = [OuterState(theta=torch.zeros(4), momentum=torch.zeros(4), applied=0)]
+    saver = CheckpointSaver(data_dir=tmp_path, model=m, optimizer=opt, fingerprint="fp",
+                            every_rounds=1, every_s=0.0, keep=2, saved_round=None,
+                            outer_state=lambda: states[-1].clone())
+    assert saver.after_round(8)
+    saver.wait()
+    written = tmp_path / "checkpoints" / "round-00000008"
+    inode = written.stat().st_ino
+    saver.final(8)  # nothing moved: not written again (a rewrite replaces the directory)
+    assert written.stat().st_ino == inode
+    assert json.loads((written / "meta.json").read_text())["outer"]["version"] == 0
+    states.append(OuterState(theta=torch.ones(4), momentum=torch.zeros(4), applied=2))
+    with torch.no_grad():
+        m.w.weight.add_(1.0)  # the adopted version moved the weights too
+    saver.final(8)
+    meta = json.loads((tmp_path / "checkpoints" / "round-00000008" / "meta.json").read_text())
+    assert (meta["round"], meta["outer"]["version"]) == (8, 2), meta
+    assert meta["outer"]["state_hash"] == states[-1].hash()
+    m2, opt2 = _model_opt()
+    load_checkpoint(tmp_path, model=m2, optimizer=opt2, fingerprint="fp")
+    assert torch.equal(m2.w.weight, m.w.weight)
