@@ -21,6 +21,9 @@ the fix. The checks, in the order printed:
                circuit relay: peers will reach this node through it) or ``unreachable``
                (neither: peers cannot reach it first), each with what to do about it
                (node/reachable.py)
+    clock      this machine's clock against each bootstrap peer's (the same probe asks it
+               the time): peers drop messages more than ``max_future_s`` ahead of their
+               clocks (node/skew.py)
 
 Each line is a ``node.check.Check``.
 
@@ -49,8 +52,10 @@ from typing import Any
 from node.check import Check, Verdict, fail, ok, warn
 from node.config import NodeConfig
 from node.reachable import check_reachability
+from node.skew import check_clock
 from node.tables import learner_table
 from protocol import PROTOCOL_VERSION
+from swarm.config import GossipConfig
 
 __all__ = ["check_bootstrap", "check_disk", "check_model", "check_packages", "check_ports",
            "check_python", "check_torch", "preflight", "run_checks"]
@@ -106,6 +111,9 @@ def run_checks(config: NodeConfig) -> Iterator[Check]:
         lines, results = probes.result()
         yield from lines
         yield check_reachability(results, fixed_port=_fixed_port(config), not_asked=why_not)
+        if results:
+            yield check_clock(results, max_future_s=float(config.gossip.get(
+                "max_future_s", GossipConfig.max_future_s)))
 
 
 def _bootstraps(config: NodeConfig, listen: str | None) -> tuple[list[Check], list[dict[str, Any]]]:

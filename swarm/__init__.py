@@ -12,12 +12,14 @@ Modules, bottom up::
     host         – host (Noise only, yamux, TCP) + gossipsub with scoring
     discovery    – Dialer: bootstrap with backoff, keep target_peers connections
     reachability – dial-back protocol: can peers dial us? (public / relayed / unreachable)
+    clock        – time protocol: a peer's clock offset from ours (doctor's skew check)
     relay        – circuit relay v2: serve as a relay, hold reservations, dial via relays
     nat          – NatManager: reachability checks, relay service and reservations, addrs
     tunnel       – TunnelHub: the collective's TCP to a peer nobody can dial, over libp2p
     ipc_server   – Unix-socket server for node.ipc_client.SocketBridge
     service      – GossipService, serve(), run(): the swarm process
-    probe        – one dial to a peer with our host: its swarm ids (swarm-node doctor)
+    probe        – one dial to a peer with our host: its swarm ids, reachability and clock
+                   offset (swarm-node doctor)
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ end, as ``Dialer.bootstrap`` requires), and then reads the gossipsub subscriptio
 sends on connecting: every swarm-node peer, bootstrap-only ones included, subscribes to the
 topics ``/swarm-node/<protocol version>/<swarm id>/<type>`` (swarm.topics). Those name its
 protocol version and swarm id. Nothing is published and no announcement is read: a probe
-leaves no trace in the swarm but one short connection.
+leaves no trace in the swarm but one short connection. It also asks the peer the time
+(swarm.clock): the clock offset doctor checks.
 
 With ``listen`` (the address the node would listen on) the probe also asks the peer what the
 node itself asks its bootstrap peers (swarm.reachability): to dial it back on that port. The
@@ -41,6 +42,7 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.tools.anyio_service import background_trio_service
 
 from protocol import Identity
+from swarm.clock import ask_time
 from swarm.config import GossipConfig
 from swarm.host import Stack, build_stack, parse_peer_addr
 from swarm.reachability import FAILED, REACHED, ask_dial_back
@@ -56,6 +58,8 @@ carries them all; this only covers a slow reader)."""
 DIAL_BACK_S = 15.0
 """Bound on the dial-back question: the peer's own dial is bounded by its ``dial_timeout_s``
 (10 s by default), as when a node asks (swarm.nat)."""
+TIME_S = 5.0
+"""Bound on the time question (one 8-byte answer)."""
 REACHABILITY = ("public", "relayed", "unreachable")
 
 
@@ -76,6 +80,13 @@ class ProbeResult:
     """The port the peer was asked to dial back."""
     reach_error: str = ""
     """Why ``reachability`` is empty when it was asked."""
+    clock_offset_ms: int | None = None
+    """The peer's clock minus ours (swarm.clock), when it told its time."""
+    clock_rtt_ms: int = 0
+    """The round trip of the time question: the offset is exact to within half of it."""
+    clock_error: str = ""
+    """Why ``clock_offset_ms`` is None when connected (e.g. an older peer without the time
+    protocol)."""
 
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "swarms": [list(s) for s in self.swarms]}
@@ -125,6 +136,8 @@ async def probe(addr: str, *, timeout_s: float, listen: str | None = None, port:
                 result = ProbeResult(connected=connected, error=error[:300],
                                      swarms=swarms_of(_topics_of(stack, info.peer_id)),
                                      seconds=round(time.monotonic() - start, 3))
+                if connected:
+                    result = replace(result, **await _clock(stack, info.peer_id))
                 if connected and listen is not None:
                     reach = await _reachability(stack, info.peer_id, port or _listen_port(stack))
                     result = replace(result, **reach)
@@ -154,6 +167,15 @@ async def _reachability(stack: Stack, peer: ID, port: int) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - no hop protocol: not a relay
         return {**out, "reachability": "unreachable"}
     return {**out, "reachability": "relayed"}
+
+
+async def _clock(stack: Stack, peer: ID) -> dict[str, Any]:
+    """The ``clock_*`` fields of a ProbeResult."""
+    try:
+        told = await ask_time(stack.host, peer, timeout_s=TIME_S)
+    except Exception as e:  # noqa: BLE001 - an older peer without the protocol, gone, slow
+        return {"clock_error": f"{type(e).__name__}: {e}"[:300]}
+    return {"clock_offset_ms": told.offset_ms, "clock_rtt_ms": told.rtt_ms}
 
 
 def _listen_port(stack: Stack) -> int:

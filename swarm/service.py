@@ -58,6 +58,7 @@ from protocol.ipc import (
     delivery_to_ipc,
     message_from_ipc,
 )
+from swarm.clock import TimeServer
 from swarm.config import GossipConfig
 from swarm.discovery import Dialer
 from swarm.errors import ListenError, SwarmError
@@ -118,6 +119,7 @@ class GossipService:
                               max_future_ms=int(config.max_future_s * 1000)))
         self.nat = NatManager(host=stack.host, config=config,
                               bootstrap=[i.peer_id for i in bootstrap_peers], on_addrs=self._set_addrs)
+        self.clock = TimeServer(stack.host)  # tells peers our time (doctor's skew check)
         self.dialer = Dialer(host=stack.host, config=config, table=self.table,
                              bootstrap_peers=bootstrap_peers, is_banned=stack.pubsub.is_banned,
                              relay_dial=self.nat.relay.dial)
@@ -323,6 +325,7 @@ class GossipService:
         out["connections"] = sum(len(c) for c in
                                  self.stack.host.get_network().get_connections_map().values())
         out.update(self.nat.stats())
+        out["time_served"], out["time_refused"] = self.clock.served, self.clock.refused
         out.update(self.tunnels.stats())
         for type_ in self.subscribed:
             out[f"mesh_{type_}"] = len(self.stack.router.mesh.get(self.topics[type_], ()))
@@ -357,6 +360,7 @@ async def serve(config: GossipConfig, *,
                     await nursery.start(service.drain, type_)
                 if service.feeds and not config.bootstrap_only:
                     stack.host.set_stream_handler(FEED_PROTOCOL, service.feed_server.handle)
+                service.clock.install()
                 nursery.start_soon(service.publish_loop)
                 await service.dialer.bootstrap()
                 await nursery.start(service.nat.run, service.addrs)

@@ -22,6 +22,7 @@ from node.check import Verdict
 from node.doctor import (CHECKPOINT_FACTOR, CHECKPOINT_FACTOR_MIN, MIN_FREE, TESTED_PYTHON,
                          check_bootstrap, check_disk, check_ports)
 from node.reachable import check_reachability
+from node.skew import check_clock
 from protocol import Identity
 from swarm.config import GossipConfig
 from tests.swarm.procs import SwarmProc, short_tmpdir
@@ -181,13 +182,17 @@ def test_doctor_prints_one_line_per_check_and_exits_0_when_healthy(
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stdout + out.stderr
     assert [line.split()[1] for line in lines] == ["python", "packages", "torch", "model", "disk",
-                                                   "ports", "bootstrap", "reachable"], lines
+                                                   "ports", "bootstrap", "reachable",
+                                                   "clock"], lines
     assert lines[3].startswith("ok    model      embedded fits cpu: training step ~"), lines
     assert all(line[:4] in VERDICTS for line in lines), lines
-    assert lines[-2].startswith("ok    bootstrap"), lines
+    assert lines[-3].startswith("ok    bootstrap"), lines
     peer = bootstrap_addr.rsplit("/p2p/", 1)[1]  # it dialled the probe's port back
-    assert lines[-1].startswith(f"ok    reachable  public: {peer[:16]}… dialled us back at "
+    assert lines[-2].startswith(f"ok    reachable  public: {peer[:16]}… dialled us back at "
                                 f"127.0.0.1:{port}"), lines
+    # one machine, one clock: the bootstrap peer told the same time
+    assert lines[-1].startswith(f"ok    clock      this clock agrees with {peer[:16]}…'s to "
+                                "within 0.0"), lines
 
 
 def test_doctor_exits_1_with_a_fail_line_per_problem(tmp_path: Path, held_port: int) -> None:
@@ -236,3 +241,36 @@ def test_reachability_verdict_is_the_node_s_rule(answers, fixed_port, want) -> N
     """Any bootstrap peer that dialled us back makes us public (swarm.reachability.decide);
     else a relay makes us relayed; else unreachable; no answer is no verdict."""
     assert check_reachability(answers, fixed_port=fixed_port).line() == want
+
+
+def _told(offset_ms: int | None, rtt_ms: int = 40, **extra: object) -> dict[str, object]:
+    """One bootstrap peer's time answer as swarm.probe reports it (doctor adds ``peer``)."""
+    return {"peer": PEER, "clock_offset_ms": offset_ms, "clock_rtt_ms": rtt_ms,
+            "clock_error": "", **extra}
+
+
+SYNC = ("fix: turn on time sync: `timedatectl set-ntp true` (systemd), or run chrony/ntpd; in "
+        "a container the host's clock is the one to fix")
+
+
+@pytest.mark.parametrize(("answers", "want"), [
+    ([_told(12)], f"ok    clock      this clock agrees with {PEER[:16]}…'s to within 0.02 s"),
+    ([_told(-1500)], f"ok    clock      this clock is 1.5 s ahead of {PEER[:16]}…'s (±0.02 s)"),
+    ([_told(800), _told(9000)],
+     f"warn  clock      this clock is 9.0 s behind {PEER[:16]}…'s (±0.02 s); at 30 s messages "
+     f"are dropped; {SYNC}"),
+    ([_told(-45_000)],
+     f"FAIL  clock      this clock is 45.0 s ahead of {PEER[:16]}…'s (±0.02 s): over the 30 s "
+     f"peers accept; peers drop every message we sign as from the future; {SYNC}"),
+    ([_told(31_000, rtt_ms=4000)],  # maybe only 29 s off: not certain enough to fail
+     f"warn  clock      this clock is 31.0 s behind {PEER[:16]}…'s (±2.00 s); at 30 s messages "
+     f"are dropped; {SYNC}"),
+    ([_told(None, clock_error="ProtocolNotSupported: time")],
+     "warn  clock      not checked: no bootstrap peer told its time (ProtocolNotSupported: "
+     "time); fix: nothing to do if this machine syncs its time (peers running an older "
+     "swarm-node do not answer the time question)"),
+])
+def test_clock_verdict_names_the_offset_and_when_messages_are_dropped(answers, want) -> None:
+    """Peers drop messages more than max_future_s ahead of their clock: the largest offset
+    against any bootstrap peer decides, and only an offset certain to be over it fails."""
+    assert check_clock(answers, max_future_s=30.0).line() == want

@@ -53,12 +53,13 @@ def test_doctor_behind_nat_says_relayed_and_how_to_be_dialled_directly(bed, tmp_
                   capture_output=True, text=True, timeout=120)
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0, out.stdout + out.stderr  # a warning, not a failure
-    assert [line.split()[1] for line in lines][-2:] == ["bootstrap", "reachable"], lines
-    assert lines[-2].startswith("ok    bootstrap"), lines  # dialling out works through NAT
+    assert [line.split()[1] for line in lines][-3:] == ["bootstrap", "reachable", "clock"], lines
+    assert lines[-3].startswith("ok    bootstrap"), lines  # dialling out works through NAT
     gateway, peer = bed.public_addr("n1"), boot.rsplit("/p2p/", 1)[1]
-    assert lines[-1].startswith(f"warn  reachable  relayed: {peer[:16]}… could not dial us back "
+    assert lines[-2].startswith(f"warn  reachable  relayed: {peer[:16]}… could not dial us back "
                                 f"at {gateway}:"), lines
-    assert lines[-1].endswith(
+    assert lines[-1].startswith(f"ok    clock      this clock agrees with {peer[:16]}…'s"), lines
+    assert lines[-2].endswith(
         "(NAT or firewall) but serves a circuit relay: peers will reach this node through it; "
         "fix: this node can train as it is; to be dialled directly (faster outer steps), listen "
         "on a fixed port (--listen /ip4/0.0.0.0/tcp/4001), forward TCP ports 4001 and 4002 on "
