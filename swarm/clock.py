@@ -30,7 +30,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from swarm.ratelimit import TokenBuckets
+from swarm.ratelimit import PeerGate
 
 __all__ = ["TIME_PROTOCOL", "Offset", "TimeServer", "ask_time"]
 
@@ -60,10 +60,8 @@ class TimeServer:
     def __init__(self, host: IHost, *, min_interval_s: float = 1.0, rate_per_s: float = 5.0,
                  burst: int = 20, now_ms: Callable[[], int] = _now_ms) -> None:
         self.host = host
-        self.min_interval_s = min_interval_s
         self.now_ms = now_ms
-        self._bucket = TokenBuckets(rate=rate_per_s, burst=burst)
-        self._last: dict[str, float] = {}
+        self._gate = PeerGate(min_interval_s=min_interval_s, rate_per_s=rate_per_s, burst=burst)
         self.served = 0
         self.refused = 0
 
@@ -72,7 +70,7 @@ class TimeServer:
 
     async def handle(self, stream: INetStream) -> None:
         try:
-            if not self._admit(str(stream.muxed_conn.peer_id)):
+            if not self._gate.admit(str(stream.muxed_conn.peer_id), time.monotonic()):
                 self.refused += 1
                 await stream.reset()
                 return
@@ -86,17 +84,6 @@ class TimeServer:
                 await stream.close()
             except Exception:  # noqa: BLE001 - already reset
                 pass
-
-    def _admit(self, peer: str) -> bool:
-        now = time.monotonic()
-        if now - self._last.get(peer, -1e9) < self.min_interval_s:
-            return False
-        if not self._bucket.take("*", now):
-            return False
-        if len(self._last) > 4096:
-            self._last = {k: v for k, v in self._last.items() if now - v < self.min_interval_s}
-        self._last[peer] = now
-        return True
 
 
 async def ask_time(host: IHost, peer: ID, *, timeout_s: float,

@@ -39,7 +39,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from swarm.ratelimit import TokenBuckets
+from swarm.ratelimit import PeerGate
 
 __all__ = ["DIALBACK_PROTOCOL", "REACHED", "FAILED", "REFUSED", "STATES", "DialBackServer",
            "Reachability", "Verdict", "ask_dial_back", "decide"]
@@ -69,10 +69,8 @@ class DialBackServer:
                  rate_per_s: float = 1.0, burst: int = 8, max_concurrent: int = 2) -> None:
         self.host = host
         self.dial_timeout_s = dial_timeout_s
-        self.min_interval_s = min_interval_s
-        self._bucket = TokenBuckets(rate=rate_per_s, burst=burst)
+        self._gate = PeerGate(min_interval_s=min_interval_s, rate_per_s=rate_per_s, burst=burst)
         self._limiter = trio.CapacityLimiter(max_concurrent)
-        self._last: dict[str, float] = {}
         self.served = 0
         self.refused = 0
 
@@ -86,7 +84,7 @@ class DialBackServer:
                 peer = stream.muxed_conn.peer_id
                 remote = _remote_ip(stream)
                 status = REFUSED
-                if remote is not None and self._admit(str(peer)):
+                if remote is not None and self._gate.admit(str(peer), time.monotonic()):
                     try:
                         self._limiter.acquire_nowait()
                     except trio.WouldBlock:
@@ -109,17 +107,6 @@ class DialBackServer:
             logger.debug("dial-back request failed: %s: %s", type(e).__name__, e)
         finally:
             await _close(stream)
-
-    def _admit(self, peer: str) -> bool:
-        now = time.monotonic()
-        if now - self._last.get(peer, -1e9) < self.min_interval_s:
-            return False
-        if not self._bucket.take("*", now):
-            return False
-        if len(self._last) > 4096:
-            self._last = {k: v for k, v in self._last.items() if now - v < self.min_interval_s}
-        self._last[peer] = now
-        return True
 
     async def _dial(self, peer: ID, ip: str, port: int) -> bool:
         """A fresh TCP connection to ip:port whose Noise handshake proves ``peer``."""

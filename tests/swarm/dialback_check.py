@@ -19,12 +19,9 @@ import trio
 from libp2p.host.autonat.autonat import AutoNATService
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.peerinfo import PeerInfo
-from libp2p.tools.anyio_service import background_trio_service
 
-from protocol import Identity
-from swarm.config import GossipConfig
-from swarm.host import build_stack
 from swarm.reachability import DialBackServer, ask_dial_back
+from tests.swarm.stacks import open_stacks
 
 
 def dead_port() -> int:
@@ -34,15 +31,9 @@ def dead_port() -> int:
 
 
 async def main() -> dict:
-    cfg = GossipConfig(data_dir="/nonexistent")
-    stacks = [build_stack(Identity.generate(), cfg) for _ in range(3)]
-    server, c1, c2 = (s.host for s in stacks)
     out: dict = {}
     async with AsyncExitStack() as ex:
-        for s in stacks:
-            await ex.enter_async_context(s.host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
-            await ex.enter_async_context(background_trio_service(s.pubsub))
-            await ex.enter_async_context(background_trio_service(s.router))
+        server, c1, c2 = (s.host for s in await open_stacks(ex, 3))
         dialback = DialBackServer(server, dial_timeout_s=5.0)
         dialback.install()
         AutoNATService(server)  # type: ignore[arg-type]  # registers py-libp2p's server side

@@ -26,7 +26,7 @@ from protocol.version import PROTOCOL_VERSION
 from swarm.config import GossipConfig
 from swarm.inbox import Delivery, Inbox
 from swarm.peers import PeerTable, announce_interval
-from swarm.ratelimit import TokenBuckets
+from swarm.ratelimit import PeerGate, TokenBuckets
 from swarm.topics import topic_for, topics
 from swarm.validation import Rejected, Validator
 from tests.protocol.conftest import real_model_batch
@@ -86,6 +86,16 @@ def make_validator(**kw: object) -> tuple[Validator, collections.Counter[str]]:
 
 
 NOW = 1_800_000_000_000
+
+
+def test_peer_gate_admits_one_request_per_peer_per_interval_and_bounds_all_peers() -> None:
+    """The dial-back and time servers' budget: a peer asks at most once per interval, and
+    fresh identities together at most at the global rate."""
+    gate = PeerGate(min_interval_s=10.0, rate_per_s=1.0, burst=3)
+    assert [gate.admit(p, 0.0) for p in "abcd"] == [True, True, True, False]  # a burst of 3
+    assert gate.admit("d", 1.0)                     # the global bucket refills: 1 a second
+    assert not gate.admit("a", 5.0)                 # one request per peer per 10 s
+    assert gate.admit("a", 10.0)                                    # a's interval is over
 
 
 @pytest.mark.parametrize("case,reason", [

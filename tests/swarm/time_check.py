@@ -13,27 +13,17 @@ import sys
 import time
 from contextlib import AsyncExitStack
 
-import multiaddr
 import trio
 from libp2p.peer.peerinfo import PeerInfo
-from libp2p.tools.anyio_service import background_trio_service
 
-from protocol import Identity
 from swarm.clock import TimeServer, ask_time
-from swarm.config import GossipConfig
-from swarm.host import build_stack
+from tests.swarm.stacks import open_stacks
 
 
 async def main(skew_ms: int) -> dict:
-    cfg = GossipConfig(data_dir="/nonexistent")
-    stacks = [build_stack(Identity.generate(), cfg) for _ in range(3)]
-    server, client, old = (s.host for s in stacks)
     out: dict = {}
     async with AsyncExitStack() as ex:
-        for s in stacks:
-            await ex.enter_async_context(s.host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
-            await ex.enter_async_context(background_trio_service(s.pubsub))
-            await ex.enter_async_context(background_trio_service(s.router))
+        server, client, old = (s.host for s in await open_stacks(ex, 3))
         clock = TimeServer(server, now_ms=lambda: time.time_ns() // 1_000_000 + skew_ms)
         clock.install()
         for peer in (server, old):
