@@ -119,8 +119,9 @@ LAST = ("tests/e2e/test_local_swarm.py::", IMAGE_TEST)
 """Run after everything else, in this order. The image test: its build starts at collection
 (below) and takes minutes; run third in the swarms lane (its own order), the test waited
 410 s for it in a fresh-clone run. The local swarm: its rounds are stretched to 10x their
-compute time ([learner] slowdown_for_tests), so a loaded CPU stretches them 10x as much: 478 s
-beside the rest lane in a fresh-clone run, 99-122 s alone; last, the rest lane is done."""
+compute ([learner] slowdown_for_tests; when that was their wall time, a loaded CPU stretched
+them 10x as much: 478 s beside the rest lane in a fresh-clone run, 99-122 s alone); last, the
+rest lane is done."""
 
 
 def _last(item: pytest.Item) -> int:

@@ -367,8 +367,10 @@ class LearnerConfig:
     eval_samples: int = 1
     """Sampled completions per held-out question (besides the greedy one)."""
     slowdown_for_tests: float = 1.0
-    """Tests and benches only: every round is stretched to this multiple of its duration
-    (a sleep after training, counted as round time: emulates a slower device). 1 = off."""
+    """Tests and benches only: every round is stretched to this multiple of its compute (a
+    sleep after training, counted as round time: emulates a slower device). Its compute is
+    the training thread's CPU time, not its wall time, so other processes on the CPU do not
+    stretch it this many times over. 1 = off."""
 
     def __post_init__(self) -> None:
         if not self.data_dir:

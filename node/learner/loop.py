@@ -161,6 +161,7 @@ class Learner:
         stopped = stop.is_set if stop is not None else (lambda: False)
         seconds: dict[str, float] = {}
         rng = random.Random(_derive_seed(cfg.seed, self.peer_id, self.round))
+        cpu = time.thread_time()
 
         t = time.perf_counter()
         self.progress.report("receive")
@@ -218,7 +219,12 @@ class Learner:
             train = self.trainer.step(local + external)
         seconds["train"] = time.perf_counter() - t
         if cfg.slowdown_for_tests > 1:  # emulate a slower device: this round, stretched
-            extra = (cfg.slowdown_for_tests - 1) * sum(seconds.values())
+            # by its compute on this thread, not its wall time: a CPU shared with other
+            # processes stretches the wall time, and multiplying that by the slowdown turned
+            # 5 s of contention into a 60 s round (e2e local swarm: a node's rounds fell a
+            # minute behind its peers' and it ended at another state)
+            extra = (cfg.slowdown_for_tests - 1) * min(time.thread_time() - cpu,
+                                                       sum(seconds.values()))
             time.sleep(extra)
             seconds["slowdown"] = extra
         dropped = self.pool.counters - counters_before

@@ -135,8 +135,9 @@ def test_compute_utilisation_counts_what_outer_steps_cost_and_slowdown_stretches
 
     rep = run_learner(_config(data_dir, slowdown_for_tests=2.0), bridge, rounds=2, outer=outer)
     for r in rep["rounds"]:
-        s = r["seconds"]
-        assert s["slowdown"] == pytest.approx(sum(v for k, v in s.items() if k != "slowdown"))
+        s = r["seconds"]  # the round's CPU time on the training thread, at most its wall time
+        wall = sum(v for k, v in s.items() if k != "slowdown")
+        assert 0 < s["slowdown"] <= wall + 1e-6, s
     compute = sum(sum(r["seconds"].values()) for r in rep["rounds"])
     u = rep["rounds"][-1]["compute_utilisation"]
     assert u == rep["compute_utilisation"]
