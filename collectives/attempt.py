@@ -96,6 +96,15 @@ class Attempt(LoopParts):
             # alone where our own period led us; peers at our state are at another meeting
             # (they joined after our first look): there, once
             holders, early, late = self._join(work, v, my_hash, expected, discovered)
+        elif work.final and work.meet is not None and not early:
+            # finished (finish.py), and a peer we expect is not at our meeting: one still
+            # training may be at one of its own period's, which opened earlier and is read
+            # longer than ours (seen: a finished node read each 8 s meeting for 4 s while
+            # the two still training joined a 64 s period's 25 s after its opening; it
+            # left 4 s before they stepped, and the swarm ended at two states)
+            missing = (expected | discovered) - set(holders) - {self.peer_id}
+            if missing and self._meet_others(work, rec, but=work.meet, among=missing):
+                holders, early, late = self._join(work, v, my_hash, expected, discovered)
         if late is not None:
             rec["late_s"] = late
             if late > FREEZE_GRACE_S and not work.final:

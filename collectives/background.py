@@ -34,6 +34,9 @@ class Work:
     if nobody we expect is missing (else it is let pass without a step)."""
     last_call: bool = False
     """finish()'s wait is over: step with whoever came."""
+    met: tuple[int, ...] = ()
+    """The clock codes of the peers at our state already at ``meet`` when we moved there
+    (join.py ``_meet_others``): our join record lives until their read ends."""
     shift: torch.Tensor | None = None
     """Sum of ``onto − base`` of the rebases so far: params <- params + shift when collected."""
     counted: bool = False

@@ -34,12 +34,14 @@ on average; a read is one local DHT get)."""
 class Joiner(LoopParts):
     """The group read (the attributes are ``OuterLoop``'s)."""
 
-    def _find_meeting(self, v: int, my_hash: str, *,
-                      but: float | None = None) -> tuple[float, list[int]] | None:
+    def _find_meeting(self, v: int, my_hash: str, *, but: float | None = None,
+                      among: frozenset[str] | None = None,
+                      ) -> tuple[float, list[int]] | None:
         """The open meeting (schedule.py ``open_meetings``; not ``but``) where the most
         other peers claiming ``my_hash`` at version ``v`` joined, and their clock codes;
-        None if there is none. At most one DHT read per rung of the ladder (a newcomer's
-        first attempts only)."""
+        None if there is none (with ``among``: none where one of those peers joined). At
+        most one DHT read per rung of the ladder (a newcomer's first attempts, a finished
+        peer missing someone)."""
         best: tuple[float, list[int]] | None = None
         now = self._now()
         for meet in self.clock.open_meetings(now):
@@ -48,8 +50,11 @@ class Joiner(LoopParts):
             signed = self._book.verify(self._transport.dht_get(
                 self._book.join_key(v, meet=meet),
                 timeout=min(2.0, self.config.dht_timeout_s)), OuterJoin, step=v)
-            codes = [join_code(c) for p, c in signed.items()
-                     if p != self.peer_id and c.state_hash == my_hash]
+            there = {p: join_code(c) for p, c in signed.items()
+                     if p != self.peer_id and c.state_hash == my_hash}
+            codes = list(there.values())
+            if among is not None and not among & set(there):
+                continue
             # still read by them: the window of the longest period in force among them
             if codes and now - meet <= self.clock.window(self.clock.longest(codes, ours=False)) \
                     and (best is None or len(codes) > len(best[1])):
@@ -85,12 +90,17 @@ class Joiner(LoopParts):
             window = self.clock.window()
         join_key = self._book.join_key(v, meet=work.meet)
         code = self.clock.code(pending=work.rounds > 0)  # what the others read, we count
-        # stored up to prepare_s before the meeting opens (loop.py): it lives as long after
-        ahead = 0.0 if work.meet is None else max(0.0, work.meet - self._now())
+        # stored up to prepare_s before the meeting opens (loop.py): it lives as long after;
+        # at a meeting we moved to, until the read of the peers there ends
+        now = self._now()
+        ahead = 0.0 if work.meet is None else max(0.0, work.meet - now)
+        ttl = 2 * window + 2 + ahead
+        if work.meet is not None and work.met:
+            ttl = max(ttl, self.clock.closes(work.meet, list(work.met)) - now + window + 2)
         t_store = time.monotonic()
         self._transport.dht_store(join_key, self.peer_id,
                                   self._book.join(v, my_hash, code),
-                                  ttl=2 * window + 2 + ahead, timeout=window)
+                                  ttl=ttl, timeout=window)
         t_join = time.monotonic()  # windows count from here: hashing a big model takes time
         meet_at = None if work.meet is None else t_join + work.meet - self._now()
         read_at = t_join + window if meet_at is None else max(t_join, meet_at + window)
@@ -118,16 +128,18 @@ class Joiner(LoopParts):
         ``agreed``): peers whose rounds differ from ours meet at other times."""
         return work.meet is not None and not work.final and not self.clock.agreed
 
-    def _meet_others(self, work: Work, rec: dict[str, Any], *,
-                     but: float | None = None) -> bool:
+    def _meet_others(self, work: Work, rec: dict[str, Any], *, but: float | None = None,
+                     among: frozenset[str] | None = None) -> bool:
         """Move ``work`` to the open meeting where peers at our state joined (join.py
-        ``_find_meeting``) and take their period; False if there is none."""
+        ``_find_meeting``; with ``among``, one of those) and take their period; False if
+        there is none."""
         with self._lock:
             v, my_hash = self._state.version, self._state.hash()
-        found = self._find_meeting(v, my_hash, but=but)
+        found = self._find_meeting(v, my_hash, but=but, among=among)
         if found is None:
             return False
         work.meet, codes = found
+        work.met = tuple(codes)
         rec["meet"] = work.meet
         self.clock.adopt(codes)
         logger.info("joining the meeting at %.1f where %d peer(s) at our state are",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import types
 
 import pytest
 import torch
@@ -324,3 +325,57 @@ def test_a_finished_peer_meets_on_a_period_whose_window_holds_the_least_window()
     trainer = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_window_s=600.0)
     trainer.observe_round(8.0)
     assert trainer.period() % c.period() == 0  # its meetings are among a longer period's
+
+
+def test_a_finished_peer_finds_the_longer_meeting_where_a_missing_peer_joined() -> None:
+    """join.py ``_find_meeting(among=...)`` and ``_join``: a finished peer (8 s meetings,
+    4 s reads) whose discovered peer is missing from its meeting finds the one that peer
+    joined: a meeting of its 128 s period that opened 22 s ago and is read for 64 s (e2e
+    local swarm: the finished node left 4 s before the other two stepped there). Its join
+    record there lives until their read ends, not 2 of its own 4 s windows."""
+    from collectives.consistency import CommitBook
+    from collectives.schedule import RUNGS
+    from protocol import Identity
+
+    group, gid, state = "g", "gid", "00" * 32
+    trainer, stranger, me = (Identity.generate() for _ in range(3))
+    slow = 1 + 6 + RUNGS * 6  # proposal and period in force: 2 s x 2^6 = 128 s
+    records = {448.0: {trainer.peer_id: CommitBook(identity=trainer, group=group, gid=gid,
+                                                   swarm_id="s").join(0, state, slow)},
+               464.0: {stranger.peer_id: CommitBook(identity=stranger, group=group, gid=gid,
+                                                    swarm_id="s").join(0, state, slow)}}
+    book = CommitBook(identity=me, group=group, gid=gid, swarm_id="s")
+    stored: list[tuple[str, float]] = []
+
+    class Transport:
+        def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
+            return next((r for m, r in records.items() if key == book.join_key(0, meet=m)), {})
+
+        def dht_store(self, key: str, subkey: str, value: bytes, *, ttl: float,
+                      timeout: float) -> None:
+            stored.append((key, ttl))
+            records.setdefault(next(m for m in (448.0, 464.0, 472.0)
+                                    if key == book.join_key(0, meet=m)), {})[subkey] = value
+
+    loop = object.__new__(OuterLoop)
+    loop.config, loop.peer_id, loop._lock = OuterConfig(), me.peer_id, threading.Lock()
+    loop._book, loop._transport, loop._now = book, Transport(), lambda: 470.0
+    loop._state = types.SimpleNamespace(version=0, hash=lambda: state)
+    loop.clock = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_period_s=600.0,
+                       max_window_s=600.0)
+    loop.clock.finish()
+    assert loop.clock.window() == 4.0  # our own reads: 4 s
+    assert loop._find_meeting(0, state, but=472.0, among=frozenset({trainer.peer_id})) \
+        == (448.0, [slow])
+    assert loop._find_meeting(0, state, but=472.0, among=frozenset({"nobody"})) is None
+    assert loop._find_meeting(0, "ff" * 32, but=472.0) is None  # not at our state
+    work = Work(snapshot=torch.zeros(1), rounds=3, weight=None, meet=472.0, final=True)
+    rec: dict = {}
+    assert loop._meet_others(work, rec, but=472.0, among=frozenset({trainer.peer_id}))
+    assert work.meet == 448.0 and work.met == (slow,) and rec["meet"] == 448.0
+    holders, early, late = loop._join(work, 0, state, frozenset(),
+                                      frozenset({trainer.peer_id}))
+    assert set(holders) == {me.peer_id, trainer.peer_id} and early and late is None
+    key, ttl = stored[-1]
+    assert key == book.join_key(0, meet=448.0)
+    assert ttl >= 448.0 + 64.0 - 470.0  # their read ends at 512: 42 s from now
