@@ -124,6 +124,7 @@ class Attempt(LoopParts):
             holders = stepping
         self._mark(rec, "join")
         rec["read_at"] = time.monotonic()
+        rec["read_early"] = early  # every peer we expected had joined before the window's end
         if work.meet is not None:  # >= 0: the group is never read before the opening
             rec["read_after_meet_s"] = round(self._now() - work.meet, 4)
         rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
