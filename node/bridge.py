@@ -45,6 +45,10 @@ class Bridge(Protocol):
     def stats(self) -> dict[str, int]:
         """Counters: published, received, rejected by reason, dropped, ..."""
 
+    def sources(self, delivered: dict[str, int]) -> None:
+        """Once a round: how many groups each sender delivered that passed our re-scoring
+        (the swarm process keeps the feeds of sources that deliver: swarm.feeds)."""
+
     def close(self) -> None: ...
 
 
@@ -73,6 +77,8 @@ class LoopbackBridge:
     identity: Identity
     announcement: PeerAnnouncement | None = None
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
+    delivered: dict[str, int] = field(default_factory=dict)
+    """The learner's last ``sources`` report."""
     _queues: dict[str, collections.deque[Received]] = field(default_factory=dict)
     _guard: ReplayGuard = field(default_factory=ReplayGuard)
 
@@ -115,6 +121,9 @@ class LoopbackBridge:
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
+
+    def sources(self, delivered: dict[str, int]) -> None:
+        self.delivered = dict(delivered)  # no feeds in process: kept for tests to read
 
     def close(self) -> None:
         self.hub.bridges.pop(self.identity.peer_id, None)

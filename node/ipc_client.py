@@ -121,6 +121,9 @@ class SocketBridge:
             raise BridgeError("stats: the swarm process sent something else than {str: int}")
         return d
 
+    def sources(self, delivered: dict[str, int]) -> None:
+        self._call("sources", {"delivered": dict(delivered)})
+
     def tunnel(self, peer_id: str) -> tuple[str, int]:
         """(host, port) of a local TCP listener the swarm process tunnels to ``peer_id``'s
         collective (swarm.tunnel): how the collective reaches a peer nobody can dial."""

@@ -458,7 +458,12 @@ def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:
             "gossip_dropped": {k[len("dropped_"):]: v for k, v in stats.items()
                                if k.startswith("dropped_") and v},
             "pubsub_peers": stats.get("pubsub_peers", 0),
-            "rollout_subscribers": stats.get("subscribers_rollouts", 0)}
+            "rollout_subscribers": stats.get("subscribers_rollouts", 0),
+            # feeds mode (swarm.feeds): open feeds whose source delivered groups that passed
+            # our re-scoring, those still on trial, and feeds closed for delivering nothing
+            "feeds": {"proven": stats.get("feed_sources_proven", 0),
+                      "trial": stats.get("feed_sources_trial", 0),
+                      "dropped_idle": stats.get("feed_dropped_idle", 0)}}
 
 
 if __name__ == "__main__":

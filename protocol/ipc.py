@@ -14,6 +14,8 @@ Ops (``OPS``) and their args / results:
     peers     {}                                      -> [PeerAnnouncement wire map]
     stats     {}                                      -> {name: int}
     tunnel    {peer_id}                               -> {host, port}  (swarm.tunnel)
+    sources   {delivered: {peer_id: int}}             -> None   (swarm.feeds ``rate``; at
+                                                                 most MAX_SOURCES senders)
 
 Messages travel as ``{"type": Message.TYPE, "body": message.to_wire()}`` and are checked on
 both sides with the same strict schema as the network (``Message.from_wire``). Decoding errors
@@ -35,6 +37,7 @@ __all__ = [
     "IPC_LIMITS",
     "MAX_FRAME",
     "MAX_RECEIVE_ITEMS",
+    "MAX_SOURCES",
     "RECEIVE_BYTES",
     "OPS",
     "IpcError",
@@ -58,7 +61,9 @@ IPC_LIMITS = Limits(max_message_bytes=MAX_FRAME, max_str=1024 * 1024, max_list=M
 RECEIVE_BYTES = MAX_FRAME // 2
 """Gossip bytes one ``receive`` returns at most (the re-encoded deliveries stay well under
 MAX_FRAME: re-encoding a checked message does not grow it by half)."""
-OPS = frozenset({"announce", "publish", "receive", "peers", "stats", "tunnel"})
+MAX_SOURCES = 256
+"""Senders in one ``sources`` report (the learner sends those that delivered most)."""
+OPS = frozenset({"announce", "publish", "receive", "peers", "stats", "tunnel", "sources"})
 
 
 class IpcError(DecodeError):

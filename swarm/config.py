@@ -20,6 +20,7 @@ _POSITIVE = ("target_peers", "max_peers", "bootstrap_timeout_s", "dial_timeout_s
              "replay_window_s", "log_every_s", "graylist_ban_s", "feed_sources", "feed_rotate_s",
              "feed_max_subscribers", "feed_queue", "feed_backfill_s", "feed_cooldown_s",
              "feed_subscribe_per_s", "feed_subscribe_burst", "feed_write_timeout_s",
+             "feed_explore_slots",
              "reachability_interval_s", "relay_reservations", "relay_max_reservations",
              "relay_max_circuits", "relay_circuit_s", "relay_circuit_bytes",
              "relay_reservation_ttl_s")
@@ -116,7 +117,14 @@ class GossipConfig:
     feed_backfill_s: float = 30.0
     """A new subscriber first receives our newest batch if it is at most this old."""
     feed_cooldown_s: float = 60.0
-    """A source that refused, failed or sent an invalid frame is not picked for this long."""
+    """A source that refused, failed, sent an invalid frame or delivered nothing (below) is
+    not picked for this long."""
+    feed_trial_rounds: int = 8
+    """A feed whose source delivered no group that carried signal in this many of the
+    learner's rounds (its reports, swarm.feeds) is closed and its source cooled; 0 = never."""
+    feed_explore_slots: int = 1
+    """Of ``feed_sources``, the slots left to sources that have delivered nothing yet once
+    enough sources that did are known (swarm.feeds: a farm of fresh keys gets these only)."""
     feed_subscribe_per_s: float = 0.5
     """Subscription requests accepted per second from one peer (token bucket refill)."""
     feed_subscribe_burst: int = 4
@@ -163,7 +171,9 @@ class GossipConfig:
             raise TableError("gossip_degree", "must be at least 3")
         if self.max_peers < self.target_peers:
             raise TableError("max_peers", "must be >= target_peers")
-        for name in ("publish_interval_s", "max_future_s"):
+        if self.feed_explore_slots > self.feed_sources:
+            raise TableError("feed_explore_slots", "must be <= feed_sources")
+        for name in ("publish_interval_s", "max_future_s", "feed_trial_rounds"):
             if getattr(self, name) < 0:
                 raise TableError(name, "must be >= 0")
         if self.invalid_message_weight < 0:

@@ -16,6 +16,21 @@ per round, so a node subscribes instead to ``feed_sources`` = k peers of its own
   loses no batch without any backfill. A node samples the whole swarm over time and no source
   is held longer than about k · ``feed_rotate_s``. Peers never suggest sources, and nothing
   arrives on a feed we did not open.
+- **Delivery decides, not keys** (issue 32): a uniform pick over keys gives a farm of fresh
+  identities the share of slots it has of the table (measured: ~90 %), and unrested keys
+  went first, so one fresh key every 8 s held the slots for good. The learner reports once a
+  round how many groups each sender delivered that carried signal after *its own* re-scoring
+  (``rate``: the IPC op ``sources``). A source that delivered is *proven*; once the learner
+  reports, ``feed_sources − feed_explore_slots`` slots go to proven sources while there are
+  any, and only the rest to sources that delivered nothing yet (uniformly: never-held keys no
+  longer go first); a rotation replaces a proven source only with another proven one, a
+  stranger with whoever the slots then need. A feed
+  whose source delivered nothing in ``feed_trial_rounds`` reports (``PROVEN_PATIENCE`` times
+  that for a proven source) while another feed delivered is closed and its source cooled
+  (``feed_dropped_idle``) and no longer proven until it delivers again (on an exploration
+  slot). So fresh identities hold at most the exploration slots once proven
+  sources are known, and any slot at most ``feed_trial_rounds`` rounds without delivering.
+  Before any report (a swarm process without a learner) every pick is uniform, as before.
 - **Backfill**: a subscription asks for the source's newest batch (if younger than
   ``feed_backfill_s``) only when it fills a gap: at start and after a feed failed. A rotation
   asks for live batches only (``/live`` after the swarm id): its slot had none missing, and a
@@ -78,6 +93,10 @@ OPENS_PER_TICK = 2
 RETRY_S = 5.0
 """First cool-down of a source that failed or refused; doubles per failure up to
 ``feed_cooldown_s`` (an invalid frame gets the full cool-down at once)."""
+
+PROVEN_PATIENCE = 4
+"""A feed whose source had delivered when it opened is closed only after this many times
+``feed_trial_rounds`` reports without delivering (a stranger's after one)."""
 
 FrameHandler = Callable[[ID, bytes], bool]
 """Called with (source, frame); returns False when the feed must be closed (invalid frame)."""
@@ -216,6 +235,14 @@ class _Feed:
     open: bool = False
     replaces: ID | None = None
     """A rotation's new feed: the feed it closes once open (it asks for no backfill)."""
+    delivered: int = 0
+    """Its source's delivered count (the learner's report) when it last grew, or at open."""
+    since: int = 0
+    """The report from which ``delivered`` holds (the trial counts reports from here)."""
+    grew: int = -(10**9)
+    """The last report in which its source's count grew while this feed was open."""
+    stranger: bool = True
+    """Its source had delivered nothing (or was idle) when the feed opened."""
 
 
 @dataclass(kw_only=True)
@@ -239,10 +266,65 @@ class FeedClient:
     _rested: dict[ID, float] = field(default_factory=dict, repr=False)
     _failures: dict[ID, int] = field(default_factory=dict, repr=False)
     _last_rotation: float = field(default=0.0, repr=False)
+    _delivered: dict[str, int] = field(default_factory=dict, repr=False)
+    """The learner's last report: sender -> groups it delivered that carried signal."""
+    _idle: set[str] = field(default_factory=set, repr=False)
+    """Sources whose last feed delivered nothing in its trial: not proven until they do."""
+    _reports: int = field(default=0, repr=False)
 
     def sources(self) -> list[str]:
         """Peer ids of the feeds open now."""
         return [str(f.peer) for f in self._feeds.values() if f.open]
+
+    def kinds(self) -> dict[str, int]:
+        """Open feeds by kind: ``proven`` (their source delivered) and ``trial`` (not yet)."""
+        proven = sum(self._proven(f.peer) for f in self._feeds.values() if f.open)
+        return {"proven": proven, "trial": len(self.sources()) - proven}
+
+    def rate(self, delivered: dict[str, int]) -> None:
+        """The learner's report of one round (see the module docstring): sender -> groups
+        it delivered that carried signal. Ends the trials of the feeds that delivered
+        nothing in ``feed_trial_rounds`` reports while another feed did (when no source
+        delivers — early rounds of a hard task carry no signal from anyone — nobody is
+        judged idle: a slot would only go to another source that delivers nothing)."""
+        self._delivered = dict(delivered)
+        self._reports += 1
+        trial = self.config.feed_trial_rounds
+        open_ = [f for f in self._feeds.values() if f.open]
+        for feed in open_:
+            got = self._delivered.get(str(feed.peer), 0)
+            if got > feed.delivered:
+                feed.delivered, feed.since, feed.grew = got, self._reports, self._reports
+                self._idle.discard(str(feed.peer))
+        if not trial:
+            return
+        for feed in open_:
+            # a source that had delivered when its feed opened gets longer (a hard task's
+            # honest groups carry signal now and then); a stranger's trial is short
+            patience = trial if feed.stranger else PROVEN_PATIENCE * trial
+            if self._reports - feed.since < patience or not any(
+                    f.grew > self._reports - trial for f in open_ if f is not feed):
+                continue
+            self._idle.add(str(feed.peer))
+            if len(self._idle) > self.table.capacity:
+                self._idle.pop()  # bounded; forgetting one only makes it "proven" again
+            self._cool(feed.peer, "feed_dropped_idle", full=True)
+            logger.info("feed from %s closed: nothing delivered in %d rounds", feed.peer,
+                        patience)
+            feed.scope.cancel()
+
+    def _proven(self, peer: ID) -> bool:
+        key = str(peer)
+        return self._delivered.get(key, 0) > 0 and key not in self._idle
+
+    def _want_proven(self, held: list[_Feed]) -> bool | None:
+        """The kind the next slot needs, beside ``held``: proven while fewer than
+        ``feed_sources − feed_explore_slots`` proven sources are held (None before the
+        learner's first report: any)."""
+        if not self._reports:
+            return None
+        k = self.config.feed_sources
+        return sum(self._proven(f.peer) for f in held) < k - self.config.feed_explore_slots
 
     async def run(self, self_id: ID) -> None:
         self._last_rotation = trio.current_time()
@@ -258,11 +340,16 @@ class FeedClient:
         open_ = [f for f in self._feeds.values() if f.open and f.replaces is None]
         rotating = any(f.replaces is not None for f in self._feeds.values())
         # rotate only a full set of open feeds: while opens fail (a loaded box), rotating too
-        # would only add dials. The replacement opens beside the oldest (make before break).
+        # would only add dials. The replacement opens beside the oldest (make before break);
+        # it is of the kind the slots need without the oldest, or the oldest stays
         if not rotating and len(open_) >= k and \
                 now - self._last_rotation >= self.config.feed_rotate_s:
             oldest = min(open_, key=lambda f: f.started)
-            info = self._pick(self_id)
+            want = self._want_proven([f for f in self._feeds.values() if f is not oldest])
+            # a proven source is replaced only by another proven one; a stranger by anyone
+            # (while no source has delivered, rotation is how an honest one is found)
+            info = self._pick(self_id, proven=want,
+                              strict=want is not None and self._proven(oldest.peer))
             if info is not None:
                 self._start(info, nursery, now, replaces=oldest.peer)
             self._last_rotation = now  # a failed replacement is retried next period
@@ -270,7 +357,7 @@ class FeedClient:
         slots = sum(f.replaces is None or f.replaces not in self._feeds
                     for f in self._feeds.values())
         for _ in range(min(OPENS_PER_TICK, k - slots)):
-            info = self._pick(self_id)
+            info = self._pick(self_id, proven=self._want_proven(list(self._feeds.values())))
             if info is None:
                 break
             self._start(info, nursery, now)
@@ -282,8 +369,11 @@ class FeedClient:
         nursery.start_soon(self._follow, info, feed)
 
     def _opened(self, feed: _Feed) -> None:
-        """``feed`` is open: if it is a rotation's, close the feed it replaces now."""
+        """``feed`` is open (its trial starts): if it is a rotation's, close the feed it
+        replaces now."""
         feed.open = True
+        feed.delivered, feed.since = self._delivered.get(str(feed.peer), 0), self._reports
+        feed.stranger = not self._proven(feed.peer)
         self._failures.pop(feed.peer, None)
         self.counters["feed_opened"] += 1
         logger.debug("feed from %s open (%d open)", feed.peer, len(self.sources()))
@@ -299,14 +389,23 @@ class FeedClient:
             del self._rested[min(self._rested, key=self._rested.__getitem__)]
         self.counters["feed_rotated"] += 1
 
-    def _pick(self, self_id: ID) -> PeerInfo | None:
-        """A uniform pick among unrested candidates, else among rested ones (least recent
-        first is not used: uniform keeps the choice unpredictable)."""
+    def _pick(self, self_id: ID, *, proven: bool | None = None,
+              strict: bool = False) -> PeerInfo | None:
+        """A uniform pick. ``proven`` None (the learner never reported): among unrested
+        candidates, else among rested ones (least recent first is not used: uniform keeps
+        the choice unpredictable). Else among the candidates of that kind (sources that
+        delivered, or not), whether they rested or not: never-held keys first would hand
+        the slots to a farm that mints them; with none of that kind, one of the other (an
+        empty slot helps nobody) unless ``strict``."""
         fresh: list[PeerInfo] = []
         rested: list[PeerInfo] = []
+        other: list[PeerInfo] = []
         for info in self._candidates(self_id):
-            (rested if info.peer_id in self._rested else fresh).append(info)
-        pool = fresh or rested
+            if proven is None:
+                (rested if info.peer_id in self._rested else fresh).append(info)
+            else:
+                (fresh if self._proven(info.peer_id) == proven else other).append(info)
+        pool = fresh or rested or ([] if strict else other)
         if not pool:
             return None
         return pool[self.rng.randrange(len(pool))]

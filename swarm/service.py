@@ -53,6 +53,7 @@ from protocol import (
 )
 from protocol.ipc import (
     MAX_RECEIVE_ITEMS,
+    MAX_SOURCES,
     RECEIVE_BYTES,
     Request,
     delivery_to_ipc,
@@ -307,6 +308,16 @@ class GossipService:
             except ValueError as e:
                 raise RequestError(f"tunnel: {e}") from None
             return {"host": self.tunnels.bind_host, "port": port}
+        if request.op == "sources":
+            delivered = args.get("delivered")
+            if not isinstance(delivered, dict) or len(delivered) > MAX_SOURCES or not all(
+                    isinstance(p, str) and 1 <= len(p) <= 128 and type(n) is int and n >= 0
+                    for p, n in delivered.items()):
+                raise RequestError(f"sources needs delivered: {{peer_id: int >= 0}}, at most "
+                                   f"{MAX_SOURCES}")
+            if self.feeds:
+                self.feed_client.rate(delivered)
+            return None
         raise RequestError(f"unknown op {request.op!r}")
 
     def _set_profile(self, args: dict[str, Any]) -> None:
@@ -333,6 +344,7 @@ class GossipService:
                 self.topics[type_], ()))
         if self.feeds:
             out["feed_sources"] = len(self.feed_client.sources())
+            out.update({f"feed_sources_{k}": n for k, n in self.feed_client.kinds().items()})
             out["feed_subscribers"] = self.feed_server.subscribers()
         return out
 

@@ -49,6 +49,7 @@ from node.learner.saver import CheckpointSaver
 from node.learner.tasks import build_task, get_family
 from node.report import node_report
 from protocol import Rollout, TaskSpec, split_rollouts
+from protocol.ipc import MAX_SOURCES
 
 __all__ = ["Learner", "run_learner"]
 
@@ -170,6 +171,7 @@ class Learner:
         received_at = time.time()
         ingest = self.rescorer.rescore(received)
         self.pool.add(ingest.groups, now=self.round)
+        bridge.sources(self.pool.book.delivered(MAX_SOURCES))  # feeds keep who delivers
         available = self.pool.available(self.round, baseline=self.baseline)
         n_local, n_external = plan_round(cfg.sapo, available, self.signals.signals())
         seconds["receive"] = time.perf_counter() - t

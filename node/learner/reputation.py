@@ -116,6 +116,14 @@ class SenderBook:
         return (rec is not None and rec.useful >= self.trust_after
                 and rec.p_useful() >= self.trust_min and rec.p_agree() >= self.trust_min)
 
+    def delivered(self, limit: int) -> dict[str, int]:
+        """Sender -> groups it sent that passed our re-scoring with signal (``passed``), for
+        the ``limit`` senders that delivered most (the swarm process keeps the feeds of
+        sources that deliver: swarm.feeds ``rate``)."""
+        top = sorted(((r.passed, s) for s, r in self._records.items() if r.passed > 0),
+                     reverse=True)[:limit]
+        return {s: n for n, s in top}
+
     def newest_round(self, sender: str) -> int | None:
         rec = self._records.get(sender)
         return rec.newest_round if rec is not None else None

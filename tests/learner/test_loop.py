@@ -52,6 +52,9 @@ def test_two_learners_train_on_each_others_rollouts(tmp_path, embedded_base):
     # B's first round used A's round-0 rollouts: budget filled as I + J = 8
     first_b = reports[1][0]["rounds"][0]
     assert first_b["local_used"] + first_b["external_used"] == 8 and first_b["external_used"] > 0
+    # each told its swarm side that the other delivered groups with signal (swarm.feeds)
+    assert bridges[1].delivered.get(ids[0].peer_id, 0) > 0
+    assert bridges[0].delivered.get(ids[1].peer_id, 0) > 0
 
 
 def test_bad_rollouts_are_rejected_and_counted(data_dir):
@@ -120,6 +123,7 @@ def test_zero_advantage_external_groups_are_counted(data_dir):
     other.publish(RolloutBatch(model="x", round=0, rollouts=(same,)))
     r = run_learner(_config(data_dir, tasks=TaskConfig(families=("tiny_add",))), me, rounds=1)["rounds"][0]
     assert r["rejected"] == 0 and r["external_zero_advantage"] == 1 and r["external_used"] == 0
+    assert me.delivered == {}  # a group without signal delivers nothing (swarm.feeds)
 
 
 def test_compute_utilisation_counts_what_outer_steps_cost_and_slowdown_stretches_rounds(

@@ -402,6 +402,100 @@ def announcements_signed_closer_than_half_the_min_gap_are_ignored() -> None:
     trio.run(main)
 
 
+def following(c: FeedClient) -> list[ID]:
+    """Replace ``c._follow`` by one that opens at once and, like the real one, removes its
+    feed when its scope is cancelled; returns the list of sources followed."""
+    followed: list[ID] = []
+
+    async def follow(info: Any, feed: Any) -> None:
+        followed.append(info.peer_id)
+        try:
+            with feed.scope:
+                c._opened(feed)
+                await trio.sleep_forever()
+        finally:
+            if c._feeds.get(info.peer_id) is feed:
+                del c._feeds[info.peer_id]
+    c._follow = follow  # type: ignore[method-assign]
+    return followed
+
+
+@check
+def sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dropped() -> None:
+    """Issue 32: 3 honest sources among 20 fresh keys. Before the learner reports, picks
+    are uniform; once it reports who delivered, the honest sources hold k - 1 slots and the
+    keys only the exploration slot, a feed that delivers nothing for feed_trial_rounds
+    reports is closed and cooled, and a rotation never trades a proven slot for a key."""
+    async def main() -> None:
+        table, ids = table_of(23)
+        honest, farm = ids[:3], ids[3:]
+        c = client(table, feed_sources=4, feed_rotate_s=10.0, feed_trial_rounds=3)
+        followed = following(c)
+        me = ID.from_base58(Identity.generate().peer_id)
+        assert c._want_proven([]) is None  # no report yet: any
+        uniform = collections.Counter(str(c._pick(me).peer_id) in honest for _ in range(2000))
+        assert uniform[True] < 2000 * 3 / 23 * 1.4, uniform  # by keys: ~13 % honest
+        delivered = {h: 5 for h in honest}
+        c.rate(delivered)
+        async with trio.open_nursery() as nursery:
+            c._last_rotation = trio.current_time()
+            for _ in range(2):
+                c._maintain(me, nursery)
+                await trio.testing.wait_all_tasks_blocked()
+            assert set(honest) < set(c.sources()) and len(c.sources()) == 4, c.sources()
+            assert c.kinds() == {"proven": 3, "trial": 1}
+            key = next(s for s in c.sources() if s not in honest)
+            # a rotation: the oldest is proven, no other proven source is free -> it stays
+            for f in c._feeds.values():
+                f.started = 0.0 if str(f.peer) == honest[0] else 5.0
+            c._last_rotation -= 10.0
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert set(c.sources()) == set(honest) | {key} and len(followed) == 4
+            # the honest sources keep delivering, the key never does: 3 reports later it is
+            # closed, cooled and no longer a candidate; its slot goes to another key
+            for n in range(6, 9):
+                c.rate({h: n for h in honest})
+            await trio.testing.wait_all_tasks_blocked()
+            assert key not in c.sources() and ID.from_base58(key) in c._cooldown
+            assert c.counters["feed_dropped_idle"] == 1 and key in c._idle
+            assert set(honest) <= set(c.sources())
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(c.sources()) == 4 and c.kinds() == {"proven": 3, "trial": 1}
+            # a farm that mints fresh keys: every new one is a stranger, never proven
+            for _ in range(10):
+                fresh = Identity.generate().peer_id
+                table.update(PeerAnnouncement(
+                    peer_id=fresh, addrs=(f"/ip4/127.0.0.1/tcp/1/p2p/{fresh}",)), 0.0)
+            # every proven source is held: a rotation finds none, a gap fill a stranger
+            assert c._pick(me, proven=True, strict=True) is None
+            assert str(c._pick(me, proven=True).peer_id) not in honest
+            assert c._want_proven(list(c._feeds.values())) is False  # k - 1 proven held
+            nursery.cancel_scope.cancel()
+        # while no source delivers (a hard task's first rounds: no group carries signal),
+        # nobody is judged idle; then a source that stops delivering while another goes on
+        # loses its slot too, and is a stranger until it delivers again
+        table2, honest = table_of(2)
+        c2 = client(table2, feed_sources=2, feed_trial_rounds=2)
+        following(c2)
+        c2.rate({})
+        async with trio.open_nursery() as nursery:
+            c2._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert set(c2.sources()) == set(honest), c2.sources()
+            for _ in range(3):
+                c2.rate({})
+            await trio.testing.wait_all_tasks_blocked()
+            assert set(c2.sources()) == set(honest) and not c2.counters["feed_dropped_idle"]
+            c2.rate({honest[0]: 1})
+            await trio.testing.wait_all_tasks_blocked()
+            assert c2.sources() == [honest[0]] and not c2._proven(ID.from_base58(honest[1]))
+            assert c2.counters["feed_dropped_idle"] == 1
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
 def main() -> None:
     names = sys.argv[1:] or list(CHECKS)
     out = {}

@@ -23,6 +23,7 @@ NAMES = [
     "an_invalid_frame_closes_the_feed_and_cools_its_source_down",
     "announcements_signed_closer_than_half_the_min_gap_are_ignored",
     "a_source_behind_nat_is_dialled_through_its_relay_and_kept_when_that_fails",
+    "sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dropped",
 ]
 
 
