@@ -26,6 +26,9 @@ class Attack(str, enum.Enum):
     """~230 msg/s whose pubsub signature does not verify."""
     SYBIL = "sybil"
     """STEERING from 20 fresh identities at once."""
+    FEED_SYBIL = "feed_sybil"
+    """20 fresh identities announced like honest peers that serve feeds badly (``mode``: idle,
+    wrong, trickle; ``mint_every_s``: a fresh key that often; tests/adversary/feeds.py)."""
     OBSERVE = "observe"
     """Not an attack: a silent peer that only records what the honest nodes publish (the
     hijack measure; it sends nothing, so no defence has a reason to shut it out)."""
@@ -43,6 +46,7 @@ DEFAULTS: dict[Attack, dict[str, Any]] = {
     Attack.UNKNOWN_KEYS: {"rate_per_s": 10.0, "objects": 63_000},
     Attack.BAD_SIGNATURES: {"rate_per_s": 230.0},
     Attack.SYBIL: {"rate_per_s": 1.0, "identities": 20, "group_sizes": [64, 64, 8, 8]},
+    Attack.FEED_SYBIL: {"identities": 20, "mode": "idle", "trickle_s": 15.0, "mint_every_s": 0.0},
     Attack.OBSERVE: {},
 }
 """Per-attack defaults; the JSON argument overrides them."""

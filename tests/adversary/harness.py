@@ -1,6 +1,6 @@
 """One run of a small real swarm on 127.0.0.1, with or without hostile peers.
 
-A bootstrap peer and two honest ``swarm-node join`` nodes (``tests/e2e/procs.py``) with fixed
+A bootstrap peer and ``honest`` (two by default) honest ``swarm-node join`` nodes (``tests/e2e/procs.py``) with fixed
 identities, ports and seeds, so a baseline and an attacked run differ only by the attackers.
 Attackers (``python -m tests.adversary.hostile``) start first; once their imports are done
 the nodes start, the attackers attack as soon as they reach them, and are stopped (SIGTERM:
@@ -39,7 +39,6 @@ from tests.swarm.procs import short_tmpdir
 __all__ = ["Plan", "run_swarm"]
 
 SWARM_ID = "adversary"
-HONEST = ("honest-0", "honest-1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,10 +57,20 @@ class Plan:
     """The nodes are stopped (SIGTERM: they still write their reports) after this long."""
     keep: bool = False
     """Keep the run's directory (logs, data dirs) instead of deleting it."""
+    honest: int = 2
+    """Honest ``join`` nodes (honest-0, honest-1, ...)."""
+    rollout_mode: str = "flood"
+    """The honest nodes' ``[gossip] rollout_mode``: the gossip attackers publish on the
+    rollouts topic (flood); the feed farm (feeds.py) needs "feeds"."""
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.every_rounds < 1 or not self.timeout_s > 0:
-            raise ValueError("Plan: rounds, every_rounds and timeout_s must be positive")
+        if self.rounds < 1 or self.every_rounds < 1 or not self.timeout_s > 0 \
+                or self.honest < 1:
+            raise ValueError("Plan: rounds, every_rounds, timeout_s and honest must be positive")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f"honest-{i}" for i in range(self.honest))
 
 
 def honest_identity(name: str) -> Identity:
@@ -98,9 +107,9 @@ def _config(base: Path, plan: Plan) -> Path:
         # tiny_add pinned: the steering payloads (and the issue's measurements) are tiny_add groups
         f"[learner]\nseed = {plan.seed}\ncheckpoint_every = 0\n\n[learner.policy]\nthreads = 1\n\n"
         f"[learner.tasks]\nfamilies = [\"tiny_add\"]\n\n"
-        # the attackers publish rollouts on gossip (tests/adversary/gossip.py): flood mode
-        # subscribes that topic; in feeds mode they would have to be picked as sources
-        f"[gossip]\nrollout_mode = \"flood\"\n\n"
+        # the gossip attackers publish rollouts on gossip (tests/adversary/gossip.py): flood
+        # mode subscribes that topic; in feeds mode they would have to be picked as sources
+        f"[gossip]\nrollout_mode = \"{plan.rollout_mode}\"\n\n"
         f"[outer]\nevery_rounds = {plan.every_rounds}\njoin_window_s = 3.0\ndeadline_s = 20.0\n")
     return path
 
@@ -206,7 +215,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
     attackers: list[Attacker] = []
     timed_out = False
     try:
-        for name in HONEST:
+        for name in plan.names:
             ident = honest_identity(name)
             port = _free_port_pair()
             victims[name] = {"swarm": f"/ip4/127.0.0.1/tcp/{port}/p2p/{ident.peer_id}",
@@ -220,7 +229,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
         for a in attackers:  # imports done before the nodes start: they attack from round 0
             a.wait_for("loaded", 180)
         started = time.monotonic()
-        for name in HONEST:
+        for name in plan.names:
             data_dir = base / name
             data_dir.mkdir()
             _write_identity(data_dir, honest_identity(name))
@@ -253,7 +262,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
                 p.kill()
         boot.stop()
     nodes = {}
-    for name in HONEST:
+    for name in plan.names:
         try:
             report = json.loads((base / name / "report.json").read_text())
         except (OSError, json.JSONDecodeError):
@@ -266,6 +275,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
                        "learner_cpu_s": sampler.cpu_s.get(f"{name}/learner", 0.0),
                        "swarm_cpu_s": sampler.cpu_s.get(f"{name}/swarm", 0.0)}
     out = {"plan": {"rounds": plan.rounds, "seed": plan.seed, "every_rounds": plan.every_rounds,
+                    "honest": plan.honest, "rollout_mode": plan.rollout_mode,
                     "attacks": [[a.value, extra] for a, extra in plan.attacks]},
            "nodes": nodes, "attackers": results, "timed_out": timed_out,
            "markers": sorted(p.name for p in marker_dir.iterdir()),

@@ -36,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         from tests.adversary.takeover import run_takeover
 
         result = run_takeover(args)
+    elif attack is Attack.FEED_SYBIL:
+        import trio
+
+        from tests.adversary.feeds import run_feed_sybils
+
+        result = trio.run(run_feed_sybils, args)
     else:
         import trio
 

@@ -1,0 +1,148 @@
+"""A farm of fresh identities against the feeds (issue 32): hosts built like ours that
+announce themselves as honest peers do and serve the feeds they are asked for, badly.
+
+Each identity runs its own host (``swarm.host.build_stack``), connects to the victims,
+publishes a signed ``PeerAnnouncement`` every few seconds (its listen address, the victims'
+model fingerprint, ``train``) and answers every feed request ``OK``, then:
+
+- ``idle``: sends nothing (a slot held for nothing);
+- ``wrong``: one valid, signed batch a second of all-wrong groups (every completion scores
+  0: no signal after re-scoring);
+- ``trickle``: the same, one batch every ``trickle_s`` seconds.
+
+``mint_every_s`` > 0: one more fresh identity joins the farm that often (a farm that keeps
+minting never-seen keys). Runs until ``duration_s`` or SIGTERM; reports how many feeds each
+mode served and how many identities it used.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+from contextlib import AsyncExitStack
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.abc import INetStream
+from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+from protocol import Identity, PeerAnnouncement, seal
+from swarm.feeds import FEED_PROTOCOL, MAX_REQUEST, OK
+from swarm.host import Stack
+from swarm.topics import topic_for
+from tests.adversary.gossip import (
+    TINY_ADD_CONFIG,
+    Observer,
+    _line,
+    _open,
+    _reach,
+    _until_signal,
+)
+from tests.adversary.payloads import steering_batch
+
+__all__ = ["run_feed_sybils"]
+
+ANNOUNCE_S = 4.0
+"""Between two announcements of one identity (honest peers: ``announce_interval_s`` 5 s)."""
+
+
+class Farm:
+    """The identities, their hosts and what they served."""
+
+    def __init__(self, args: dict[str, Any], model: str) -> None:
+        self.args, self.model = args, model
+        self.mode = str(args.get("mode", "idle"))
+        if self.mode not in ("idle", "wrong", "trickle"):
+            raise ValueError(f"mode must be idle, wrong or trickle, not {self.mode!r}")
+        self.served: collections.Counter[str] = collections.Counter()
+        self.peer_ids: list[str] = []
+        self.rng = random.Random(int.from_bytes(os.urandom(8), "big"))
+        self.round = 0
+
+    async def add(self, nursery: trio.Nursery, exit_stack: AsyncExitStack, stack: Stack,
+                  me: Identity) -> None:
+        """Serve feeds from ``stack`` and announce it until cancelled."""
+        self.peer_ids.append(me.peer_id)
+        stack.host.set_stream_handler(FEED_PROTOCOL, lambda s: self._serve(s, me))
+        nursery.start_soon(self._announce, stack, me)
+
+    async def _announce(self, stack: Stack, me: Identity) -> None:
+        topic = topic_for(self.args["swarm_id"], "announce")
+        addrs = tuple(f"{a}/p2p/{me.peer_id}" for a in stack.host.get_addrs()
+                      if "/p2p/" not in str(a)) or tuple(str(a) for a in stack.host.get_addrs())
+        while True:
+            ann = PeerAnnouncement(peer_id=me.peer_id, addrs=addrs[:4], model=self.model,
+                                   capabilities=("train",), interval_s=ANNOUNCE_S)
+            await stack.pubsub.publish(topic, seal(me, ann, swarm_id=self.args["swarm_id"]))
+            self.served["announcements"] += 1
+            await trio.sleep(ANNOUNCE_S)
+
+    async def _serve(self, stream: INetStream, me: Identity) -> None:
+        try:
+            with trio.fail_after(10):
+                await read_varint_prefixed_bytes_limited(stream, MAX_REQUEST)
+                await stream.write(encode_varint_prefixed(OK))
+            self.served["feeds"] += 1
+            if self.mode == "idle":
+                await trio.sleep_forever()
+            period = 1.0 if self.mode == "wrong" else float(self.args.get("trickle_s", 15.0))
+            while True:
+                await trio.sleep(period)
+                self.round += 1
+                batch = await trio.to_thread.run_sync(lambda: steering_batch(
+                    model=self.model, round_=self.round, seed=self.rng.randrange(2**31),
+                    group_sizes=(8, 8), task_config=TINY_ADD_CONFIG, answer="?"))
+                await stream.write(encode_varint_prefixed(
+                    seal(me, batch, swarm_id=self.args["swarm_id"])))
+                self.served["batches"] += 1
+        except Exception:  # noqa: BLE001 - the victim closed the feed: count it, serve on
+            self.served["feeds_closed"] += 1
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await stream.close()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+
+
+async def run_feed_sybils(args: dict[str, Any]) -> dict[str, Any]:
+    """Run the farm (see the module docstring); what it served."""
+    victims = list(args["victims"])
+    first = Identity.generate()
+    observer = Observer(own={first.peer_id}, swarm_id=args["swarm_id"],
+                        watched=frozenset(), own_ids=frozenset())
+    _line("loaded")
+    async with AsyncExitStack() as exit_stack:
+        stacks = []
+        ids = [first] + [Identity.generate() for _ in range(int(args["identities"]) - 1)]
+        for i, me in enumerate(ids):
+            stacks.append(await _open(exit_stack, me, args, i))
+        async with trio.open_nursery() as nursery:
+            announce = topic_for(args["swarm_id"], "announce")
+            stacks[0].pubsub.set_topic_validator(announce, observer.see, False)
+            nursery.start_soon(observer.drain, await stacks[0].pubsub.subscribe(announce))
+            async with trio.open_nursery() as connecting:
+                for stack in stacks:
+                    connecting.start_soon(_reach, stack, victims, announce)
+            with trio.move_on_after(120):
+                await observer.model_known.wait()
+            farm = Farm(args, observer.model or "unknown")
+            for stack, me in zip(stacks, ids):
+                await farm.add(nursery, exit_stack, stack, me)
+            _line("ready", model=farm.model, peer_ids=list(farm.peer_ids))
+            with trio.move_on_after(float(args["duration_s"])) as scope:
+                nursery.start_soon(_until_signal, scope)
+                mint = float(args.get("mint_every_s", 0.0))
+                while True:
+                    if mint <= 0:
+                        await trio.sleep_forever()
+                    await trio.sleep(mint)
+                    me = Identity.generate()
+                    stack = await _open(exit_stack, me, args, len(farm.peer_ids))
+                    await _reach(stack, victims, announce)
+                    await farm.add(nursery, exit_stack, stack, me)
+            nursery.cancel_scope.cancel()
+    return {"peer_ids": farm.peer_ids, "identities": len(farm.peer_ids),
+            "sent": dict(farm.served)}
