@@ -117,11 +117,12 @@ class GossipConfig:
     feed_backfill_s: float = 30.0
     """A new subscriber first receives our newest batch if it is at most this old."""
     feed_cooldown_s: float = 60.0
-    """A source that refused, failed, sent an invalid frame or delivered nothing (below) is
-    not picked for this long."""
+    """A source that sent an invalid frame is not picked for this long (one that refused,
+    failed or delivered nothing (below): 5 s, doubling per consecutive time, up to this)."""
     feed_trial_rounds: int = 8
     """A feed whose source delivered no group that carried signal in this many of the
-    learner's rounds (its reports, swarm.feeds) is closed and its source cooled; 0 = never."""
+    learner's rounds (its reports, swarm.feeds) while another feed delivered is closed and
+    its source cooled (5 s, doubling); 0 = never."""
     feed_explore_slots: int = 1
     """Of ``feed_sources``, the slots left to sources that have delivered nothing yet once
     enough sources that did are known (swarm.feeds: a farm of fresh keys gets these only)."""

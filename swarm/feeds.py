@@ -27,7 +27,7 @@ per round, so a node subscribes instead to ``feed_sources`` = k peers of its own
   stranger with whoever the slots then need. A feed
   whose source delivered nothing in ``feed_trial_rounds`` reports (``PROVEN_PATIENCE`` times
   that for a proven source) while another feed delivered is closed and its source cooled
-  (``feed_dropped_idle``) and no longer proven until it delivers again (on an exploration
+  (``feed_dropped_idle``; 5 s, doubling) and no longer proven until it delivers again (on an exploration
   slot). So fresh identities hold at most the exploration slots once proven
   sources are known, and any slot at most ``feed_trial_rounds`` rounds without delivering.
   Before any report (a swarm process without a learner) every pick is uniform, as before.
@@ -308,7 +308,9 @@ class FeedClient:
             self._idle.add(str(feed.peer))
             if len(self._idle) > self.table.capacity:
                 self._idle.pop()  # bounded; forgetting one only makes it "proven" again
-            self._cool(feed.peer, "feed_dropped_idle", full=True)
+            # cooled like a failed feed (5 s, doubling): an honest source whose groups
+            # carried no signal for a while comes back soon, as a stranger
+            self._cool(feed.peer, "feed_dropped_idle")
             logger.info("feed from %s closed: nothing delivered in %d rounds", feed.peer,
                         patience)
             feed.scope.cancel()
