@@ -23,6 +23,7 @@ forgotten first, so a flood of fresh identities cannot evict the records of trus
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,8 +121,8 @@ class SenderBook:
         """Sender -> groups it sent that passed our re-scoring with signal (``passed``), for
         the ``limit`` senders that delivered most (the swarm process keeps the feeds of
         sources that deliver: swarm.feeds ``rate``)."""
-        top = sorted(((r.passed, s) for s, r in self._records.items() if r.passed > 0),
-                     reverse=True)[:limit]
+        top = heapq.nlargest(limit, ((r.passed, s) for s, r in self._records.items()
+                                     if r.passed > 0))
         return {s: n for n, s in top}
 
     def newest_round(self, sender: str) -> int | None:

@@ -61,8 +61,7 @@ class Farm:
         self.rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.round = 0
 
-    async def add(self, nursery: trio.Nursery, exit_stack: AsyncExitStack, stack: Stack,
-                  me: Identity) -> None:
+    def add(self, nursery: trio.Nursery, stack: Stack, me: Identity) -> None:
         """Serve feeds from ``stack`` and announce it until cancelled."""
         self.peer_ids.append(me.peer_id)
         stack.host.set_stream_handler(FEED_PROTOCOL, lambda s: self._serve(s, me))
@@ -130,7 +129,7 @@ async def run_feed_sybils(args: dict[str, Any]) -> dict[str, Any]:
                 await observer.model_known.wait()
             farm = Farm(args, observer.model or "unknown")
             for stack, me in zip(stacks, ids):
-                await farm.add(nursery, exit_stack, stack, me)
+                farm.add(nursery, stack, me)
             _line("ready", model=farm.model, peer_ids=list(farm.peer_ids))
             with trio.move_on_after(float(args["duration_s"])) as scope:
                 nursery.start_soon(_until_signal, scope)
@@ -145,7 +144,7 @@ async def run_feed_sybils(args: dict[str, Any]) -> dict[str, Any]:
                         await _reach(stack, victims, announce)
                     except Exception:  # noqa: BLE001 - a victim that finished: mint on
                         farm.served["mint_unreached"] += 1
-                    await farm.add(nursery, exit_stack, stack, me)
+                    farm.add(nursery, stack, me)
             nursery.cancel_scope.cancel()
     return {"peer_ids": farm.peer_ids, "identities": len(farm.peer_ids),
             "sent": dict(farm.served)}
