@@ -10,7 +10,8 @@ Public surface::
     loop.collective_addrs()          # announce these
     loop.after_round(round)          # after every inner round; never blocks: steps meet on
                                      # the clock (schedule.py) and run in the background;
-                                     # None, or the record of the step it just applied
+                                     # None, or the StepRecord of the step it just applied
+                                     # (record.py; .to_dict() is its JSON)
     loop.outer_step()                # or: one step now, waited for (benches, tests)
     loop.finish()                    # the run ended: the last step, with the peers' last
                                      # steps (waits for them, bounded by final_wait_s)
@@ -22,10 +23,13 @@ deterministic shard mean) are pure; ``state`` (θ_global, momentum, hash, Nester
 ``allreduce`` (group formation, state transfers; the reduce-scatter/all-gather with
 bit-parity: ``exchange`` on the member side, ``reducer`` on the reducer side);
 ``consistency`` (signed commits, canonical state); ``schedule`` (the clock: when to meet);
-``adopt`` (catch-up, state fetches); ``commit`` (vote, commit); ``join`` (the group
-read); ``attempt`` (one attempt, rendezvous to commit); ``background`` (attempts off the
-training thread, rebases); ``finish`` (the last step); ``loop`` (OuterLoop); ``start`` (a
-loop built off the training thread, abandonable).
+``work`` (one attempt's work: its snapshot and the shift it makes to the params; the
+training thread's progress); ``holding`` (θ_global and the lineage, their one owner);
+``catchup`` (what to adopt, state fetches); ``rendezvous`` (join records, the group read);
+``vote`` (votes, version commits); ``finish`` (who steps when runs end, left records);
+``record`` (the step record, deadlines); ``attempt`` (one attempt, rendezvous to commit,
+orchestrating those); ``loop`` (OuterLoop); ``start`` (a loop built off the training
+thread, abandonable).
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ from collectives.errors import (CollectiveError, StartCancelled, StepFailed, Syn
                                 TransportError)
 
 __all__ = ["OuterConfig", "OuterLoop", "Startup", "Codec", "CODECS", "get_codec",
-           "CollectiveError", "StartCancelled", "StepFailed", "SyncError", "TransportError"]
+           "Status", "StepRecord", "CollectiveError", "StartCancelled", "StepFailed", "SyncError", "TransportError"]
 
 _LAZY = {"OuterLoop": "collectives.loop", "Startup": "collectives.start",
+         "Status": "collectives.record", "StepRecord": "collectives.record",
          "Codec": "collectives.codec", "CODECS": "collectives.codec",
          "get_codec": "collectives.codec"}
 """Names whose modules import torch and hivemind: loaded on first use, so that the supervisor

@@ -39,7 +39,7 @@ construction:
    a shard poisoned for everyone fails it for everyone, with their hashes unchanged.
 
 A member that misses or rejects any shard fails the step (keeps training locally; the votes
-in ``commit.py`` reconcile peers that finished with peers that did not). Every frame is bounded
+in ``vote.py`` reconcile peers that finished with peers that did not). Every frame is bounded
 by the size it must have: a chunk by the codec's size for its length, the state by its wire
 size for our model, sent in frames of ``STATE_CHUNK`` bytes.
 
@@ -54,6 +54,7 @@ import logging
 import secrets
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 from collectives._hivemind import P2P, PeerID, open_stream
@@ -64,7 +65,7 @@ from collectives.exchange import MemberExchange
 from collectives.reducer import ReducerMixin, Session, members_digest
 from collectives.streams import FrameError, recv_frame, recv_header, send_frame, send_header
 
-__all__ = ["Session", "AllReduce", "members_digest", "STATE_CHUNK"]
+__all__ = ["AllReduce", "ExchangeReport", "STATE_CHUNK", "Session", "members_digest"]
 
 logger = logging.getLogger(__name__)
 STATE_CHUNK = 4 << 20
@@ -99,6 +100,24 @@ class RateLimit:
             return False
         q.append(now)
         return True
+
+
+@dataclass(frozen=True)
+class ExchangeReport:
+    """What one attempt's exchange did (``AllReduce.report``): the group's nonce, bytes,
+    the peers our reducer accepted (``witnessed``: whose votes count) or never heard from
+    (``suspects``), exclusions, rejected shards, clipped contributions, and the exchange's
+    phase marks (loop.time())."""
+
+    nonce: str
+    bytes_sent: int
+    bytes_received: int
+    witnessed: frozenset[str]
+    suspects: frozenset[str]
+    excluded: dict[str, str]
+    bad_shards: dict[str, str]
+    clipped: tuple[str, ...]
+    marks: dict[str, float]
 
 
 class _Unreachable(Exception):
@@ -150,8 +169,11 @@ class AllReduce(MemberExchange, ReducerMixin):
 
     # --- session --------------------------------------------------------------------------
     async def open_session(self, *, step: int, state_hash: str, numel: int, weight: float,
-                           deadline: float) -> None:
+                           deadline: float, rms_floor: float = 0.0) -> None:
+        """A new attempt (``rms_floor``: the size of the recent steps of a state adopted
+        since the last one, ``Holding.take_rms_floor``: ``mean_rms`` is at least that)."""
         loop = asyncio.get_running_loop()
+        self.mean_rms = max(self.mean_rms, rms_floor)
         self.session = s = Session(step=step, state_hash=state_hash, numel=numel,
                                    weight=weight, deadline=deadline,
                                    members_fut=loop.create_future())
@@ -196,7 +218,7 @@ class AllReduce(MemberExchange, ReducerMixin):
 
     # --- member side ----------------------------------------------------------------------
     async def form_group(self, leader: str, *, freeze_at: float, expected: set[str],
-                         latest: float) -> list[str]:
+                         latest: float, deadline: float | None = None) -> list[str]:
         """Members of this attempt (sorted peer ids) from the leader, or StepFailed.
 
         The leader freezes at ``freeze_at``, or later (up to ``latest``) while a peer whose
@@ -207,9 +229,13 @@ class AllReduce(MemberExchange, ReducerMixin):
         peer killed in the previous attempt at this version outlives it, and every survivor
         chose it): we fall back to the next peer of ``expected`` in id order, and when that
         is us, we lead. Everyone who saw the same records falls back the same way. A leader
-        that answered (even "no") is never skipped: that could split its group."""
+        that answered (even "no") is never skipped: that could split its group.
+
+        ``deadline``: the attempt's new end (a meeting on the clock counts it from the read)."""
         s = self.session
         assert s is not None
+        if deadline is not None:
+            s.deadline = deadline
         s.members_fut.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
         dead: set[str] = set()
         for cand in [leader, *sorted(expected - {leader})]:
@@ -277,6 +303,24 @@ class AllReduce(MemberExchange, ReducerMixin):
             return await asyncio.wait_for(recv_header(reader), s.remaining())
         finally:
             writer.close()
+
+    async def refuse_joins(self) -> None:
+        """A meeting we let pass: a peer that JOINs us gets "not admitted" at once."""
+        s = self.session
+        if s is not None and not s.members_fut.done():
+            s.members_fut.set_exception(StepFailed("no step at this meeting"))
+            s.members_fut.exception()  # retrieved: nobody else awaits it
+
+    async def report(self) -> ExchangeReport | None:
+        """What this attempt's exchange did, as the asyncio thread sees it (None: no session)."""
+        s = self.session
+        if s is None:
+            return None
+        return ExchangeReport(
+            nonce=s.nonce, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
+            witnessed=frozenset(s.witnessed), suspects=frozenset(s.suspects),
+            excluded=dict(s.excluded), bad_shards=dict(s.bad_shards), clipped=tuple(s.clipped),
+            marks=dict(s.marks))
 
     async def fetch_state(self, peer: str, state_hash: str, timeout: float, *,
                           max_bytes: int) -> bytes:

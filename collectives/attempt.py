@@ -1,33 +1,49 @@
-"""One outer-step attempt on the outer-step thread, from the rendezvous to the commit (a
-mixin of ``OuterLoop``; loop.py ``_run`` wraps it into its record, and its docstring lists
-the phases).
+"""One outer-step attempt on the outer-step thread, from the rendezvous to the commit: the
+one function that orchestrates the phases (loop.py's docstring lists them).
 
-``_attempt``: catch-up, the join records and the group read (join.py), the freeze time;
-``_run_group``: the leader (smallest id among the peers whose join records claim our hash)
-freezes the member list (allreduce.py), the members exchange θ_global − θ_local, the outer
-step is applied and hashed range by range as the average lands (landing.py), and if the
-contributors hold a strict majority of our version's witnesses the version advances (else
-status "minority"); then the vote and the version commit (commit.py).
+``Attempt.run(work)`` calls the collaborators in order and decides from what each returns:
+
+    catch-up    Catchup.plan → Fetcher.fetch → Holding.adopt       (catchup.py, holding.py)
+    rendezvous  Rendezvous.join → Roster; finished peers: who_steps (rendezvous.py, finish.py)
+    group       AllReduce.form_group → members                      (allreduce.py)
+    exchange    AllReduce.exchange → the average, landed on θ       (exchange.py, landing.py)
+    apply       Holding.may_advance → Holding.apply                 (holding.py)
+    vote        Ballot.settle → Outcome; adopt or roll back         (vote.py)
+    commit      Holding.settle, Ballot.publish
+
+It returns a ``StepRecord`` (record.py) when the attempt did something, ``Passed`` when its
+meeting passed without a step. What it does to the params goes into ``work``'s shift
+(work.py); what it does to θ_global and the lineage, through ``Holding``. It never raises a
+``CollectiveError``. Every deadline is one ``Deadlines`` computed from ``deadline_s``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-from concurrent.futures import Future
-from typing import Any, Callable
+from collections import Counter
+from typing import Callable
 
 import torch
 
-from collectives.background import Work
-from collectives.errors import StepFailed, SyncError
-from collectives.landing import Landing
-from collectives.parts import LoopParts
+from collectives.allreduce import AllReduce, ExchangeReport
+from collectives.catchup import Catchup, Fetcher, Plan, Rejected
+from collectives.config import OuterConfig
+from collectives.consistency import Candidate, CommitBook, Lineage
+from collectives.errors import CollectiveError, StepFailed, SyncError
+from collectives.finish import Farewell, who_steps
+from collectives.holding import Holding, Start
+from collectives.record import Deadlines, Draft, Passed, Status, StepRecord
+from collectives.rendezvous import Rendezvous, Roster
+from collectives.schedule import Clock
 from collectives.state import OuterState
-from collectives.streams import work_pool
+from collectives.transport import Transport
+from collectives.vote import Ballot
+from collectives.work import Work
 
-__all__ = ["Attempt"]
+__all__ = ["Attempt", "FREEZE_GRACE_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,218 +52,355 @@ FREEZE_GRACE_S = 0.5
 JOINs already on their way)."""
 
 
-class Attempt(LoopParts):
-    """One attempt (the attributes are ``OuterLoop``'s)."""
+class Attempt:
+    """Runs attempts (one at a time, on the outer-step thread) with the node's collaborators."""
 
-    _stage: Callable[[str], None]
-    _may_advance: Callable[[set[str]], bool]
-    _reconcile: Callable[..., None]
-    _catch_up: Callable[..., None]
-    _unagreed: Callable[[Work], bool]
-    _meet_others: Callable[..., bool]
-    _made_at: Callable[[float], bool]
-    _join: Callable[..., tuple[dict[str, int], bool, float | None]]
-    _who_steps: Callable[..., dict[str, int] | None]
+    def __init__(self, *, config: OuterConfig, peer_id: str, holding: Holding, clock: Clock,
+                 transport: Transport, ar: AllReduce, book: CommitBook, catchup: Catchup,
+                 fetcher: Fetcher, rendezvous: Rendezvous, ballot: Ballot, farewell: Farewell,
+                 discover: Callable[[], list[str]], now: Callable[[], float],
+                 on_stage: Callable[[str], None]) -> None:
+        self.config, self.peer_id, self.holding, self.clock = config, peer_id, holding, clock
+        self.transport, self.ar, self.book, self.catchup = transport, ar, book, catchup
+        self.fetcher, self.rendezvous, self.ballot = fetcher, rendezvous, ballot
+        self.farewell, self.discover, self.now, self.stage = farewell, discover, now, on_stage
 
-    def _attempt(self, rec: dict[str, Any], t0: float, weight: float,
-                 rejected: dict[tuple[str, str, int], str]) -> None:
-        cfg = self.config
-        work = self._work
-        assert work is not None
-        self._stage("rendezvous")
-        if work.meet is not None:  # > 0: started before the opening (config.prepare_s)
-            rec["before_meet_s"] = round(work.meet - self._now(), 4)
-        found = self._safe_discover()
-        discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
-        rec["discovered"] = len(discovered)
-        self._transport.run(self._transport.connect(found), min(6.0, cfg.deadline_s / 4))
-        self._transport.add_dht_peers(found, timeout=min(5.0, cfg.deadline_s / 4))
+    # --- the attempt ----------------------------------------------------------------------
+    def run(self, work: Work) -> StepRecord | Passed:
+        """One attempt of ``work``; never raises a CollectiveError."""
+        t0 = time.monotonic()
+        weight = work.weight
+        if weight is None:
+            weight = min(self.config.max_weight, self.config.weight * max(1, work.rounds))
+        draft = Draft(step=self.holding.version(), weight=weight)
+        if work.meet is not None:
+            draft.note(meet=work.meet)
+        rejected: Rejected = {}
+        passed: Passed | None = None
+        read_at: float | None = None
         try:
-            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
+            ended = self._attempt(work, draft, t0, weight, rejected)
+            if isinstance(ended, Passed):
+                passed = ended
+            else:
+                read_at = ended
+        except CollectiveError as e:
+            draft.error = str(e)[:500]
+            logger.warning("outer step at version %s of %s failed: %s", draft.step,
+                           self.peer_id, e)
+        reasons = Counter(rejected.values())
+        self.book.rejected.update(reasons)
+        ended_at = self.now()
+        if passed is not None:
+            return dataclasses.replace(passed, ended_at=ended_at)
+        if read_at is not None and draft.status is Status.OK:
+            self.clock.observe_exchange(time.monotonic() - read_at)
+        draft.note(dht_restarts=self.transport.dht_restarts,
+                   dht_failures=self.transport.dht_failures, invalid_commits=self.book.invalid,
+                   rejected_streams=self.ar.rejected,
+                   state_requests_refused=self.ar.state_refused,
+                   rejected_commits_total=dict(self.book.rejected))
+        return draft.freeze(version=self.holding.version(), param_hash=self.holding.hash(),
+                            seconds=round(time.monotonic() - t0, 4), ended_at=ended_at,
+                            rejected_commits=dict(reasons))
+
+    def _attempt(self, work: Work, draft: Draft, t0: float, weight: float,
+                 rejected: Rejected) -> Passed | float | None:
+        """The phases; a ``Passed`` if the meeting passes, else when the group was read
+        (monotonic; None if it never was)."""
+        cfg = self.config
+        self.stage("rendezvous")
+        if work.meet is not None:  # > 0: started before the opening (config.prepare_s)
+            draft.note(before_meet_s=round(work.meet - self.now(), 4))
+        found = self.discover()
+        discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
+        draft.note(discovered=len(discovered))
+        self.transport.run(self.transport.connect(found), min(6.0, cfg.deadline_s / 4))
+        self.transport.add_dht_peers(found, timeout=cfg.dht_op_timeout_s)
+        deadlines = Deadlines.starting(t0, cfg.deadline_s)
+        try:
+            adopted = self._catch_up(work, draft, rejected, deadlines.catch_up)
         except SyncError as e:  # its holders moved on (their step of this meeting applied
             # while their new head was not yet stored): the heads once more
             logger.info("catch-up: %s; reading the heads again", e)
             time.sleep(0.5)
-            self._catch_up(rec, rejected, deadline=t0 + 0.3 * cfg.deadline_s)
-        self._mark(rec, "rendezvous")
+            adopted = self._catch_up(work, draft, rejected, deadlines.catch_up)
+        draft.mark("rendezvous")
         if self._unagreed(work):  # go where peers at our state went, if they did
-            self._meet_others(work, rec)
+            self._meet_others(work, draft)
         if work.meet is not None and abs(math.remainder(work.meet, self.clock.period())) > 1e-3:
-            if rec["status"] != "resynced":  # (an adoption is reported)
-                rec["status"] = "skipped"  # the version we adopted meets on a longer
-            return  # period: not one of its meetings (nobody would come)
-        if rec["status"] == "resynced" and work.meet is not None and not work.final \
-                and self._made_at(work.meet):
-            return  # its group has left this meeting: nobody here could advance it
-        with self._lock:
-            v, my_hash = self._state.version, self._state.hash()
-            snapshot = work.params()
-            # θ − snapshot (a pass over the model: 0.2-0.3 s at 100M values) runs in the
-            # codec pool while we join and the group forms
-            delta_job = work_pool().submit(torch.sub, self._state.theta, snapshot)
-            expected = (self._lineage.witnesses | self._last_group) - {self.peer_id}
-        rec["step"] = v
-        self._transport.run(self._ar.open_session(step=v, state_hash=my_hash,
-                                                  numel=snapshot.numel(), weight=weight,
-                                                  deadline=t0 + 0.7 * cfg.deadline_s), 5)
-        holders, early, late = self._join(work, v, my_hash, expected, discovered)
-        if len(holders) < cfg.min_peers and self._unagreed(work) \
-                and self._meet_others(work, rec, but=work.meet):
+            # the version we adopted meets on a longer period: not one of its meetings
+            # (nobody would come); an adoption is reported
+            return None if adopted else Passed(ended_at=0.0, why="period")
+        if adopted and work.meet is not None and not work.final \
+                and self.rendezvous.made_at(self.holding.lineage(), work.meet):
+            return None  # its group has left this meeting: nobody here could advance it
+        start = self.holding.start(work)
+        draft.step = start.version
+        self.transport.run(self.ar.open_session(
+            step=start.version, state_hash=start.state_hash, numel=start.numel, weight=weight,
+            deadline=deadlines.exchange, rms_floor=self.holding.take_rms_floor()), 5)
+        roster = self._roster(work, draft, start, discovered)
+        if roster.late is not None:
+            draft.note(late_s=roster.late)
+            if roster.late > FREEZE_GRACE_S and not work.final:
+                # the others froze their group (their read's end + at most the grace)
+                # before our record was even stored: their leader admits nobody now (seen:
+                # a slow newcomer 11 s late stood there alone). The meeting passes; our
+                # delta waits for the next
+                logger.info("%.1f s late for the meeting at %.1f: letting it pass",
+                            roster.late, work.meet)
+                return None if adopted else Passed(ended_at=0.0, why="late")
+        holders = roster.holders
+        if work.meet is not None:  # finished peers (finish.py): who steps here
+            verdict = who_steps(holders, start.expected | discovered, me=self.peer_id,
+                                last_call=work.last_call, min_peers=cfg.min_peers,
+                                gone=self.farewell.gone)
+            if verdict.stepping is None:
+                self.transport.run(self.ar.refuse_joins(), 5)
+                return Passed(ended_at=0.0, why="end" if verdict.end else "waiting",
+                              end=verdict.end, waiting_for=verdict.waiting_for)
+            holders = verdict.stepping
+        draft.mark("join")
+        read_at = time.monotonic()
+        draft.note(read_early=roster.early)  # every peer we expected joined before the end
+        if work.meet is not None:  # >= 0: the group is never read before the opening
+            draft.note(read_after_meet_s=round(self.now() - work.meet, 4))
+        draft.note(wait_seconds=round(read_at - t0, 4))
+        # late: the others never read our record, so their leader is the smallest of them,
+        # not us (with the smallest id we would lead nobody); its freeze grace may admit us
+        others = set(holders) - {self.peer_id}
+        leader = min(others) if roster.late is not None and others else min(holders)
+        draft.leader = leader
+        if work.meet is not None:
+            window = self.clock.window(self.clock.longest(list(holders.values())))
+            draft.note(window=round(window, 3))
+        else:
+            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+        grace = min(0.5 * window, FREEZE_GRACE_S) if work.meet is not None else 0.5 * window
+        freeze_at = read_at + (0.0 if roster.early else grace)
+        if work.meet is not None or work.window is not None:
+            # the deadline's shares count from the read, as if it came join_window_s after
+            # the start (a clock's window is sized by round times, a final step's by the
+            # caller)
+            deadlines = Deadlines.starting(max(t0, time.monotonic() - cfg.join_window_s),
+                                           cfg.deadline_s)
+        # late (then never the leader while others came): as a group of one, wait for no
+        # JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next meetings)
+        self._group_step(work, draft, start, leader, holders, deadlines, freeze_at,
+                         wait_joins=roster.late is None)
+        return read_at
+
+    # --- catch-up -------------------------------------------------------------------------
+    def _catch_up(self, work: Work, draft: Draft, rejected: Rejected, deadline: float) -> bool:
+        """Adopt what extends our lineage (catchup.py); whether we did."""
+        plan = self.catchup.plan(self.holding.lineage(), self.holding.parent_theta(),
+                                 deadline=deadline, rejected=rejected)
+        if plan is None:
+            return False
+        self._adopt(work, draft, plan, end=deadline)
+        self.clock.adopt(list(plan.periods))
+        return True
+
+    def _adopt(self, work: Work, draft: Draft, plan: Plan, *, end: float) -> None:
+        """Fetch ``plan``'s state, verify it, hold it (a rebase: work.py)."""
+        state, size = self.fetcher.fetch(plan.target, end=end)
+        self.holding.adopt(state, plan.lineage, work, base=plan.base)
+        draft.status = Status.RESYNCED
+        draft.note(made_by=len(plan.target.members))  # whose average made that version
+        draft.resync_bytes += size
+        logger.info("adopted outer state %s… (version %d)", plan.target.hash[:12],
+                    plan.target.version)
+
+    # --- rendezvous -----------------------------------------------------------------------
+    def _unagreed(self, work: Work) -> bool:
+        """A meeting on the clock while our period is only our own proposal (schedule.py
+        ``agreed``): peers whose rounds differ from ours meet at other times."""
+        return work.meet is not None and not work.final and not self.clock.agreed
+
+    def _meet_others(self, work: Work, draft: Draft, *, but: float | None = None,
+                     among: frozenset[str] | None = None) -> bool:
+        """Move ``work`` to the open meeting where peers at our state joined (with
+        ``among``: one of those) and take their period; False if there is none."""
+        found = self.rendezvous.find_meeting(self.holding.version(), self.holding.hash(),
+                                             but=but, among=among)
+        if found is None:
+            return False
+        work.meet, codes = found
+        work.met = tuple(codes)
+        draft.note(meet=work.meet)
+        self.clock.adopt(codes)
+        logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
+                    work.meet, len(codes))
+        return True
+
+    def _roster(self, work: Work, draft: Draft, start: Start,
+                discovered: frozenset[str]) -> Roster:
+        """Join ``work``'s meeting and read who came; once more at another meeting when
+        peers at our state went there instead."""
+        v, my_hash, expected = start.version, start.state_hash, start.expected
+        roster = self.rendezvous.join(work, v, my_hash, expected, discovered)
+        if len(roster.holders) < self.config.min_peers and self._unagreed(work) \
+                and self._meet_others(work, draft, but=work.meet):
             # alone where our own period led us; peers at our state are at another meeting
             # (they joined after our first look): there, once
-            holders, early, late = self._join(work, v, my_hash, expected, discovered)
-        elif work.final and work.meet is not None and not early:
+            return self.rendezvous.join(work, v, my_hash, expected, discovered)
+        if work.final and work.meet is not None and not roster.early:
             # finished (finish.py), and a peer we expect is not at our meeting: one still
             # training may be at one of its own period's, which opened earlier and is read
             # longer than ours (seen: a finished node read each 8 s meeting for 4 s while
             # the two still training joined a 64 s period's 25 s after its opening; it
             # left 4 s before they stepped, and the swarm ended at two states)
-            missing = (expected | discovered) - set(holders) - {self.peer_id}
-            if missing and self._meet_others(work, rec, but=work.meet, among=missing):
-                holders, early, late = self._join(work, v, my_hash, expected, discovered)
-        if late is not None:
-            rec["late_s"] = late
-            if late > FREEZE_GRACE_S and not work.final:
-                # the others froze their group (their read's end + at most the grace)
-                # before our record was even stored: their leader admits nobody now (seen:
-                # a slow newcomer 11 s late stood there alone). The meeting passes; our
-                # delta waits for the next
-                if rec["status"] != "resynced":
-                    rec["status"] = "skipped"
-                logger.info("%.1f s late for the meeting at %.1f: letting it pass", late,
-                            work.meet)
-                return
-        if work.meet is not None:  # finished peers (finish.py): who steps here
-            stepping = self._who_steps(rec, work, holders, expected | discovered)
-            if stepping is None:
-                return
-            holders = stepping
-        self._mark(rec, "join")
-        rec["read_at"] = time.monotonic()
-        rec["read_early"] = early  # every peer we expected had joined before the window's end
-        if work.meet is not None:  # >= 0: the group is never read before the opening
-            rec["read_after_meet_s"] = round(self._now() - work.meet, 4)
-        rec["wait_seconds"] = round(rec["read_at"] - t0, 4)
-        # late: the others never read our record, so their leader is the smallest of them,
-        # not us (with the smallest id we would lead nobody); its freeze grace may admit us
-        others = set(holders) - {self.peer_id}
-        leader = min(others) if late is not None and others else min(holders)
-        rec["leader"] = leader
-        if work.meet is not None:
-            window = self.clock.window(self.clock.longest(list(holders.values())))
-            rec["window"] = round(window, 3)
-        else:
-            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
-        grace = min(0.5 * window, FREEZE_GRACE_S) if work.meet is not None else 0.5 * window
-        freeze_at = rec["read_at"] + (0.0 if early else grace)
-        if work.meet is not None or work.window is not None:
-            # the deadline's shares count from the read, as if it came join_window_s after
-            # the start (a clock's window is sized by round times, a final step's by the
-            # caller)
-            t0 = max(t0, time.monotonic() - cfg.join_window_s)
-            self._ar.session.deadline = t0 + 0.7 * cfg.deadline_s  # type: ignore[union-attr]
-        # late (then never the leader while others came): as a group of one, wait for no
-        # JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next meetings)
-        self._run_group(rec, v, my_hash, leader, delta_job, snapshot, t0, freeze_at,
-                        holders, zero=work.final and work.rounds == 0, wait_joins=late is None)
+            missing = (expected | discovered) - set(roster.holders) - {self.peer_id}
+            if missing and self._meet_others(work, draft, but=work.meet, among=missing):
+                return self.rendezvous.join(work, v, my_hash, expected, discovered)
+        return roster
 
-    def _run_group(self, rec: dict[str, Any], v: int, my_hash: str, leader: str,
-                   delta_job: Future[torch.Tensor], snapshot: torch.Tensor, t0: float,
-                   freeze_at: float, seen: dict[str, int], *, zero: bool,
-                   wait_joins: bool = True) -> None:
+    # --- group, exchange, apply, vote, commit ---------------------------------------------
+    def _group_step(self, work: Work, draft: Draft, start: Start, leader: str,
+                    seen: dict[str, int], deadlines: Deadlines, freeze_at: float, *,
+                    wait_joins: bool) -> None:
         """Form the group, all-reduce, apply, vote, commit. ``seen``: the peers whose join
-        records claim our hash -> their clock code; ``delta_job``: θ − snapshot (``zero``:
-        nothing trained since our delta was last counted: contribute exactly zero;
-        ``wait_joins``: as leader, wait past ``freeze_at`` for those that did not JOIN yet)."""
+        records claim our hash -> their clock code (``wait_joins``: as leader, wait past
+        ``freeze_at`` for those that did not JOIN yet)."""
         cfg = self.config
-        remaining = t0 + 0.7 * cfg.deadline_s - time.monotonic()
+        v, my_hash = start.version, start.state_hash
         try:
-            members = self._transport.run(
-                self._ar.form_group(leader, freeze_at=freeze_at, expected=set(seen),
-                                    latest=t0 + 0.35 * cfg.deadline_s if wait_joins
-                                    else freeze_at),
-                remaining)
+            members = self.transport.run(
+                self.ar.form_group(leader, freeze_at=freeze_at, expected=set(seen),
+                                   latest=deadlines.latest_join if wait_joins else freeze_at,
+                                   deadline=deadlines.exchange),
+                deadlines.exchange - time.monotonic())
         except (StepFailed, TimeoutError) as e:
             # left out (late JOIN, dead leader): if the others step, their version commits
             # extend ours and our next catch-up adopts them (rule 2)
-            rec["error"] = f"group did not form: {e!r}"[:500]
-            logger.info("outer step at version %d: %s", v, rec["error"])
+            draft.error = f"group did not form: {e!r}"[:500]
+            logger.info("outer step at version %d: %s", v, draft.error)
             return
-        self._mark(rec, "group")
-        rec["peers"] = len(members)
+        draft.mark("group")
+        draft.peers = len(members)
         # the next period: the largest proposal of this group's members (every member read
         # their records, so every member takes the same)
         self.clock.heard([seen[m] for m in members if m in seen])
         if len(members) < cfg.min_peers:
-            rec["status"] = "alone"
+            draft.status = Status.ALONE
             return
-        self._last_group = frozenset(members)
-        t_ar = time.monotonic()
-        pre: OuterState | None = None
-        self._stage("exchange")
-        delta = delta_job.result()
-        if zero:  # exactly zero: rounding in the rebases must not look like a direction
-            delta.zero_()
-        with self._lock:  # the step is applied and hashed as the average lands
-            landing = Landing(self._state, torch.empty_like(delta), lr=cfg.outer_lr,
-                              momentum=cfg.outer_momentum)
-        try:
-            avg = self._transport.run(
-                self._ar.exchange(delta, members, reduce_deadline=t0 + 0.55 * cfg.deadline_s,
-                                  out=landing.avg, on_landed=landing.land),
-                t0 + 0.7 * cfg.deadline_s - time.monotonic() + 1)
-            t_ret = time.monotonic()
-            rec["allreduce_seconds"] = round(t_ret - t_ar, 4)
-        except (StepFailed, TimeoutError) as e:
-            rec["error"] = repr(e)[:500]
-        else:
-            if not self._may_advance(set(self._ar.session.witnessed)):  # type: ignore[union-attr]
-                rec["status"] = "minority"
-                rec["error"] = "too few of the current version's contributors took part"
-            else:
-                pre = self._apply(landing, avg, snapshot, out=delta)
-                rec["status"] = "ok"
-        finally:  # record what the exchange did, also when it failed
-            s = self._ar.session
-            if s is not None:
-                rec["bytes_sent"], rec["bytes_received"] = s.bytes_sent, s.bytes_received
-                if "start" in s.marks:  # where the exchange's time went: s since its start
-                    # (the last of each phase's events); the start on the wall clock lines
-                    # up the peers' timelines (and a link trace) in a bench
-                    marks = dict(s.marks, called=t_ar)
-                    if "allreduce_seconds" in rec:
-                        marks["returned"] = t_ret
-                    rec["exchange_start_wall"] = time.time() - (time.monotonic()
-                                                                 - s.marks["start"])
-                    rec["exchange_marks"] = {k: round(t - s.marks["start"], 4)
-                                             for k, t in sorted(marks.items(),
-                                                                key=lambda kv: kv[1])}
-                rec["excluded"] = dict(s.excluded)
-                if s.bad_shards:
-                    rec["bad_shards"] = dict(s.bad_shards)
-                if s.clipped:
-                    rec["clipped"] = list(s.clipped)
-        self._mark(rec, "exchange")
-        s = self._ar.session
-        assert s is not None
-        self._stage("commit")
-        voters = set(s.witnessed) - set(s.bad_shards) - {self.peer_id}
-        expect = (set(members) - s.suspects) & voters
-        self._reconcile(rec, v, my_hash, pre, snapshot, voters, expect, members, nonce=s.nonce,
-                        until=t0 + 0.9 * cfg.deadline_s, end=t0 + cfg.deadline_s)
+        self.holding.grouped(members)
+        pre, report = self._exchange(work, draft, start, members, deadlines)
+        draft.mark("exchange")
+        self._settle(work, draft, start, members, pre, report, deadlines)
 
-    def _apply(self, landing: Landing, avg: torch.Tensor, snapshot: torch.Tensor, *,
-               out: torch.Tensor) -> OuterState:
-        """Apply the group's average: θ_global takes the outer step (as landed, or stepped
-        now if our state changed since the landing began) and our params are rebased onto
-        it (params <- θ_new + (params − snapshot), through the attempt's shift). Returns the
-        state before, the one to roll back to. The new θ and the shift go into the buffers
-        of ``out`` (our delta) and ``avg``, dead from here on."""
+    def _exchange(self, work: Work, draft: Draft, start: Start, members: list[str],
+                  deadlines: Deadlines) -> tuple[OuterState | None, ExchangeReport]:
+        """All-reduce our delta with ``members`` and apply the average if the version may
+        advance; the state before it (None: not applied) and what the exchange did."""
         cfg = self.config
-        with self._lock:
-            pre = self._state
-            new = landing.state() if landing.base is pre else None
-            self._state = new or pre.stepped(avg, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                                             out=out)
-            self._rebase(onto=self._state.theta, base=snapshot, out=avg)
-        return pre
+        t_ar = time.monotonic()
+        pre = None
+        self.stage("exchange")
+        delta, snapshot = start.delta.result(), start.snapshot
+        if work.final and work.rounds == 0:
+            # nothing trained since our delta was last counted: contribute exactly zero
+            # (rounding in the rebases must not look like a direction)
+            delta.zero_()
+        landing = self.holding.landing(delta, lr=cfg.outer_lr)
+        t_ret: float | None = None
+        try:
+            avg = self.transport.run(
+                self.ar.exchange(delta, members, reduce_deadline=deadlines.reduce,
+                                 out=landing.avg, on_landed=landing.land),
+                deadlines.exchange - time.monotonic() + 1)
+            t_ret = time.monotonic()
+            draft.note(allreduce_seconds=round(t_ret - t_ar, 4))
+        except (StepFailed, TimeoutError) as e:
+            draft.error = repr(e)[:500]
+            report = self._report(draft, t_ar, t_ret)
+        else:
+            report = self._report(draft, t_ar, t_ret)
+            if not self.holding.may_advance(set(report.witnessed)):
+                draft.status = Status.MINORITY
+                draft.error = "too few of the current version's contributors took part"
+            else:
+                pre = self.holding.apply(landing, avg, snapshot, work, lr=cfg.outer_lr,
+                                         out=delta)
+                draft.status = Status.OK
+        return pre, report
+
+    def _settle(self, work: Work, draft: Draft, start: Start, members: list[str],
+                pre: OuterState | None, report: ExchangeReport, deadlines: Deadlines) -> None:
+        """Vote and follow the group's decision: keep our step, roll it back, or adopt the
+        contributors' state; commit the version if it advanced (``pre``: the state before
+        we applied, None if we did not)."""
+        v, my_hash, snapshot = start.version, start.state_hash, start.snapshot
+        self.stage("commit")
+        voters = set(report.witnessed) - set(report.bad_shards) - {self.peer_id}
+        expect = (set(members) - report.suspects) & voters
+        mine = self.holding.hash()
+        outcome = self.ballot.settle(v, nonce=report.nonce, mine=mine,
+                                     parent=my_hash, voters=voters, expect=expect,
+                                     until=deadlines.votes)
+        if outcome.settled_without:
+            draft.note(settled_without=list(outcome.settled_without))
+        draft.note(votes=len(outcome.votes))
+        draft.mark("vote")
+        decided = outcome.decided
+        if decided == my_hash and pre is not None:  # we applied, the group did not: undo
+            self._roll_back(draft, pre, snapshot, work,
+                            "most contributors did not apply this step")
+            return
+        witnesses = voters | {self.peer_id}
+        held, parent_theta = self.holding.before_vote(pre)
+        lineage = Lineage(hash=decided, version=v + 1, witnesses=frozenset(witnesses),
+                          parent=my_hash, parent_witnesses=held.witnesses)
+        if decided != mine:  # we failed or diverged; the contributors' state wins
+            holders = tuple(sorted(p for p, c in outcome.votes.items()
+                                   if c.state_hash == decided))
+            target = Candidate(hash=decided, version=v + 1, members=tuple(sorted(witnesses)),
+                               holders=holders)
+            try:  # we took part: our delta is in their average, as if we had applied it
+                self._adopt(work, draft, Plan(target=target, lineage=lineage, base=snapshot,
+                                              periods=()), end=deadlines.end)
+            except SyncError:
+                if pre is not None:  # keep our lineage: the next catch-up can follow theirs
+                    self._roll_back(draft, pre, snapshot, work,
+                                    "the group's state was not served")
+                raise
+        if decided != my_hash:
+            work.counted = True  # our delta is in the average
+            self.holding.settle(lineage, parent_theta)
+            # stored before the attempt returns: a peer that missed this step must find it
+            # in its next catch-up, which may start right after ours ends
+            self.ballot.publish(v + 1, decided, parent=my_hash,
+                                members=tuple(sorted(witnesses)),
+                                period_code=self.clock.agreed_code())
+            draft.mark("commit")
+
+    def _report(self, draft: Draft, t_ar: float, t_ret: float | None) -> ExchangeReport:
+        """What the exchange did (also when it failed), into the draft."""
+        report = self.transport.run(self.ar.report(), 5)
+        assert report is not None  # the session was opened by this attempt
+        draft.bytes_sent, draft.bytes_received = report.bytes_sent, report.bytes_received
+        if "start" in report.marks:  # where the exchange's time went: s since its start
+            # (the last of each phase's events); the start on the wall clock lines up the
+            # peers' timelines (and a link trace) in a bench
+            start = report.marks["start"]
+            marks = dict(report.marks, called=t_ar)
+            if t_ret is not None:
+                marks["returned"] = t_ret
+            draft.note(exchange_start_wall=time.time() - (time.monotonic() - start),
+                       exchange_marks={k: round(t - start, 4) for k, t in
+                                       sorted(marks.items(), key=lambda kv: kv[1])})
+        draft.excluded = dict(report.excluded)
+        if report.bad_shards:
+            draft.note(bad_shards=dict(report.bad_shards))
+        if report.clipped:
+            draft.note(clipped=list(report.clipped))
+        return report
+
+    def _roll_back(self, draft: Draft, pre: OuterState, snapshot: torch.Tensor, work: Work,
+                   why: str) -> None:
+        """Undo an applied step: the state before it, our params as if it never happened."""
+        self.holding.roll_back(pre, snapshot, work)
+        draft.status = Status.FAILED
+        draft.error = f"rolled back: {why}"
+        logger.info("outer step at version %d rolled back: %s", pre.version, why)

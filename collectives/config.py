@@ -156,6 +156,17 @@ class OuterConfig:
         if self.state_requests_per_minute < 1:
             raise TableError("state_requests_per_minute", "must be >= 1")
 
+    @property
+    def dht_op_timeout_s(self) -> float:
+        """Timeout of one DHT store or head read inside an attempt: a quarter of its
+        deadline, at most 5 s (a record stored late is no use to the peers reading it)."""
+        return min(5.0, self.deadline_s / 4)
+
+    @property
+    def vote_ttl_s(self) -> float:
+        """How long a vote lives in the DHT: past the slowest member's read of the votes."""
+        return 3 * self.deadline_s + 60
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OuterConfig:
         """From a JSON/TOML table: unknown keys, wrong types and values out of range raise

@@ -1,6 +1,7 @@
 """A node's last outer steps when its run ends, and its word when it leaves before that.
 
-A mixin of ``OuterLoop`` (loop.py). Background steps meet on the clock at round boundaries;
+``OuterLoop.finish`` runs the attempts; here: who steps at a meeting of finished peers
+(``who_steps``) and the left records (``Farewell``). Background steps meet on the clock at round boundaries;
 a node whose run ends has no rounds left, and the peers it trains with end at other times
 (they started seconds apart, their rounds differ). If it simply left, a peer that ends later
 would find nobody: it could neither average its last rounds nor adopt the state the others
@@ -17,11 +18,11 @@ too (seen in the e2e local swarm). So ``finish()`` keeps the node *in* the meeti
    catch-up); one with nothing pending stays out of the group (a zero delta would dilute
    the average, or drag the coordinate median with 3+ members: reduce.py) and follows the
    versions the others make by catch-up. Every peer reads the same codes, so every peer
-   decides alike (``_who_steps``).
+   decides alike (``who_steps``).
 2. **The last step**: at a meeting where every peer present has finished and nobody we
    expect is missing (our version's witnesses, our last group and the peers we discovered
    are all there, or said they left: a signed ``OuterLeft`` under ``<gid>/left``, stored
-   by ``close()``), the peers step together if one of them still
+   by ``OuterLoop.close``), the peers step together if one of them still
    has rounds no average counted (the clock marks such records PENDING). Everyone present
    read the same records at the same time, so they all decide alike. A member whose last
    step failed is still PENDING at the next meeting, and the others are still there.
@@ -38,134 +39,78 @@ Only the records of steps that happened are reported; a peer that is later than
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
-from collectives.background import Work
-from collectives.errors import StepFailed
-from collectives.parts import LoopParts
+from collectives.config import OuterConfig
+from collectives.consistency import CommitBook
 from collectives.schedule import Clock
+from collectives.transport import Transport
 from protocol import OuterLeft
 
-__all__ = ["Finisher"]
+__all__ = ["Farewell", "Verdict", "who_steps"]
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.05
-"""How often a finished node looks at the clock for the next meeting."""
+
+@dataclass(frozen=True)
+class Verdict:
+    """Who steps at a meeting: ``stepping`` (peer -> clock code), or None when we let it
+    pass; then ``end`` says whether it is our end, ``waiting_for`` how many expected peers
+    are missing."""
+
+    stepping: dict[str, int] | None
+    end: bool = False
+    waiting_for: int = 0
 
 
-class Finisher(LoopParts):
-    """``finish()`` and the left record (the attributes are ``OuterLoop``'s)."""
+def who_steps(holders: dict[str, int], anyone: frozenset[str], *, me: str, last_call: bool,
+              min_peers: int, gone: Callable[[], set[str]]) -> Verdict:
+    """Of a meeting's holders (peer -> clock code), those who step. Every peer read the
+    same codes, so every peer decides alike.
 
-    _pool: ThreadPoolExecutor
-    _pending: tuple[Work, Future[dict[str, Any]]] | None
-    _stop: threading.Event | None
-    _run: Callable[[Work], dict[str, Any]]
-    poll: Callable[..., dict[str, Any] | None]
-    state_hash: Callable[[], str]
+    With a peer still training here, finished peers with nothing pending stay out (a zero
+    delta would only dilute the average, or with 3+ members drag the coordinate median:
+    reduce.py) and follow by catch-up. With every peer here finished: they step together if
+    nobody we expect (``anyone``) is missing and someone has rounds pending (our last step);
+    it is our end if nobody is missing (or ``last_call``: our wait is over) and nothing is
+    pending (everyone here holds our state). ``gone()``: the peers that said they left (read
+    only when someone is missing)."""
+    if not any(Clock.finished(c) for c in holders.values()):
+        return Verdict(holders)
+    if not all(Clock.finished(c) for c in holders.values()):
+        kept = {p: c for p, c in holders.items()
+                if not Clock.finished(c) or Clock.pending(c)}
+        return Verdict(kept) if me in kept else Verdict(None)
+    missing = set(anyone) - set(holders) - {me}
+    if missing:
+        missing -= gone()
+    if missing and not last_call:
+        return Verdict(None, waiting_for=len(missing))
+    if len(holders) >= min_peers and any(Clock.pending(c) for c in holders.values()):
+        return Verdict(holders)  # the last step: every peer here ended, nobody missing
+    return Verdict(None, end=True)
 
-    def finish(self, *, stop: threading.Event | None = None,
-               on_record: Callable[[dict[str, Any]], None] | None = None,
-               ) -> dict[str, Any] | None:
-        """Our run ended: attend the meetings until the end (see the module docstring).
-        Every step's record goes to ``on_record``; returns the last (None if none).
-        Bounded by about ``2 × final_wait_s + deadline_s``; ``stop`` set (a signal) ends it
-        within a meeting. A step still running is collected first."""
-        last: dict[str, Any] | None = None
-        if self._pending is not None:
-            last = self.poll(wait=None)
-            if last is not None and on_record is not None:
-                on_record(last)
-        self._stop = stop
-        self.clock.finish()
-        start = time.monotonic()
-        while not self._stopped() and time.monotonic() - start < \
-                2 * self.config.final_wait_s + self.config.deadline_s:
-            meet = self.clock.due(self._now())
-            if meet is None:
-                time.sleep(POLL_S)
-                continue
-            work = Work(snapshot=self._snapshot(), rounds=self._rounds_pending,
-                        weight=None, meet=meet, final=True,
-                        last_call=time.monotonic() - start > self.config.final_wait_s)
-            self._pending = (work, self._pool.submit(self._run, work))
-            got = self.poll(wait=None)
-            assert got is not None
-            if got.get("end"):
-                break
-            if got["status"] != "waiting":
-                last = got
-                if on_record is not None:
-                    on_record(got)
-        logger.info("finished after %.1f s", time.monotonic() - start)
-        return last
 
-    def _who_steps(self, rec: dict[str, Any], work: Work, holders: dict[str, int],
-                   anyone: frozenset[str]) -> dict[str, int] | None:
-        """Of a meeting's holders (peer -> clock code), those who step; None if we do not
-        (the meeting passes for us: status "waiting", ``end`` set when it is our end).
-        Every peer read the same codes, so every peer decides alike.
+class Farewell:
+    """The left records: a node that leaves says so (``say_left``); a finished node waiting
+    for its peers stops waiting for those that did (``gone``)."""
 
-        With a peer still training here, finished peers with nothing pending stay out (a
-        zero delta would only dilute the average, or with 3+ members drag the coordinate
-        median: reduce.py) and follow by catch-up. With every peer here finished: they step
-        together if nobody we expect is missing and someone has rounds pending (our last
-        step); it is our end if nobody is missing (or our wait is over) and nothing is
-        pending (everyone here holds our state)."""
-        if not any(Clock.finished(c) for c in holders.values()):
-            return holders
-        if not all(Clock.finished(c) for c in holders.values()):
-            kept = {p: c for p, c in holders.items()
-                    if not Clock.finished(c) or Clock.pending(c)}
-            if self.peer_id in kept:
-                return kept
-            end = False
-        else:
-            missing = set(anyone) - set(holders) - {self.peer_id}
-            if missing:
-                missing -= self._gone()
-            if missing and not work.last_call:
-                rec["waiting_for"] = len(missing)
-                end = False
-            elif len(holders) >= self.config.min_peers \
-                    and any(Clock.pending(c) for c in holders.values()):
-                return holders  # the last step: every peer here ended, nobody missing
-            else:
-                end = True
-        self._transport.run(self._refuse_joins(), 5)
-        rec["status"], rec["end"] = "waiting", end
-        return None
+    def __init__(self, *, config: OuterConfig, peer_id: str, book: CommitBook,
+                 transport: Transport) -> None:
+        self._config, self._me, self._book, self._transport = config, peer_id, book, transport
+        self._key = f"{book.gid}/left"
 
-    async def _refuse_joins(self) -> None:
-        """A meeting we let pass: a peer that JOINs us gets "not admitted" at once."""
-        s = self._ar.session
-        if s is not None and not s.members_fut.done():
-            s.members_fut.set_exception(StepFailed("no step at this meeting"))
-            s.members_fut.exception()  # retrieved: nobody else awaits it
-
-    def _gone(self) -> set[str]:
+    def gone(self) -> set[str]:
         """The peers that said they left (at any version)."""
         return set(self._book.verify(self._transport.dht_get(
-            self._left_key, timeout=min(5.0, self.config.dht_timeout_s)), OuterLeft, step=None))
+            self._key, timeout=min(5.0, self._config.dht_timeout_s)), OuterLeft, step=None))
 
-    @property
-    def _left_key(self) -> str:
-        return f"{self._book.gid}/left"
-
-    def _stopped(self) -> bool:
-        return self._stop is not None and self._stop.is_set()
-
-    def _say_left(self) -> None:
+    def say_left(self, version: int) -> None:
         """Tell finished peers not to wait for us (best effort; also after our last step:
         a peer that knows of a peer we did not might still be waiting)."""
-        with self._lock:
-            v = self._state.version
         try:
-            self._transport.dht_store(self._left_key, self.peer_id,
-                                      self._book.left(v),
-                                      ttl=self.config.final_wait_s + 2, timeout=2.0)
+            self._transport.dht_store(self._key, self._me, self._book.left(version),
+                                      ttl=self._config.final_wait_s + 2, timeout=2.0)
         except Exception as e:  # noqa: BLE001 - leaving anyway
             logger.info("could not say we left: %s", e)

@@ -8,6 +8,15 @@ a later call applies the finished attempt and rebases the progress made meanwhil
 ``finish()`` (finish.py) is the last step of a run that ended: it waits for the peers'
 last steps, so that nodes ending at different times still end at one state.
 
+Who owns what: ``OuterLoop`` builds the collaborators and owns the attempts' thread and the
+clock (schedule.py: read and written by both threads, under its lock); ``Holding``
+(holding.py) owns θ_global, the momentum and the lineage; ``Progress`` (work.py) the live
+params and the round counts, on the training thread; ``Attempt`` (attempt.py) runs one
+attempt on the outer-step thread with ``Catchup``/``Fetcher`` (catchup.py), ``Rendezvous``
+(rendezvous.py), ``AllReduce`` (allreduce.py, on the transport's asyncio thread),
+``Ballot`` (vote.py) and ``Farewell`` (finish.py), and reports a ``StepRecord`` or
+``Passed`` (record.py).
+
 One attempt (attempt.py), all under ``deadline_s`` from its start ``t0``:
 
     catch-up   walk the version commits that extend our lineage (a quorum of our witnesses
@@ -20,7 +29,8 @@ One attempt (attempt.py), all under ``deadline_s`` from its start ``t0``:
                our last group) claims our hash, at most a window after the meeting opened
                (join_window_s after our record without a clock); the peers that claim our
                hash form the group. Until our period is one agreed with others, the
-               meeting is the open one where peers at our state joined, if any (join.py);
+               meeting is the open one where peers at our state joined, if any
+               (rendezvous.py);
                before the first attempt, the period of the head we would adopt is read
     group      smallest id among them leads; JOIN / freeze (allreduce.py)
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline;
@@ -53,32 +63,35 @@ import hashlib
 import logging
 import threading
 import time
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 import torch
 
-from collectives.adopt import Adopter
-from collectives.commit import Committer
 from collectives.allreduce import AllReduce
 from collectives.attempt import Attempt
-from collectives.background import Background, Work
+from collectives.catchup import Catchup, Fetcher
 from collectives.codec import get_codec
 from collectives.config import OuterConfig
-from collectives.consistency import CommitBook, Lineage
-from collectives.errors import CollectiveError
-from collectives.finish import Finisher
-from collectives.join import Joiner
+from collectives.consistency import CommitBook
+from collectives.finish import Farewell
+from collectives.holding import Holding
+from collectives.record import Passed, Status, StepRecord
+from collectives.rendezvous import Rendezvous
 from collectives.schedule import Clock
 from collectives.state import OuterState, flatten
 from collectives.transport import Transport, sanitize_maddrs
+from collectives.vote import Ballot
+from collectives.work import Progress, Work
 from protocol import Identity
 
 __all__ = ["OuterLoop"]
 
 logger = logging.getLogger(__name__)
+
+POLL_S = 0.05
+"""How often a finished node looks at the clock for the next meeting (``finish``)."""
 
 
 def _trust_nobody(_peer: str) -> bool:
@@ -95,7 +108,7 @@ def _dht_time() -> float:
     return float(get_dht_time())
 
 
-class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
+class OuterLoop:
     """DiLoCo outer steps among the peers that share ``group`` (the model fingerprint).
 
     ``trust(peer_id)``: whether a joiner (no lineage beyond genesis) may adopt a state that
@@ -125,20 +138,18 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         self.config = config
         self.group = group
         self.peer_id = identity.peer_id
-        self._params = list(params.parameters()) if isinstance(params, torch.nn.Module) \
+        plist = list(params.parameters()) if isinstance(params, torch.nn.Module) \
             else list(params)
-        theta = flatten(self._params)
+        theta = flatten(plist)
         if genesis is not None:
             if genesis.dim() != 1 or genesis.numel() != theta.numel():
                 raise ValueError(f"genesis has {genesis.numel()} values, params {theta.numel()}")
             theta = genesis.detach().to("cpu", torch.float32).clone()
-        self._state = OuterState(theta=theta, momentum=torch.zeros_like(theta))
-        self._lineage = Lineage(hash=self._state.hash(), version=0)
-        self._parent_theta: torch.Tensor | None = None
-        """θ of ``_lineage.parent`` when we held it (a fork's loser rebases relative to it)."""
-        self._lock = threading.Lock()
+        self._progress = Progress(plist)
+        """The live params and the round counts (the training thread's)."""
+        self._holding = Holding(theta, peer_id=self.peer_id, momentum=config.outer_momentum,
+                                minority_patience=config.minority_patience)
         self._discover = discover
-        self._trust = trust
         self._on_stage = on_stage
         """Told "rendezvous", "exchange" and "commit" as an attempt reaches them (status view)."""
         self._now = now
@@ -147,36 +158,40 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
                            min_period_s=config.min_period_s, max_period_s=config.max_period_s,
                            min_window_s=config.join_window_s,
                            max_window_s=config.max_period_s)
-        self._rounds_pending = 0
-        """Rounds since our delta was last counted in an applied average."""
-        self._discarded_rounds = 0
-        self._minority_streak = 0
-        self._last_group: frozenset[str] = frozenset()
-        """Members of our last group: with our witnesses, the peers a join read waits for."""
-        self._stop: threading.Event | None = None
-        """finish()'s stop event."""
-        self._work: Work | None = None
-        """The attempt running on the outer-step thread (only that thread touches it)."""
-        self._pending: tuple[Work, Future[dict[str, Any]]] | None = None
+        self._pending: tuple[Work, Future[StepRecord | Passed]] | None = None
+        """The attempt running on the outer-step thread (only that thread touches its Work
+        until it is collected)."""
         self._scout: Future[None] | None = None
         """The read of the agreed period before our first attempt (``_period_known``)."""
         self._last_round_end: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
-        self._cache: tuple[str, bytes] | None = None
-        self._cache_lock = threading.Lock()
         gid = hashlib.sha256(group.encode()).hexdigest()[:24]
         self._transport = Transport(config, identity=identity, data_dir=data_dir,
                                     initial_peers=self._safe_discover(), abort=abort)
         try:
             self._ar = AllReduce(self._transport.p2p, config, get_codec(config.compression),
-                                 peer_id=self.peer_id, gid=gid, state_provider=self._serve_state)
+                                 peer_id=self.peer_id, gid=gid,
+                                 state_provider=self._holding.serve)
             self._transport.run(self._ar.start(), 10)
         except BaseException:
             self._transport.close()  # its p2pd and DHT would outlive us
             raise
-        self._book = CommitBook(identity=identity, group=group, gid=gid,
-                                swarm_id=config.swarm_id)
-        self._gid = gid
+        book = CommitBook(identity=identity, group=group, gid=gid, swarm_id=config.swarm_id)
+        transport = self._transport
+        self._catchup = Catchup(config=config, peer_id=self.peer_id, book=book,
+                                transport=transport, trust=trust)
+        self._farewell = Farewell(config=config, peer_id=self.peer_id, book=book,
+                                  transport=transport)
+        self._attempt = Attempt(
+            config=config, peer_id=self.peer_id, holding=self._holding, clock=self.clock,
+            transport=transport, ar=self._ar, book=book, catchup=self._catchup,
+            fetcher=Fetcher(transport=transport, ar=self._ar, peer_id=self.peer_id,
+                            numel=theta.numel()),
+            rendezvous=Rendezvous(config=config, peer_id=self.peer_id, book=book,
+                                  transport=transport, clock=self.clock, now=now),
+            ballot=Ballot(config=config, peer_id=self.peer_id, book=book, transport=transport),
+            farewell=self._farewell, discover=self._safe_discover, now=now,
+            on_stage=self._stage)
         self._maddrs: list[str] | None = None
 
     # --- public ---------------------------------------------------------------------------
@@ -187,15 +202,12 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         return list(self._maddrs)
 
     def state_hash(self) -> str:
-        with self._lock:
-            return self._state.hash()
+        return self._holding.hash()
 
     def state(self) -> OuterState:
         """A copy of the outer state (θ_global, momentum, version) with its hash recorded:
         what a checkpoint keeps of it (the copy costs 8 bytes per parameter)."""
-        with self._lock:
-            digest = self._state.hash()
-            return self._state.clone().with_digest(digest)
+        return self._holding.copy()
 
     @property
     def in_flight(self) -> bool:
@@ -208,10 +220,10 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         so they weigh in our next contribution like rounds counted by ``after_round``."""
         if rounds < 0:
             raise ValueError(f"rounds must be >= 0, got {rounds}")
-        self._rounds_pending += rounds
+        self._progress.pending += rounds
 
     def after_round(self, round: int, *, seconds: float | None = None,
-                    weight: float | None = None) -> dict[str, Any] | None:
+                    weight: float | None = None) -> StepRecord | None:
         """Call after every inner round, on the thread that trains; never blocks on the
         network. Collects a finished attempt (applies it, rebasing the rounds trained while
         it ran; returns its record), and at the first round boundary after a meeting opens
@@ -224,38 +236,36 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         self._last_round_end = now
         if seconds is not None:
             self.clock.observe_round(seconds)
-        self._rounds_pending += 1
+        self._progress.pending += 1
         if self._pending is not None:
             self._pending[0].rounds_during += 1
         rec = self.collect()
         if self._pending is None and self.clock.round_s is not None \
                 and self._period_known():  # a pace to propose
             # agreed period: start up to prepare_s before the meeting (the group is read
-            # from its opening on, join.py); else among the meetings open now
+            # from its opening on, rendezvous.py); else among the meetings open now
             meet = self.clock.due(self._now(), lead=self.config.prepare_s
                                   if self.clock.agreed else 0.0)
             # with no peer known (none discovered, none met) nobody can come: no attempt
-            if meet is not None and (self._lineage.witnesses or self._last_group
-                                     or self._safe_discover()):
+            if meet is not None and (self._holding.knows_peers() or self._safe_discover()):
                 self.start(meet=meet, weight=weight)
         return rec
 
-    def collect(self) -> dict[str, Any] | None:
+    def collect(self) -> StepRecord | None:
         """``poll()`` as the round loop needs it: the record of a finished attempt (applied
-        to the params), None while it runs or if it was no step."""
-        rec = self.poll()
-        if rec is not None:
-            # a meeting that opened while this attempt ran is let pass: its group was busy
-            # too (members end together), so whoever went would go alone
-            self.clock.skip_until(rec["ended_at"])
-            if rec["status"] == "skipped":
-                rec = None  # no step: a meeting of a period we no longer hold (_attempt)
-        return rec
+        to the params), None while it runs or if its meeting passed without a step."""
+        got = self._poll()
+        if got is None:
+            return None
+        # a meeting that opened while this attempt ran is let pass: its group was busy
+        # too (members end together), so whoever went would go alone
+        self.clock.skip_until(got.ended_at)
+        return got if isinstance(got, StepRecord) else None
 
     def _period_known(self) -> bool:
         """Whether we may go to a meeting: not before the period of the version we would
-        adopt has been read (once, in the background, when the first peer is known; see
-        adopt.py ``_read_agreed``), so that a newcomer's first meeting is the others'."""
+        adopt has been read (once, in the background, when the first peer is known;
+        ``_read_agreed``), so that a newcomer's first meeting is the others'."""
         if self._scout is None:
             if self.clock.agreed or not self._safe_discover():
                 return True  # nobody to read it from yet
@@ -267,6 +277,18 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         self._scout = _DONE
         return True
 
+    def _read_agreed(self) -> None:
+        """Before our first attempt, on the outer-step thread: meet on the period of the
+        head a joiner would adopt (catchup.py ``Catchup.agreed``)."""
+        self._transport.add_dht_peers(self._safe_discover(),
+                                      timeout=self.config.dht_op_timeout_s)
+        agreed = self._catchup.agreed(self._holding.lineage())
+        if agreed is not None:
+            version, codes = agreed
+            self.clock.adopt(list(codes))
+            logger.info("meeting on the period of version %d (%.0f s) from the first attempt",
+                        version, self.clock.period())
+
     def start(self, *, meet: float | None = None, weight: float | None = None,
               window: float | None = None) -> bool:
         """Snapshot the params and start an attempt in the background (False if one is
@@ -275,117 +297,110 @@ class OuterLoop(Attempt, Committer, Adopter, Finisher, Joiner, Background):
         every peer we expect or discovered has joined)."""
         if self._pending is not None:
             return False
-        work = Work(snapshot=self._snapshot(), rounds=self._rounds_pending,
-                    weight=weight, meet=meet, window=window)
-        self._pending = (work, self._pool.submit(self._run, work))
+        self._submit(Work(snapshot=self._progress.snapshot(), rounds=self._progress.pending,
+                          weight=weight, meet=meet, window=window))
         return True
 
-    def poll(self, *, wait: float | None = 0.0) -> dict[str, Any] | None:
+    def _submit(self, work: Work) -> None:
+        self._pending = (work, self._pool.submit(self._attempt.run, work))
+
+    def poll(self, *, wait: float | None = 0.0) -> StepRecord | None:
         """The record of a finished attempt, after applying it to the params (on the
-        caller's thread); None while it runs (``wait``: seconds to wait, None = forever)."""
+        caller's thread); None while it runs or if its meeting passed without a step
+        (``wait``: seconds to wait, None = forever)."""
+        got = self._poll(wait=wait)
+        return got if isinstance(got, StepRecord) else None
+
+    def _poll(self, *, wait: float | None = 0.0) -> StepRecord | Passed | None:
         if self._pending is None:
             return None
         work, fut = self._pending
         if wait is not None and wait <= 0 and not fut.done():
             return None
         try:
-            rec = fut.result(timeout=wait)
+            got = fut.result(timeout=wait)
         except FutureTimeout:
             return None
         except Exception as e:  # noqa: BLE001 - a bug must not stop training: it is the
             # step's error; what it did to the state came with its rebases, applied below
             logger.exception("outer step crashed")
-            rec = {"step": self._state.version, "status": "failed", "peers": 1,
-                   "error": f"crashed: {e!r}"[:500], "param_hash": self.state_hash(),
-                   "seconds": 0.0, "bytes_sent": 0, "ended_at": self._now()}
+            got = StepRecord(step=self._holding.version(), status=Status.FAILED,
+                             version=self._holding.version(), param_hash=self.state_hash(),
+                             error=f"crashed: {e!r}"[:500], ended_at=self._now())
         self._pending = None
-        self._collect(work, rec)
-        return rec
+        counts = self._progress.collect(work, reset=self._holding.reset)
+        return got.with_observed(**counts) if isinstance(got, StepRecord) else got
 
-    def maybe_outer_step(self, round: int, *, weight: float | None = None) -> dict | None:
+    def maybe_outer_step(self, round: int, *, weight: float | None = None,
+                         ) -> StepRecord | None:
         """Count one inner round; after every ``every_rounds`` rounds run an outer step and
         wait for it; return its record, else None. ``weight``: this contribution's declared
         weight (default: ``config.weight`` x the rounds since our delta was last counted)."""
-        self._rounds_pending += 1
+        self._progress.pending += 1
         if (round + 1) % self.config.every_rounds != 0:
             return None
         return self.outer_step(weight=weight)
 
     def outer_step(self, *, weight: float | None = None,
-                   window: float | None = None) -> dict[str, Any]:
+                   window: float | None = None) -> StepRecord:
         """One outer step attempt now, waited for (an attempt already running is collected
         first); never raises a CollectiveError, never blocks past ``deadline_s`` (plus the
         DHT/stream timeouts' slack). ``window``: see ``start``."""
         if self._pending is not None:
-            earlier = self.poll(wait=None)
-            logger.info("collected a background step first: %s", earlier and earlier["status"])
+            earlier = self._poll(wait=None)
+            logger.info("collected a background step first: %s", earlier)
         self.start(weight=weight, window=window)
-        rec = self.poll(wait=None)
-        assert rec is not None
-        return rec
+        got = self._poll(wait=None)
+        assert isinstance(got, StepRecord), got  # a meeting-less attempt always reports
+        return got
+
+    def finish(self, *, stop: threading.Event | None = None,
+               on_record: Callable[[StepRecord], None] | None = None) -> StepRecord | None:
+        """Our run ended: attend the meetings until the end (finish.py's docstring). Every
+        step's record goes to ``on_record``; returns the last (None if none). Bounded by
+        about ``2 × final_wait_s + deadline_s``; ``stop`` set (a signal) ends it within a
+        meeting. A step still running is collected first."""
+        last: StepRecord | None = None
+        if self._pending is not None:
+            last = self.poll(wait=None)
+            if last is not None and on_record is not None:
+                on_record(last)
+        self.clock.finish()
+        start = time.monotonic()
+        cfg = self.config
+        while not (stop is not None and stop.is_set()) \
+                and time.monotonic() - start < 2 * cfg.final_wait_s + cfg.deadline_s:
+            meet = self.clock.due(self._now())
+            if meet is None:
+                time.sleep(POLL_S)
+                continue
+            self._submit(Work(snapshot=self._progress.snapshot(),
+                              rounds=self._progress.pending, weight=None, meet=meet,
+                              final=True,
+                              last_call=time.monotonic() - start > cfg.final_wait_s))
+            got = self._poll(wait=None)
+            if isinstance(got, Passed):
+                if got.end:
+                    break
+                continue
+            assert got is not None
+            last = got
+            if on_record is not None:
+                on_record(got)
+        logger.info("finished after %.1f s", time.monotonic() - start)
+        return last
 
     def close(self) -> None:
         if self._pending is not None:
             try:
-                self.poll(wait=min(self.config.deadline_s + 5, 30.0))
+                self._poll(wait=min(self.config.deadline_s + 5, 30.0))
             except Exception as e:  # noqa: BLE001 - leaving anyway
                 logger.warning("outer step still running at close: %s", e)
-        self._say_left()
+        self._farewell.say_left(self._holding.version())
         self._pool.shutdown(wait=False)
         self._transport.close()
 
-    # --- one attempt ----------------------------------------------------------------------
-    def _run(self, work: Work) -> dict[str, Any]:
-        """One attempt on the outer-step thread; never raises a CollectiveError."""
-        t0 = time.monotonic()
-        self._work = work
-        with self._lock:
-            version = self._state.version
-        rec: dict[str, Any] = {"step": version, "status": "failed", "peers": 1,
-                               "excluded": {}, "resync_bytes": 0, "bytes_sent": 0,
-                               "bytes_received": 0, "leader": None, "error": None,
-                               "rejected_commits": {}}
-        weight = work.weight
-        if weight is None:
-            weight = min(self.config.max_weight, self.config.weight * max(1, work.rounds))
-        rec["weight"] = weight
-        if work.meet is not None:
-            rec["meet"] = work.meet
-        rejected: dict[tuple[str, str, int], str] = {}
-        rec["phase_seconds"] = {}
-        self._mark_t = t0
-        try:
-            self._attempt(rec, t0, weight, rejected)
-        except CollectiveError as e:
-            rec["error"] = str(e)[:500]
-            logger.warning("outer step at version %s of %s failed: %s", rec["step"],
-                           self.peer_id, e)
-        finally:
-            self._work = None
-        reasons = Counter(rejected.values())
-        self._book.rejected.update(reasons)
-        rec["rejected_commits"] = dict(reasons)
-        with self._lock:
-            rec["param_hash"] = self._state.hash()
-            rec["version"] = rec["applied"] = self._state.version
-        rec["seconds"] = round(time.monotonic() - t0, 4)
-        rec["ended_at"] = self._now()
-        read_at = rec.pop("read_at", None)
-        if read_at is not None and rec["status"] == "ok":
-            self.clock.observe_exchange(time.monotonic() - read_at)
-        rec.update(dht_restarts=self._transport.dht_restarts,
-                   dht_failures=self._transport.dht_failures,
-                   invalid_commits=self._book.invalid, rejected_streams=self._ar.rejected,
-                   state_requests_refused=self._ar.state_refused,
-                   rejected_commits_total=dict(self._book.rejected))
-        return rec
-
-    def _mark(self, rec: dict[str, Any], phase: str) -> None:
-        """Seconds since the previous phase ended, in the record's ``phase_seconds``."""
-        now = time.monotonic()
-        rec["phase_seconds"][phase] = round(now - self._mark_t, 4)
-        self._mark_t = now
-
+    # --- callbacks ------------------------------------------------------------------------
     def _stage(self, name: str) -> None:
         if self._on_stage is not None:
             try:

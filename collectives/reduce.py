@@ -9,7 +9,7 @@ A reducer receives one contribution per group member for its shard (its own incl
    against the other member: the larger of its own contribution's norm (``own``) and
    ``ref_rms`` x sqrt(shard length), ``ref_rms`` being the root mean square of the last
    mean the reducer accepted as a member (``AllReduce.mean_rms``: a joiner's is the
-   adopted momentum's step size, adopt.py), the same reference as the member check in
+   adopted momentum's step size, holding.py), the same reference as the member check in
    exchange.py. Without the second term a reducer whose own delta is ~0 (it just rebased,
    trained a round since its delta was counted, finished training) would exclude every
    honest peer and "average" only itself. A hostile peer of a group of two still gets at

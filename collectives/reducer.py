@@ -161,7 +161,8 @@ class ReducerMixin:
     peer_id: str
     session: Session | None
     mean_rms: float
-    """RMS of the last mean we accepted as a member (exchange.py, adopt.py)."""
+    """RMS of the last mean we accepted as a member (exchange.py; raised to an adopted
+    state's step size by ``open_session``'s ``rms_floor``, holding.py)."""
 
     def _current(self, step: object) -> Session | None:
         s = self.session

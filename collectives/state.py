@@ -87,7 +87,7 @@ class OuterState:
 
     With momentum 0 the buffer holds the last applied average (``m = 0 m + g``): the update
     never reads it, the member and reducer checks of a peer that adopted the state do
-    (their reference step size, adopt.py).
+    (their reference step size, holding.py).
 
     The version counts the averages of >= 2 peers applied to θ_global since genesis; an
     attempt that changed nothing (alone, failed) changes neither the version nor the hash.
@@ -162,7 +162,7 @@ class OuterState:
             m = torch.mul(self.momentum, momentum).add_(g)
             update = torch.mul(m, momentum, out=out).add_(g)  # g + mu m: IEEE addition commutes
         else:  # m = 0 m + g: the buffer keeps the last average (a joiner's step size,
-            # adopt.py ``_step_rms``), which a momentum-free update never reads
+            # holding.py ``_step_rms``), which a momentum-free update never reads
             m, update = g.clone(), out.copy_(g)
         update.mul_(lr)
         theta = torch.sub(self.theta, update, out=update)

@@ -272,9 +272,11 @@ class OuterHook:
             record = self.loop.collect()
         else:
             record = self.loop.after_round(round_)
-        if record is not None:
-            emit("outer", record=record)
-        return record
+        if record is None:
+            return None
+        out = record.to_dict()
+        emit("outer", record=out)
+        return out
 
     def state(self) -> Any:
         """The node's outer state now (a copy, for checkpoints); None before the collective
@@ -295,7 +297,8 @@ class OuterHook:
         try:
             self._collect()
             emit("phase", phase="outer", done=0, total=0)
-            self.loop.finish(stop=self.stop, on_record=lambda r: emit("outer", record=r))
+            self.loop.finish(stop=self.stop,
+                             on_record=lambda r: emit("outer", record=r.to_dict()))
         except Exception as e:  # noqa: BLE001 - leaving anyway
             log.warning("outer step at exit: %s", e)
 
@@ -315,7 +318,7 @@ class OuterHook:
     def _collect(self) -> None:
         record = self.loop.poll(wait=min(self.config.deadline_s + 5, 30.0))  # < stop timeout
         if record is not None:
-            emit("outer", record=record)
+            emit("outer", record=record.to_dict())
 
     def _finish_start(self, *, final_step: bool) -> None:
         """Take the loop still starting (the run ended by itself) or abandon it."""

@@ -89,7 +89,7 @@ def main() -> None:
             f.write(json.dumps(rec) + "\n")
         if not args.no_save and snapshot is not None:
             np.savez(root / "out" / f"{args.name}-{i}.npz", snapshot=snapshot, before=before,
-                     after=flat(model), theta=loop._state.theta.numpy().copy())
+                     after=flat(model), theta=loop.state().theta.numpy())
         i += 1
 
     while time.time() < end and not (root / "stop").exists():  # (the test is over)
@@ -104,7 +104,7 @@ def main() -> None:
         was = loop.in_flight
         rec = loop.after_round(r, seconds=seconds)
         if rec is not None:
-            save(rec, before)
+            save(rec.to_dict(), before)
         if loop.in_flight and (not was or rec is not None):
             snapshot = loop._pending[0].snapshot.numpy().copy()  # type: ignore[index]
         r += 1
@@ -112,12 +112,12 @@ def main() -> None:
     before = flat(model)
     rec = loop.poll(wait=None)
     if rec is not None:
-        save(rec, before)
+        save(rec.to_dict(), before)
     finish_s = None
     if args.finish:
         snapshot = flat(model)
         t = time.monotonic()
-        loop.finish(on_record=lambda r: save(r, flat(model)))
+        loop.finish(on_record=lambda r: save(r.to_dict(), flat(model)))
         finish_s = time.monotonic() - t
     atomic_write_bytes(root / "out" / f"{args.name}.json", json.dumps(
         {"compute_s": compute, "wall_s": wall, "rounds": r, "finish_s": finish_s,

@@ -32,6 +32,8 @@ import torch
 
 from collectives import OuterConfig, OuterLoop
 from collectives.allreduce import LINGER_S, AllReduce
+from collectives.rendezvous import Rendezvous
+from collectives.vote import Ballot
 from protocol import Identity, atomic_write_bytes
 
 SHAPES = [(100, 50), (50,), (200, 30)]
@@ -64,7 +66,8 @@ ANSWERED_WAIT_S = 10.0
 def crash() -> None:
     loop, mark = FAULT["loop"], FAULT["mark"]
     if isinstance(loop, OuterLoop) and isinstance(mark, Path):
-        work = loop._work  # the attempt this fault interrupts
+        pending = loop._pending  # the attempt this fault interrupts
+        work = pending[0] if pending is not None else None
         atomic_write_bytes(mark, json.dumps({"meet": work and work.meet}).encode())
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -107,7 +110,7 @@ def install_faults() -> None:
             FAULT["answering"] = int(FAULT["answering"]) - 1  # type: ignore[call-overload]
 
     AllReduce._on_reduce = answering  # type: ignore[method-assign]
-    reconcile = OuterLoop._reconcile
+    settle = Ballot.settle
 
     def before_vote(self, *a, **kw):  # type: ignore[no-untyped-def]
         if FAULT["kind"] is Fault.VOTE:
@@ -120,9 +123,9 @@ def install_faults() -> None:
             logging.getLogger(__name__).info("vote fault: %.2f s for the last answers",
                                              time.monotonic() - t)
             crash()
-        return reconcile(self, *a, **kw)
+        return settle(self, *a, **kw)
 
-    OuterLoop._reconcile = before_vote  # type: ignore[method-assign]
+    Ballot.settle = before_vote  # type: ignore[method-assign]
 
 
 def late_joins(by: float, count: int) -> None:
@@ -130,7 +133,7 @@ def late_joins(by: float, count: int) -> None:
     opened (a slow newcomer's round boundary, a rendezvous over a WAN)."""
     if count <= 0:
         return
-    original = OuterLoop._join
+    original = Rendezvous.join
     left = [count]
 
     def join(self, work, *a, **kw):  # type: ignore[no-untyped-def]
@@ -139,7 +142,7 @@ def late_joins(by: float, count: int) -> None:
             time.sleep(max(0.0, work.meet + by - self._now()))
         return original(self, work, *a, **kw)
 
-    OuterLoop._join = join  # type: ignore[method-assign]
+    Rendezvous.join = join  # type: ignore[method-assign]
 
 
 def make_model(numel: int | None) -> torch.nn.ParameterList:
@@ -295,18 +298,17 @@ def main() -> None:
                 if i in skip:
                     continue
             if r % 2 == 1 and not args.no_save:
-                before = loop._state.theta.clone().numpy()
+                before = loop.state().theta.numpy()
                 local = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
             rec = loop.maybe_outer_step(r, weight=args.weight)
             if rec is not None and not args.no_save:
-                after = loop._state.theta.clone().numpy()
+                after = loop.state().theta.numpy()
                 params = torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
                 np.savez(root / "out" / f"{args.name}-{i}.npz", before=before,
                          delta=before - local, after=after, local=local, params=params)
             if rec is not None:
-                rec["i"] = i
                 with open(root / "out" / f"{args.name}.jsonl", "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                    f.write(json.dumps({**rec.to_dict(), "i": i}) + "\n")
     finish(loop, root, args.name)
 
 
@@ -362,9 +364,10 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[tor
             fault.unlink()
         time.sleep(args.round_s)
         t = time.monotonic()
-        rec = loop.collect()  # what after_round does first; here so that we drift before the
+        got = loop.collect()  # what after_round does first; here so that we drift before the
         apply_s = time.monotonic() - t  # next attempt's snapshot, which it may take at once
-        if rec is not None:
+        if got is not None:
+            rec = got.to_dict()
             rec.update(i=i, done_at=done_at.pop(i, None), apply_s=round(apply_s, 4),
                        collected_at=get_dht_time())
             if rec.get("meet") is not None and rec["done_at"] is not None:

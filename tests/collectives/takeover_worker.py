@@ -41,11 +41,11 @@ def main() -> None:
                      identity=Identity.from_seed(args.seed.to_bytes(32, "little")),
                      group="test-model", params=model, data_dir=str(root / "data" / "attacker"),
                      discover=lambda: discover(root, "attacker"))
-    numel = loop._state.theta.numel()
+    numel = loop._holding.numel()
     zero = OuterState(theta=torch.zeros(numel), momentum=torch.zeros(numel), applied=STEP)
-    loop._state = zero
+    loop._holding._state = zero  # an attacker's own node: it holds what it likes
     zero_hash = zero.hash()
-    serve = loop._serve_state
+    serve = loop._holding.serve
 
     def logged(want: str) -> bytes | None:
         with open(root / "out" / "attacker.served", "a") as f:
@@ -54,7 +54,7 @@ def main() -> None:
 
     loop._ar.state_provider = logged
     atomic_write_bytes(root / "addrs" / "attacker.txt", "\n".join(loop.collective_addrs()).encode())
-    book, tp = loop._book, loop._transport
+    book, tp = loop._attempt.book, loop._transport
     me = loop.peer_id
     forged = 0
     while not (root / "stop").exists():

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from collectives import OuterConfig, OuterLoop
+from collectives import OuterConfig, OuterLoop, Status
 from protocol import Identity
 
 
@@ -31,17 +31,19 @@ def test_alone_loop_keeps_params_and_respects_deadline(tmp_path) -> None:
             model.weight.add_(1.0)
         before = [p.detach().clone() for p in model.parameters()]
         t = time.monotonic()
-        rec = loop.maybe_outer_step(2)
+        got = loop.maybe_outer_step(2)
         assert time.monotonic() - t < cfg.deadline_s + 2
-        assert rec is not None and rec["status"] == "alone" and rec["peers"] == 1, rec
+        assert got is not None and got.status is Status.ALONE and got.peers == 1, got
+        rec = got.to_dict()  # the JSON a node emits
+        assert rec["status"] == "alone"
         for k in ("step", "peers", "param_hash", "seconds", "bytes_sent"):
             assert k in rec
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
         # alone changes nothing: the version and the hash stay (no ping-pong with others)
         assert rec["step"] == rec["version"] == 0 and rec["rejected_commits"] == {}
         again = loop.maybe_outer_step(5)
-        assert again["step"] == 0 and again["param_hash"] == rec["param_hash"]
-        assert again["weight"] == 4.0 and again["discarded_rounds"] == 0
+        assert again is not None and again.step == 0 and again.param_hash == got.param_hash
+        assert again.weight == 4.0 and again.observed["discarded_rounds"] == 0
     finally:
         loop.close()
 

@@ -1,9 +1,10 @@
 """The outer step's arithmetic from the members' params to their params, in-process (issue 29).
 
-Each member is an ``OuterLoop``'s param bookkeeping (snapshot, rebase, collect: no DHT); the
+Each member is an ``OuterLoop``'s ``Progress`` and ``Holding`` (snapshot, rebase, collect: no
+DHT); the
 pseudo-gradients θ_global − θ_i go through the real exchange over p2pd daemons on loopback
 (allreduce.py, the reducers' robust mean, codec "none"), the step lands range by range
-(landing.py) and is applied as an attempt applies it (attempt.py ``_apply``). Values are
+(landing.py) and is applied as an attempt applies it (``Holding.apply``). Values are
 small dyadic fractions, so every fp32 sum, mean and difference below is exact and the checks
 are bit for bit: with 4 members each weight is 1/4 (a reducer sums w_i/W · x_i).
 """
@@ -17,12 +18,10 @@ import pytest
 import torch
 
 from collectives import OuterConfig
-from collectives.background import Work
-from collectives.landing import Landing
-from collectives.loop import OuterLoop
-from collectives.state import flatten
+from collectives.holding import Holding
+from collectives.state import OuterState, flatten
+from collectives.work import Progress, Work
 from tests.collectives.test_exchange import _group, _members
-from tests.collectives.test_schedule import _loop
 
 # the daemons' client connections of a finished exchange are finalized after the loop closed
 # (as in test_endpoints.py): collected here under these filters, not in a later test
@@ -37,34 +36,48 @@ def _dyadic(g: torch.Generator, scale: int = 8) -> torch.Tensor:
     return torch.randint(-2 * scale, 2 * scale + 1, (NUMEL,), generator=g).float() / scale
 
 
-def _members_at(theta: torch.Tensor, n: int, config: OuterConfig) -> list[OuterLoop]:
+class Member:
+    """One node's side of the outer step without the network: the live params and round
+    counts (``Progress``), θ_global (``Holding``), the attempt in flight."""
+
+    def __init__(self, theta: torch.Tensor, config: OuterConfig) -> None:
+        self.config = config
+        self.params = [torch.nn.Parameter(theta.clone().view(30, 100))]
+        self.progress = Progress(self.params)
+        self.holding = Holding(flatten(self.params), peer_id="m",
+                               momentum=config.outer_momentum, minority_patience=3)
+        self.work: Work | None = None
+
+    @property
+    def state(self) -> OuterState:
+        return self.holding.copy()
+
+
+def _members_at(theta: torch.Tensor, n: int, config: OuterConfig) -> list[Member]:
     """``n`` members whose θ_global and params are ``theta`` (a fresh swarm at genesis)."""
-    loops = [_loop([torch.nn.Parameter(theta.clone().view(30, 100))], config) for _ in range(n)]
-    for loop in loops:
-        loop._pending = None
-    return loops
+    return [Member(theta, config) for _ in range(n)]
 
 
-def _train(loop: OuterLoop, work: torch.Tensor, rounds: int = 1) -> None:
+def _train(loop: Member, work: torch.Tensor, rounds: int = 1) -> None:
     """``rounds`` inner rounds that moved the params by ``work``."""
     with torch.no_grad():
-        loop._params[0].view(-1).add_(work)
-    loop._rounds_pending += rounds
-    if loop._pending is not None:
-        loop._pending[0].rounds_during += rounds
+        loop.params[0].view(-1).add_(work)
+    loop.progress.pending += rounds
+    if loop.work is not None:
+        loop.work.rounds_during += rounds
 
 
-def _begin(loops: list[OuterLoop]) -> list[Work]:
+def _begin(loops: list[Member]) -> list[Work]:
     """Every member snapshots its params for an attempt (as ``OuterLoop.start``)."""
     works = []
     for loop in loops:
-        work = Work(snapshot=loop._snapshot().clone(), rounds=loop._rounds_pending, weight=None)
-        loop._pending = (work, None)  # type: ignore[assignment]
-        works.append(work)
+        loop.work = Work(snapshot=loop.progress.snapshot().clone(),
+                         rounds=loop.progress.pending, weight=None)
+        works.append(loop.work)
     return works
 
 
-def _exchange_and_apply(loops: list[OuterLoop], works: list[Work]) -> torch.Tensor:
+def _exchange_and_apply(loops: list[Member], works: list[Work]) -> torch.Tensor:
     """The group's exchange and apply on every member (on its attempt's thread in a node);
     returns the average they all applied. Not collected yet: see ``_collect``."""
 
@@ -74,22 +87,21 @@ def _exchange_and_apply(loops: list[OuterLoop], works: list[Work]) -> torch.Tens
             ars = await _members(p2ps, "none", NUMEL, loops[0].config)
             members = sorted(ar.peer_id for ar in ars)
             landings, deltas = [], []
-            for loop, work in zip(loops, works):
-                loop._work = work
-                deltas.append(loop._state.theta - work.params())
-                landings.append(Landing(loop._state, torch.empty(NUMEL),
-                                        lr=loop.config.outer_lr,
-                                        momentum=loop.config.outer_momentum))
+            starts = [loop.holding.start(work) for loop, work in zip(loops, works)]
+            for loop, start in zip(loops, starts):
+                deltas.append(start.delta.result())
+                landings.append(loop.holding.landing(deltas[-1], lr=loop.config.outer_lr))
             aloop = asyncio.get_running_loop()
             avgs = await asyncio.gather(*(
                 ar.exchange(d, members, reduce_deadline=aloop.time() + 50, out=la.avg,
                             on_landed=la.land) for ar, d, la in zip(ars, deltas, landings)))
             for ar in ars:
                 assert ar.session.verdict == "ok" and not ar.session.excluded
-            for loop, work, la, avg, d in zip(loops, works, landings, avgs, deltas):
-                loop._apply(la, avg.clone(), work.params(), out=d)
-                work.counted = True  # the group's votes agreed (commit.py sets it)
-                loop._work = None
+            for loop, work, la, avg, d, start in zip(loops, works, landings, avgs, deltas,
+                                                     starts):
+                loop.holding.apply(la, avg.clone(), start.snapshot, work,
+                                   lr=loop.config.outer_lr, out=d)
+                work.counted = True  # the group's votes agreed (attempt.py sets it)
             return [la.avg for la in landings]
         finally:
             for p in reversed(p2ps):
@@ -102,18 +114,16 @@ def _exchange_and_apply(loops: list[OuterLoop], works: list[Work]) -> torch.Tens
     return avgs[0]
 
 
-def _collect(loops: list[OuterLoop], works: list[Work]) -> list[dict]:
+def _collect(loops: list[Member], works: list[Work]) -> list[dict]:
     recs = []
     for loop, work in zip(loops, works):
-        rec: dict = {}
-        loop._pending = None
-        loop._collect(work, rec)
-        recs.append(rec)
+        loop.work = None
+        recs.append(loop.progress.collect(work, reset=loop.holding.reset))
     return recs
 
 
-def _theta(loop: OuterLoop) -> torch.Tensor:
-    return flatten(loop._params)
+def _theta(loop: Member) -> torch.Tensor:
+    return flatten(loop.params)
 
 
 def test_plain_averaging_leaves_every_member_at_exactly_the_mean_of_their_params() -> None:
@@ -131,10 +141,10 @@ def test_plain_averaging_leaves_every_member_at_exactly_the_mean_of_their_params
     mean = torch.stack(trained).sum(0) / 4
     for loop, rec in zip(loops, recs):
         assert torch.equal(_theta(loop), mean)
-        assert torch.equal(loop._state.theta, mean)
-        assert torch.equal(loop._state.momentum, avg)  # unused: the last step's size
+        assert torch.equal(loop.state.theta, mean)
+        assert torch.equal(loop.state.momentum, avg)  # unused: the last step's size
         assert (rec["rounds_pending"], rec["discarded_rounds"]) == (0, 0)
-    assert len({loop._state.hash() for loop in loops}) == 1
+    assert len({loop.state.hash() for loop in loops}) == 1
 
 
 def test_a_step_among_identical_peers_changes_nothing() -> None:
@@ -155,15 +165,15 @@ def test_a_step_among_identical_peers_changes_nothing() -> None:
         assert torch.equal(_theta(loop), theta0 + same)
     nesterov = OuterConfig(outer_lr=0.7, outer_momentum=0.9)
     idle = _members_at(theta0, 3, nesterov)
-    before = {loop._state.hash() for loop in idle}
+    before = {loop.state.hash() for loop in idle}
     works = _begin(idle)
     _exchange_and_apply(idle, works)
     _collect(idle, works)
     for loop in idle:
-        assert torch.equal(_theta(loop), theta0) and torch.equal(loop._state.theta, theta0)
-        assert loop._state.version == 1
-    assert len({loop._state.hash() for loop in idle}) == 1
-    assert {loop._state.hash() for loop in idle} != before  # the version is in the hash
+        assert torch.equal(_theta(loop), theta0) and torch.equal(loop.state.theta, theta0)
+        assert loop.state.version == 1
+    assert len({loop.state.hash() for loop in idle}) == 1
+    assert {loop.state.hash() for loop in idle} != before  # the version is in the hash
 
 
 def test_rounds_trained_during_a_background_step_count_once_in_the_next() -> None:
@@ -186,7 +196,7 @@ def test_rounds_trained_during_a_background_step_count_once_in_the_next() -> Non
         avg1 = _exchange_and_apply(loops, works)
         recs = _collect(loops, works)
         assert torch.equal(avg1, -torch.stack(u).sum(0) / 4)
-        theta1 = loops[0]._state.theta.clone()
+        theta1 = loops[0].state.theta.clone()
         for loop, wi, rec in zip(loops, w, recs):
             assert torch.equal(_theta(loop), theta1 + wi)
             assert (rec["rounds_pending"], rec["overlap_rounds"]) == (2, 2)
@@ -196,8 +206,8 @@ def test_rounds_trained_during_a_background_step_count_once_in_the_next() -> Non
         recs = _collect(loops, works)
         assert torch.equal(avg2, -torch.stack(w).sum(0) / 4)
         for loop, rec in zip(loops, recs):
-            assert torch.equal(_theta(loop), loop._state.theta)
+            assert torch.equal(_theta(loop), loop.state.theta)
             assert (rec["rounds_pending"], rec["discarded_rounds"]) == (0, 0)
         if config is PLAIN:
             total = torch.stack([ui + wi for ui, wi in zip(u, w)]).sum(0) / 4
-            assert torch.equal(loops[0]._state.theta, theta0 + total)
+            assert torch.equal(loops[0].state.theta, theta0 + total)

@@ -1,17 +1,22 @@
-"""Pure unit tests: the clock (schedule.py) and applying a background step (OuterLoop._collect)."""
+"""Pure unit tests: the clock (schedule.py), applying a background step (work.py
+``Progress.collect``) and the rendezvous's reads (rendezvous.py)."""
 
 from __future__ import annotations
 
-import threading
 import types
 
 import pytest
 import torch
 
 from collectives import OuterConfig, OuterLoop
-from collectives.background import Work
+from collectives.attempt import Attempt
+from collectives.consistency import Lineage
+from collectives.holding import Holding
+from collectives.record import Draft
+from collectives.rendezvous import Rendezvous
+from collectives.work import Progress, Work
 from collectives.schedule import Clock, ladder
-from collectives.state import OuterState, flatten
+from collectives.state import flatten
 
 
 def clock(**kw: float) -> Clock:
@@ -107,36 +112,31 @@ def test_the_period_holds_a_window_and_the_last_exchange() -> None:
     assert Clock.pending(c.code(pending=True)) and not Clock.finished(1 + 2 + 32 * 2)
 
 
-def _loop(params: list[torch.nn.Parameter], config: OuterConfig | None = None) -> OuterLoop:
-    loop = object.__new__(OuterLoop)  # only the param bookkeeping: no transport
-    loop.config, loop._lock, loop._params = config or OuterConfig(), threading.Lock(), params
-    theta = flatten(params)
-    loop._state = OuterState(theta=theta, momentum=torch.zeros_like(theta))
-    loop._rounds_pending, loop._discarded_rounds, loop._work = 0, 0, None
-    return loop
+def _parts(params: list[torch.nn.Parameter]) -> tuple[Progress, Holding]:
+    """The training thread's progress and the holding of θ_global: no transport."""
+    return Progress(params), Holding(flatten(params), peer_id="me", momentum=0.0,
+                                     minority_patience=3)
 
 
 def test_rounds_trained_during_a_background_step_survive_its_application() -> None:
     g = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(50, 4, generator=g)),
               torch.nn.Parameter(torch.randn(7, generator=g))]
-    loop = _loop(params)
-    loop._rounds_pending = 3
+    progress, holding = _parts(params)
+    progress.pending = 3
     work = Work(snapshot=flatten(params), rounds=3, weight=None)
-    loop._work = work  # the outer-step thread applies the average (θ_new) and rebases
-    theta_new = loop._state.theta - 0.5
-    loop._rebase(onto=theta_new, base=work.params())
+    # the outer-step thread applies the average (θ_new) and rebases
+    theta_new = holding.copy().theta - 0.5
+    work.rebase(onto=theta_new, base=work.params())
     assert torch.equal(work.params(), theta_new)  # what the attempt sees from now on
     work.counted = True
-    loop._work = None
     with torch.no_grad():  # meanwhile the training thread made two more rounds
         drift = [torch.randn(p.shape, generator=g) for p in params]
         for p, d in zip(params, drift):
             p.add_(d)
-    loop._rounds_pending += 2
+    progress.pending += 2
     before = flatten(params)
-    rec: dict = {}
-    loop._collect(work, rec)
+    rec = progress.collect(work, reset=holding.reset)
     made = before - work.snapshot  # the work since the snapshot
     assert torch.allclose(flatten(params), theta_new + made, atol=1e-6)
     assert (rec["rounds_pending"], rec["discarded_rounds"]) == (2, 0)
@@ -149,55 +149,49 @@ def test_snapshots_reuse_one_buffer_and_equal_the_params() -> None:
     g = torch.Generator().manual_seed(1)
     params = [torch.nn.Parameter(torch.randn(30, 3, generator=g)),
               torch.nn.Parameter(torch.randn(5, generator=g))]
-    loop = _loop(params)
-    first = Work(snapshot=loop._snapshot(), rounds=1, weight=None)
+    progress, holding = _parts(params)
+    first = Work(snapshot=progress.snapshot(), rounds=1, weight=None)
     assert torch.equal(first.snapshot, flatten(params))
-    loop._work = first
-    theta_new = loop._state.theta + 1.0
-    loop._rebase(onto=theta_new, base=first.params())
-    loop._work = None
-    loop._collect(first, {})
+    theta_new = holding.copy().theta + 1.0
+    first.rebase(onto=theta_new, base=first.params())
+    progress.collect(first, reset=holding.reset)
     after_first = flatten(params)
     assert torch.allclose(after_first, theta_new, atol=1e-6)
     with torch.no_grad():
         params[1].add_(3.0)
-    second = loop._snapshot()
+    second = progress.snapshot()
     assert second.data_ptr() == first.snapshot.data_ptr()  # the same buffer, refilled
     assert torch.equal(second, flatten(params))
     assert torch.equal(flatten(params)[:90], after_first[:90])  # nothing written back
     half = [torch.nn.Parameter(torch.ones(4, dtype=torch.float16))]
-    assert _loop(half)._snapshot().dtype == torch.float32  # other dtypes: a fresh flatten
+    assert Progress(half).snapshot().dtype == torch.float32  # other dtypes: a fresh flatten
 
 
 def test_a_failed_step_leaves_the_params_exactly_as_trained() -> None:
     params = [torch.nn.Parameter(torch.ones(10))]
-    loop = _loop(params)
+    progress, holding = _parts(params)
     work = Work(snapshot=flatten(params), rounds=1, weight=None)
-    loop._work = work
-    applied = loop._state.theta + 2.0  # applied, then rolled back: the shifts cancel
-    loop._rebase(onto=applied, base=work.snapshot)
-    loop._rebase(onto=work.snapshot, base=applied)
+    applied = holding.copy().theta + 2.0  # applied, then rolled back: the shifts cancel
+    work.rebase(onto=applied, base=work.snapshot)
+    work.rebase(onto=work.snapshot, base=applied)
     with torch.no_grad():
         params[0].add_(0.25)
-    loop._rounds_pending = 2
-    rec: dict = {}
-    loop._collect(work, rec)
+    progress.pending = 2
+    rec = progress.collect(work, reset=holding.reset)
     assert torch.equal(params[0].detach(), torch.full((10,), 1.25))
     assert rec["rounds_pending"] == 2  # not counted: the rounds stay pending
 
 
 def test_a_non_finite_local_delta_is_dropped_and_counted() -> None:
     params = [torch.nn.Parameter(torch.ones(4))]
-    loop = _loop(params)
+    progress, holding = _parts(params)
     work = Work(snapshot=flatten(params), rounds=2, weight=None)
-    loop._work = work
-    loop._rebase(onto=loop._state.theta * 3, base=work.snapshot)
+    work.rebase(onto=holding.copy().theta * 3, base=work.snapshot)
     with torch.no_grad():
         params[0][1] = float("nan")
-    loop._rounds_pending = 4
-    rec: dict = {}
-    loop._collect(work, rec)
-    assert torch.equal(params[0].detach(), loop._state.theta)
+    progress.pending = 4
+    rec = progress.collect(work, reset=holding.reset)
+    assert torch.equal(params[0].detach(), holding.copy().theta)
     assert rec["discarded_rounds"] == 4
 
 
@@ -218,11 +212,12 @@ def test_open_meetings_span_the_ladder_and_agreement_needs_others() -> None:
 
 def test_a_joiner_reads_the_period_of_the_version_it_will_adopt_before_its_first_meeting(
         ) -> None:
-    """loop.py ``_period_known`` / adopt.py ``_read_agreed``: the first attempt of a
+    """loop.py ``_period_known`` / catchup.py ``Catchup.agreed``: the first attempt of a
     newcomer whose rounds are faster than the group's goes to the group's meeting."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from collectives.consistency import CommitBook, Lineage
+    from collectives.catchup import Catchup
+    from collectives.consistency import CommitBook
     from protocol import Identity
 
     group, gid = "g", "gid"
@@ -245,11 +240,13 @@ def test_a_joiner_reads_the_period_of_the_version_it_will_adopt_before_its_first
 
     me = Identity.generate()
     book = CommitBook(identity=me, group=group, gid=gid, swarm_id="s")
-    loop = object.__new__(OuterLoop)
-    loop.config, loop.peer_id, loop._lock = OuterConfig(), me.peer_id, threading.Lock()
-    loop.clock, loop._book, loop._transport = clock(), book, Transport()
-    loop._lineage = Lineage(hash="00" * 32, version=0)
-    loop._trust = lambda p: p in members
+    loop = object.__new__(OuterLoop)  # the first attempt's scheduling only: no p2pd
+    loop.config, loop.clock, loop._transport = OuterConfig(), clock(), Transport()
+    loop._catchup = Catchup(config=loop.config, peer_id=me.peer_id, book=book,
+                            transport=Transport(), trust=lambda p: p in members)
+    loop._holding = Holding(torch.zeros(3), peer_id=me.peer_id, momentum=0.0,
+                            minority_patience=3)
+    assert loop._holding.lineage().is_genesis
     loop._discover = lambda: ["/ip4/127.0.0.1/tcp/1/p2p/" + trusted[0].peer_id]
     loop._pool, loop._scout = ThreadPoolExecutor(max_workers=1), None
     for _ in range(3):
@@ -266,7 +263,7 @@ def test_a_joiner_reads_the_period_of_the_version_it_will_adopt_before_its_first
 
 
 def test_a_version_adopted_at_the_meeting_that_made_it_ends_the_attempt_there() -> None:
-    """join.py ``_made_at``: a late node that adopts version 1 at the tail of the meeting
+    """rendezvous.py ``made_at``: a late node that adopts version 1 at the tail of the meeting
     where its witnesses made it does not step there (they have left; nobody could advance
     it), but it does at a meeting where they are at version 1."""
     from collectives.consistency import CommitBook, Lineage
@@ -283,15 +280,13 @@ def test_a_version_adopted_at_the_meeting_that_made_it_ends_the_attempt_there() 
         def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
             return records if key == book.join_key(0, meet=96.0) else {}
 
-    loop = object.__new__(OuterLoop)
-    loop.config, loop.peer_id, loop._lock = OuterConfig(), me.peer_id, threading.Lock()
-    loop._book, loop._transport = book, Transport()
-    loop._lineage = Lineage(hash="ab" * 32, version=1,
-                            witnesses=frozenset(w.peer_id for w in witnesses))
-    assert loop._made_at(96.0)  # they joined 96 at version 0 and made version 1 there
-    assert not loop._made_at(128.0)  # a later meeting: they come at version 1
-    loop._lineage = Lineage(hash="ab" * 32, version=1, witnesses=frozenset({"someone"}))
-    assert not loop._made_at(96.0)  # made elsewhere
+    rendezvous = Rendezvous(config=OuterConfig(), peer_id=me.peer_id, book=book,
+                            transport=Transport(), clock=clock(), now=lambda: 100.0)
+    made = Lineage(hash="ab" * 32, version=1, witnesses=frozenset(w.peer_id for w in witnesses))
+    assert rendezvous.made_at(made, 96.0)  # they joined 96 at version 0 and made version 1
+    assert not rendezvous.made_at(made, 128.0)  # a later meeting: they come at version 1
+    elsewhere = Lineage(hash="ab" * 32, version=1, witnesses=frozenset({"someone"}))
+    assert not rendezvous.made_at(elsewhere, 96.0)  # made elsewhere
 
 
 def test_a_join_stored_after_the_window_of_the_longest_period_present_is_late() -> None:
@@ -328,7 +323,7 @@ def test_a_finished_peer_meets_on_a_period_whose_window_holds_the_least_window()
 
 
 def test_a_finished_peer_finds_the_longer_meeting_where_a_missing_peer_joined() -> None:
-    """join.py ``_find_meeting(among=...)`` and ``_join``: a finished peer (8 s meetings,
+    """rendezvous.py ``find_meeting(among=...)`` and ``join``: a finished peer (8 s meetings,
     4 s reads) whose discovered peer is missing from its meeting finds the one that peer
     joined: a meeting of its 128 s period that opened 22 s ago and is read for 64 s (e2e
     local swarm: the finished node left 4 s before the other two stepped there). Its join
@@ -357,25 +352,26 @@ def test_a_finished_peer_finds_the_longer_meeting_where_a_missing_peer_joined() 
             records.setdefault(next(m for m in (448.0, 464.0, 472.0)
                                     if key == book.join_key(0, meet=m)), {})[subkey] = value
 
-    loop = object.__new__(OuterLoop)
-    loop.config, loop.peer_id, loop._lock = OuterConfig(), me.peer_id, threading.Lock()
-    loop._book, loop._transport, loop._now = book, Transport(), lambda: 470.0
-    loop._state = types.SimpleNamespace(version=0, hash=lambda: state)
-    loop.clock = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_period_s=600.0,
-                       max_window_s=600.0)
-    loop.clock.finish()
-    assert loop.clock.window() == 4.0  # our own reads: 4 s
-    assert loop._find_meeting(0, state, but=472.0, among=frozenset({trainer.peer_id})) \
+    ours = clock(every_rounds=2, min_period_s=2.0, min_window_s=3.0, max_period_s=600.0,
+                 max_window_s=600.0)
+    ours.finish()
+    assert ours.window() == 4.0  # our own reads: 4 s
+    rendezvous = Rendezvous(config=OuterConfig(), peer_id=me.peer_id, book=book,
+                            transport=Transport(), clock=ours, now=lambda: 470.0)
+    assert rendezvous.find_meeting(0, state, but=472.0, among=frozenset({trainer.peer_id})) \
         == (448.0, [slow])
-    assert loop._find_meeting(0, state, but=472.0, among=frozenset({"nobody"})) is None
-    assert loop._find_meeting(0, "ff" * 32, but=472.0) is None  # not at our state
+    assert rendezvous.find_meeting(0, state, but=472.0, among=frozenset({"nobody"})) is None
+    assert rendezvous.find_meeting(0, "ff" * 32, but=472.0) is None  # not at our state
     work = Work(snapshot=torch.zeros(1), rounds=3, weight=None, meet=472.0, final=True)
-    rec: dict = {}
-    assert loop._meet_others(work, rec, but=472.0, among=frozenset({trainer.peer_id}))
-    assert work.meet == 448.0 and work.met == (slow,) and rec["meet"] == 448.0
-    holders, early, late = loop._join(work, 0, state, frozenset(),
-                                      frozenset({trainer.peer_id}))
-    assert set(holders) == {me.peer_id, trainer.peer_id} and early and late is None
+    attempt = object.__new__(Attempt)  # its move to another meeting: no p2pd
+    attempt.rendezvous, attempt.clock = rendezvous, ours
+    attempt.holding = types.SimpleNamespace(version=lambda: 0, hash=lambda: state)
+    draft = Draft(step=0)
+    assert attempt._meet_others(work, draft, but=472.0, among=frozenset({trainer.peer_id}))
+    assert work.meet == 448.0 and work.met == (slow,) and draft.observed["meet"] == 448.0
+    roster = rendezvous.join(work, 0, state, frozenset(), frozenset({trainer.peer_id}))
+    assert set(roster.holders) == {me.peer_id, trainer.peer_id} and roster.early
+    assert roster.late is None
     key, ttl = stored[-1]
     assert key == book.join_key(0, meet=448.0)
     assert ttl >= 448.0 + 64.0 - 470.0  # their read ends at 512: 42 s from now

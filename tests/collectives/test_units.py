@@ -226,22 +226,20 @@ def test_genesis_must_match_the_params(tmp_path) -> None:
 
 
 def test_a_group_without_most_of_the_last_contributors_does_not_advance() -> None:
-    import threading
+    from collectives.holding import Holding
+    from collectives.work import Work
 
-    from collectives import OuterLoop
-
-    loop = object.__new__(OuterLoop)  # only the rule: no transport needed
-    loop.config, loop.peer_id, loop._lock = OuterConfig(minority_patience=2), "me", \
-        threading.Lock()
-    loop._minority_streak = 0
-    loop._lineage = Lineage(hash="h", version=4, witnesses=frozenset({"me", "a", "b", "c"}))
-    assert loop._may_advance({"a", "b"})  # 3 of 4 witnesses (us included)
-    assert not loop._may_advance({"a", "x", "y"})  # 2 of 4: the other half may be stepping
-    assert not loop._may_advance({"a"})
-    assert loop._may_advance({"a"})  # patience (2) exhausted: the majority is gone
-    assert not loop._may_advance({"z"})  # the streak starts again
-    loop._lineage = Lineage(hash="g", version=0)  # genesis: no witnesses, no rule
-    assert loop._may_advance({"z"})
+    holding = Holding(torch.zeros(4), peer_id="me", momentum=0.0, minority_patience=2)
+    assert holding.may_advance({"z"})  # genesis: no witnesses, no rule
+    work = Work(snapshot=torch.zeros(4), rounds=1, weight=None)
+    state = holding.copy()
+    holding.adopt(state, Lineage(hash="h", version=4,
+                                 witnesses=frozenset({"me", "a", "b", "c"})), work, base=None)
+    assert holding.may_advance({"a", "b"})  # 3 of 4 witnesses (us included)
+    assert not holding.may_advance({"a", "x", "y"})  # 2 of 4: the other half may be stepping
+    assert not holding.may_advance({"a"})
+    assert holding.may_advance({"a"})  # patience (2) exhausted: the majority is gone
+    assert not holding.may_advance({"z"})  # the streak starts again
 
 
 @pytest.mark.parametrize("case", ["honest2", "honest4", "outlier", "clipped", "nan", "weight",
@@ -282,7 +280,7 @@ def test_streamed_verdict_agrees_with_whole_shard_reduction(case: str) -> None:
 
 
 def test_in_place_collect_adds_the_same_bits_as_flatten_add_copy() -> None:
-    from collectives.background import _add_in_place
+    from collectives.work import _add_in_place
 
     g = torch.Generator().manual_seed(5)
     params = [torch.nn.Parameter(torch.randn(30, 7, generator=g)),
@@ -298,7 +296,7 @@ def test_in_place_collect_adds_the_same_bits_as_flatten_add_copy() -> None:
 
 
 def test_finite_check_by_max_and_min_catches_every_non_finite_value() -> None:
-    from collectives.background import _finite
+    from collectives.work import finite as _finite
 
     g = torch.Generator().manual_seed(7)
     assert _finite(torch.randn(70_001, generator=g) * 1e30) and _finite(torch.zeros(0))
@@ -312,10 +310,10 @@ def test_finite_check_by_max_and_min_catches_every_non_finite_value() -> None:
 def test_a_member_that_trained_little_accepts_an_honest_mean_not_a_blown_up_one() -> None:
     """allreduce.py's member check: the reference is the larger of the member's own input
     norm for the shard and the last accepted mean's size (a joiner's: the adopted
-    momentum's, adopt.py), so a member whose own delta is near zero (it just rebased)
+    momentum's, holding.py), so a member whose own delta is near zero (it just rebased)
     does not fail the others' honest mean, and a hostile reducer still gets at most
     max_norm_ratio x that."""
-    from collectives.adopt import _step_rms
+    from collectives.holding import _step_rms
     from collectives.allreduce import AllReduce
 
     ar = object.__new__(AllReduce)

@@ -1,12 +1,12 @@
-"""Joining a meeting and reading who joined (a mixin of ``OuterLoop``; the attempt is in
-loop.py).
+"""The rendezvous: joining a meeting and reading who joined (``Rendezvous``; the attempt
+that uses it is attempt.py).
 
 Each peer stores a signed join record (its state hash, its period proposal) under the
 meeting's key; the peers that claim the same hash form the group, the smallest id leads.
 
 A peer that has not agreed a period with anyone yet (a newcomer, or every peer at a swarm's
 start, before any version exists to carry one) meets on its own proposal, which a peer whose
-rounds differ does not share: ``_find_meeting`` reads the meetings of every period that are
+rounds differ does not share: ``find_meeting`` reads the meetings of every period that are
 open now and goes where peers at our state already joined.
 """
 
@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Callable
 
-from collectives.background import Work
-from collectives.parts import LoopParts
-from collectives.consistency import join_code
+from collectives.config import OuterConfig
+from collectives.consistency import CommitBook, Lineage, join_code
+from collectives.schedule import Clock
+from collectives.transport import Transport
+from collectives.work import Work
 from protocol import OuterJoin
 
-__all__ = ["Joiner"]
+__all__ = ["Rendezvous", "Roster"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +34,26 @@ the wait after its record lands is on every step's critical path (0.1 s cost 0.0
 on average; a read is one local DHT get)."""
 
 
-class Joiner(LoopParts):
-    """The group read (the attributes are ``OuterLoop``'s)."""
+@dataclass(frozen=True)
+class Roster:
+    """Who joined a meeting at our state: peer -> clock code (schedule.py; us included),
+    whether the read ended early (every peer we expected came), and by how many seconds our
+    record came after the others' read ended (None: in time, or no meeting)."""
 
-    def _find_meeting(self, v: int, my_hash: str, *, but: float | None = None,
+    holders: dict[str, int]
+    early: bool
+    late: float | None
+
+
+class Rendezvous:
+    """Join records of one node in the DHT: stored, read, and the open meetings searched."""
+
+    def __init__(self, *, config: OuterConfig, peer_id: str, book: CommitBook,
+                 transport: Transport, clock: Clock, now: Callable[[], float]) -> None:
+        self.config, self.peer_id, self._book = config, peer_id, book
+        self._transport, self.clock, self._now = transport, clock, now
+
+    def find_meeting(self, v: int, my_hash: str, *, but: float | None = None,
                       among: frozenset[str] | None = None,
                       ) -> tuple[float, list[int]] | None:
         """The open meeting (schedule.py ``open_meetings``; not ``but``) where the most
@@ -61,15 +80,13 @@ class Joiner(LoopParts):
                 best = (meet, codes)
         return best
 
-    def _made_at(self, meet: float) -> bool:
+    def made_at(self, lineage: Lineage, meet: float) -> bool:
         """Whether the version we hold (just adopted) was made at this meeting: some of its
         witnesses joined it at the version before. They have left it since (a meeting that
         opened while a step ran is let pass), and a group without a majority of them cannot
-        advance that version (commit.py ``_may_advance``): the meeting is over for us too
+        advance that version (``Holding.may_advance``): the meeting is over for us too
         (seen: a late node adopted the first version at the tail of the meeting that made
         it, then stepped there alone)."""
-        with self._lock:
-            lineage = self._lineage
         if lineage.version == 0 or not lineage.witnesses:
             return False
         signed = self._book.verify(self._transport.dht_get(
@@ -78,11 +95,9 @@ class Joiner(LoopParts):
             step=lineage.version - 1)
         return bool(set(signed) & (lineage.witnesses - {self.peer_id}))
 
-    def _join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
-              discovered: frozenset[str]) -> tuple[dict[str, int], bool, float | None]:
-        """Store our join record for ``work``'s meeting and read who joined: the join records
-        claiming our hash (peer -> clock code), whether the read ended early, and by how many
-        seconds our store came after the others' read ended (None: in time, or no meeting)."""
+    def join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
+             discovered: frozenset[str]) -> Roster:
+        """Store our join record for ``work``'s meeting and read who joined."""
         cfg = self.config
         if work.meet is None:
             window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
@@ -121,30 +136,7 @@ class Joiner(LoopParts):
                 meet_at, [c for p, c in holders.items() if p != self.peer_id])
             if t_store > closed:  # even the store began after their read
                 late = round(t_store - closed, 3)
-        return holders, early, late
-
-    def _unagreed(self, work: Work) -> bool:
-        """A meeting on the clock while our period is only our own proposal (schedule.py
-        ``agreed``): peers whose rounds differ from ours meet at other times."""
-        return work.meet is not None and not work.final and not self.clock.agreed
-
-    def _meet_others(self, work: Work, rec: dict[str, Any], *, but: float | None = None,
-                     among: frozenset[str] | None = None) -> bool:
-        """Move ``work`` to the open meeting where peers at our state joined (join.py
-        ``_find_meeting``; with ``among``, one of those) and take their period; False if
-        there is none."""
-        with self._lock:
-            v, my_hash = self._state.version, self._state.hash()
-        found = self._find_meeting(v, my_hash, but=but, among=among)
-        if found is None:
-            return False
-        work.meet, codes = found
-        work.met = tuple(codes)
-        rec["meet"] = work.meet
-        self.clock.adopt(codes)
-        logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
-                    work.meet, len(codes))
-        return True
+        return Roster(holders, early, late)
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
                     discovered: frozenset[str], read_at: float, code: int, *,
