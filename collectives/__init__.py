@@ -11,7 +11,7 @@ Public surface::
     loop.after_round(round)          # after every inner round; never blocks: steps meet on
                                      # the clock (schedule.py) and run in the background;
                                      # None, or the StepRecord of the step it just applied
-                                     # (record.py; .to_dict() is its JSON)
+                                     # (protocol/records.py; .to_dict() is its JSON)
     loop.outer_step()                # or: one step now, waited for (benches, tests)
     loop.finish()                    # the run ended: the last step, with the peers' last
                                      # steps (waits for them, bounded by final_wait_s)
@@ -40,12 +40,12 @@ from typing import Any
 from collectives.config import OuterConfig
 from collectives.errors import (CollectiveError, StartCancelled, StepFailed, SyncError,
                                 TransportError)
+from protocol.records import Status, StepRecord
 
 __all__ = ["OuterConfig", "OuterLoop", "Startup", "Codec", "CODECS", "get_codec",
            "Status", "StepRecord", "CollectiveError", "StartCancelled", "StepFailed", "SyncError", "TransportError"]
 
 _LAZY = {"OuterLoop": "collectives.loop", "Startup": "collectives.start",
-         "Status": "collectives.record", "StepRecord": "collectives.record",
          "Codec": "collectives.codec", "CODECS": "collectives.codec",
          "get_codec": "collectives.codec"}
 """Names whose modules import torch and hivemind: loaded on first use, so that the supervisor

@@ -1,42 +1,24 @@
 """What one outer-step attempt reports, and the deadlines it keeps.
 
-``StepRecord`` is the report of an attempt that did something (stepped, adopted a state,
-failed, stood alone): frozen, built once when the attempt ends, never read to decide what
-happens next (the attempt decides from the values its phases return). ``Passed`` is an
-attempt that let its meeting pass without a step: the caller only learns when it ended and,
-for a finished node, whether that was its end. ``Deadlines`` are the times (monotonic) each
-phase of one attempt must end by, all computed from its start and ``deadline_s``.
-
-``StepRecord.to_dict()`` is the JSON a node emits (the learner's ``outer`` event, the
-workers of the multi-process tests): the core fields, then the optional observations
-(``None`` ones left out, as before the record had a type).
+``StepRecord`` (protocol/records.py: it crosses to the supervisor) is the report of an
+attempt that did something (stepped, adopted a state, failed, stood alone): frozen, built
+once from the attempt's ``Draft`` when it ends, never read to decide what happens next (the
+attempt decides from the values its phases return). ``Passed`` is an attempt that let its
+meeting pass without a step: the caller only learns when it ended and, for a finished node,
+whether that was its end. ``Deadlines`` are the times (monotonic) each phase of one attempt
+must end by, all computed from its start and ``deadline_s``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
+from protocol.records import Status, StepRecord
 
 __all__ = ["Deadlines", "Draft", "Passed", "Status", "StepRecord"]
-
-
-class Status(str, enum.Enum):
-    """How an attempt ended (the JSON value is the enum's value)."""
-
-    OK = "ok"
-    """The group averaged and the version advanced."""
-    FAILED = "failed"
-    """No average applied (the group did not form, a shard failed its check, a timeout, a
-    rollback after the vote); the state is what it was, or the group's (adopted)."""
-    ALONE = "alone"
-    """Fewer than ``min_peers`` came."""
-    MINORITY = "minority"
-    """The contributors held no strict majority of our version's witnesses: no fork."""
-    RESYNCED = "resynced"
-    """We adopted a newer state of our lineage (catch-up) and did not step."""
 
 
 @dataclass(frozen=True)
@@ -53,58 +35,6 @@ class Passed:
     """finish(): every peer present ended and nothing is pending: our run's end."""
     waiting_for: int = 0
     """finish(): how many peers we expect were missing."""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """The report of one attempt (see the module docstring)."""
-
-    step: int
-    """Our version when the group was read (after any catch-up)."""
-    status: Status
-    version: int
-    """Our version when the attempt ended."""
-    param_hash: str
-    """Our state hash when the attempt ended."""
-    peers: int = 1
-    """Members of the group (1: none formed)."""
-    seconds: float = 0.0
-    ended_at: float = 0.0
-    """DHT time."""
-    error: str | None = None
-    weight: float | None = None
-    leader: str | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    resync_bytes: int = 0
-    excluded: Mapping[str, str] = field(default_factory=dict)
-    """Contributions our reducer excluded: peer -> reason."""
-    rejected_commits: Mapping[str, int] = field(default_factory=dict)
-    """Newer versions this attempt refused, by reason (consistency.py)."""
-    phase_seconds: Mapping[str, float] = field(default_factory=dict)
-    observed: Mapping[str, Any] = field(default_factory=dict)
-    """Optional observations, by name (``Draft.note``): meet, before_meet_s, discovered,
-    late_s, read_early, read_after_meet_s, wait_seconds, window, allreduce_seconds,
-    exchange_start_wall, exchange_marks, bad_shards, clipped, votes, settled_without,
-    made_by; counters of the loop (dht_restarts, dht_failures, invalid_commits,
-    rejected_streams, state_requests_refused, rejected_commits_total); and, once collected,
-    rounds_pending, discarded_rounds, overlap_rounds."""
-
-    def with_observed(self, **more: Any) -> StepRecord:
-        return dataclasses.replace(self, observed={**self.observed, **more})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form: core fields, ``applied`` (= version), then the observations."""
-        out: dict[str, Any] = {
-            "step": self.step, "status": self.status.value, "peers": self.peers,
-            "version": self.version, "applied": self.version, "param_hash": self.param_hash,
-            "seconds": self.seconds, "ended_at": self.ended_at, "error": self.error,
-            "weight": self.weight, "leader": self.leader, "bytes_sent": self.bytes_sent,
-            "bytes_received": self.bytes_received, "resync_bytes": self.resync_bytes,
-            "excluded": dict(self.excluded), "rejected_commits": dict(self.rejected_commits),
-            "phase_seconds": dict(self.phase_seconds)}
-        out.update((k, v) for k, v in self.observed.items() if v is not None)
-        return out
 
 
 @dataclass

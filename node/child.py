@@ -2,12 +2,12 @@
 
 Children are fresh interpreters (`python -m ...`), never forks of a process that imported
 torch, hivemind or libp2p. Each prints JSON event lines on stdout (``{"event": ...}``) and
-logs on stderr (passed through to ours). No pickle crosses: config goes in as JSON.
+logs on stderr (passed through to ours); the events are protocol/events.py's. No pickle
+crosses: config goes in as JSON.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -18,7 +18,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
+
+from protocol.events import ChildEvent, EventError, Exit, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +86,10 @@ def watch_parent(parent: int, *, on_gone: Callable[[str], None],
 
 @dataclass(frozen=True, kw_only=True)
 class Event:
+    """An event of the child named ``child`` (protocol/events.py)."""
+
     child: str
-    data: dict[str, Any]
+    event: ChildEvent
 
 
 @dataclass
@@ -126,18 +130,18 @@ class Child:
             if not line:
                 continue
             try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                data = None
-            if isinstance(data, dict) and "event" in data:
-                self.events.put(Event(child=self.name, data=data))
+                event = parse_event(line)
+            except EventError as e:  # our own child's bug: say so, do not act on it
+                log.warning("%s: malformed event (%s): %s", self.name, e, line[:300])
+                continue
+            if event is not None:
+                self.events.put(Event(child=self.name, event=event))
             else:
                 log.info("%s: %s", self.name, line)
         proc.stdout.close()
         proc.wait()
         kill_group(proc.pid)
-        self.events.put(Event(child=self.name, data={"event": "exit", "code": proc.returncode,
-                                                     "pid": proc.pid}))
+        self.events.put(Event(child=self.name, event=Exit(code=proc.returncode, pid=proc.pid)))
 
     def _read_stderr(self, proc: subprocess.Popen[bytes], sink: Callable[[str, str], None]) -> None:
         assert proc.stderr is not None

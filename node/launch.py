@@ -20,6 +20,7 @@ from node.config import NodeConfig
 from node.supervisor import Supervisor
 from node.tables import collective_addr, gossip_table, ipc_path_for, learner_table
 from protocol import IdentityError, load_or_create_identity
+from protocol.events import Exit, Ready
 
 __all__ = ["collective_addr", "run_bootstrap", "run_node"]
 
@@ -68,12 +69,12 @@ def run_bootstrap(config: NodeConfig, *, on_ready: Callable[[list[str]], Any]) -
     try:
         child.start()
         while True:
-            ev = events.get()
-            if ev.data["event"] == "ready":
-                on_ready(list(ev.data.get("addrs") or []))
+            event = events.get().event
+            if isinstance(event, Ready):
+                on_ready(list(event.addrs))
                 log.info("bootstrap peer %s ready", peer_id)
-            elif ev.data["event"] == "exit":
-                code = int(ev.data["code"])
+            elif isinstance(event, Exit):
+                code = event.code
                 return 0 if stopping and code in (0, -signal.SIGTERM) else (code or 1)
     finally:
         if child.alive():

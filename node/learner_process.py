@@ -29,6 +29,8 @@ from collectives.config import OuterConfig
 from node.child import supervisor_pid, watch_parent
 from node.orphans import (ORPHAN_GRACE_S, is_learner_on, leave_orphaned, reap_children,
                           sweep_leftovers)
+from protocol.events import (Checkpoint, ChildEvent, Done, Fatal, OuterDone, Peers, Phase,
+                             RoundDone, Started)
 
 log = logging.getLogger("node.learner_process")
 
@@ -79,8 +81,9 @@ def _reserve_stdout_for_events() -> None:
     sys.stdout = sys.stderr
 
 
-def emit(event: str, **data: Any) -> None:
-    _events.write(json.dumps({"event": event, **data}, default=str) + "\n")
+def emit(event: ChildEvent) -> None:
+    """Tell the supervisor (protocol/events.py)."""
+    _events.write(event.line() + "\n")
 
 
 TRUST_AFTER_ROUNDS = 2
@@ -133,7 +136,7 @@ class AnnouncingBridge:
     def announce(self, *, model: str, collective_addrs: tuple[str, ...] = (),
                  capabilities: tuple[str, ...] = ()) -> None:
         if self.model is None:
-            emit("started", model=model)
+            emit(Started(model=model))
         self.model = model
         self._bridge.announce(model=model, collective_addrs=tuple(collective_addrs)
                               or self.collective_addrs, capabilities=("train", *capabilities))
@@ -167,6 +170,8 @@ class OuterHook:
         """The collective being built (collectives.Startup) until ``loop`` takes it."""
         self._rounds_waiting = 0
         """Rounds trained while the collective was starting (they count in its first step)."""
+        self._finishing = False
+        """finish() runs: the outer step is the node's phase (``_on_stage`` shows its stages)."""
 
     def _genesis(self, model: Any) -> Any:
         """θ of the base model (flat): the outer state's version 0, the same on every node of
@@ -222,7 +227,8 @@ class OuterHook:
         loop = OuterLoop(self.config, identity=load_or_create_identity(self.data_dir),
                          group=self.bridge.model or "unknown", params=model,
                          data_dir=self.data_dir, discover=self._discover,
-                         trust=self.bridge.trusted, genesis=genesis, abort=abort)
+                         trust=self.bridge.trusted, genesis=genesis, abort=abort,
+                         on_stage=self._on_stage)
         loop.collective_addrs()  # asked once (cached) here: announcing it then costs nothing
         return loop
 
@@ -256,6 +262,13 @@ class OuterHook:
                  self.bridge.peer_id[:16], self._startup.seconds or 0.0, self._rounds_waiting,
                  ", ".join(self.bridge.collective_addrs))
 
+    def _on_stage(self, stage: str) -> None:
+        """An attempt reached ``stage`` (rendezvous, exchange, commit): shown while the run's
+        last steps are the node's phase (``finish``); a background step's stages are not
+        (the round's own phases go on meanwhile)."""
+        if self._finishing:
+            emit(Phase(phase="outer", stage=stage))
+
     def __call__(self, model: Any, round_: int) -> dict[str, Any] | None:
         """After every round: never waits for the network. The collective starts in the
         background (``_started``); once it is up, outer steps start on the clock and run in
@@ -275,7 +288,7 @@ class OuterHook:
         if record is None:
             return None
         out = record.to_dict()
-        emit("outer", record=out)
+        emit(OuterDone(record=out))
         return out
 
     def state(self) -> Any:
@@ -296,9 +309,10 @@ class OuterHook:
             return
         try:
             self._collect()
-            emit("phase", phase="outer", done=0, total=0)
+            self._finishing = True  # the round is over: its phase is the outer step's
+            emit(Phase(phase="outer"))
             self.loop.finish(stop=self.stop,
-                             on_record=lambda r: emit("outer", record=r.to_dict()))
+                             on_record=lambda r: emit(OuterDone(record=r.to_dict())))
         except Exception as e:  # noqa: BLE001 - leaving anyway
             log.warning("outer step at exit: %s", e)
 
@@ -318,7 +332,7 @@ class OuterHook:
     def _collect(self) -> None:
         record = self.loop.poll(wait=min(self.config.deadline_s + 5, 30.0))  # < stop timeout
         if record is not None:
-            emit("outer", record=record.to_dict())
+            emit(OuterDone(record=record.to_dict()))
 
     def _finish_start(self, *, final_step: bool) -> None:
         """Take the loop still starting (the run ended by itself) or abandon it."""
@@ -359,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         outer_config = OuterConfig.from_dict(payload.get("outer") or {})
     except (ValueError, TypeError) as e:
         log.error("invalid learner configuration: %s", e)
-        emit("fatal", error=f"invalid configuration: {e}")
+        emit(Fatal(error=f"invalid configuration: {e}"))
         return EXIT_FATAL
     from node.learner.errors import LearnerError
     from node.learner.fit import fit_model
@@ -368,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         config = fit_model(config)  # resolves --model auto; the step's memory must fit
     except LearnerError as e:
         log.error("%s", e)
-        emit("fatal", error=str(e))
+        emit(Fatal(error=str(e)))
         return EXIT_FATAL
     from node.ipc_client import SocketBridge
     from node.learner.loop import run_learner
@@ -388,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             reclaim=lambda pid: is_learner_on(pid, data_dir))
     except DataDirBusy as e:
         log.error("%s", e)
-        emit("fatal", error=str(e))
+        emit(Fatal(error=str(e)))
         return EXIT_FATAL
     sweep_leftovers(data_dir, supervisor)
     from protocol import load_or_create_identity
@@ -400,42 +414,42 @@ def main(argv: list[str] | None = None) -> int:
         report = run_learner(config, bridge, rounds=payload.get("rounds"), stop=stop,
                              on_round=lambda rec: _on_round(rec, bridge), outer=outer,
                              on_phase=lambda name, done, total: emit(
-                                 "phase", phase=name, done=done, total=total),
+                                 Phase(phase=name, done=done, total=total)),
                              on_checkpoint=lambda r, path, secs: emit(
-                                 "checkpoint", round=r, path=str(path), seconds=round(secs, 3)),
+                                 Checkpoint(round=r, path=str(path), seconds=round(secs, 3))),
                              swarm_id=outer.config.swarm_id, outer_state=outer.state,
                              finish=outer.finish)
     except (LearnerError, ValueError) as e:
         log.error("%s", e)
-        emit("fatal", error=str(e))
+        emit(Fatal(error=str(e)))
         return EXIT_FATAL
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
         log.error("out of disk space writing %s: free space in the data dir and start the node "
                   "again (it resumes from its last good checkpoint)", e.filename)
-        emit("fatal", error=f"out of disk space: {e.filename}")
+        emit(Fatal(error=f"out of disk space: {e.filename}"))
         return EXIT_FATAL
     finally:
-        emit("phase", phase="leaving", done=0, total=0)
+        emit(Phase(phase="leaving"))
         with contextlib.ExitStack() as leave:  # each step runs even if one before it raised
             leave.callback(reap_children)
             leave.callback(bridge.close)
             outer.close()
-    emit("done", rounds=len(report.get("rounds", [])))
+    emit(Done(rounds=len(report.get("rounds", []))))
     lock.release()
     return 0
 
 
 def _on_round(record: dict[str, Any], bridge: Any) -> None:
-    emit("round", record={**_with_peers(record, bridge),
-                          "rollouts_from": bridge.take_round_senders()})
+    emit(RoundDone(record={**_with_peers(record, bridge),
+                           "rollouts_from": bridge.take_round_senders()}))
     try:
         peers = bridge.peers()[:MAX_PEERS_REPORTED]
     except Exception:  # the status view must never kill training
         return
-    emit("peers", peers=[{"peer_id": p.peer_id, "model": p.model,
-                          "capabilities": list(p.capabilities)} for p in peers])
+    emit(Peers(peers=tuple({"peer_id": p.peer_id, "model": p.model,
+                            "capabilities": list(p.capabilities)} for p in peers)))
 
 
 def reachability(stats: dict[str, int]) -> str:

@@ -6,6 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from protocol.records import StepRecord
+
 
 class Metrics:
     def __init__(self, port: int, *, addr: str = "0.0.0.0") -> None:
@@ -52,8 +54,8 @@ class Metrics:
         for reason, total in (rec.get("gossip_rejected") or {}).items():
             self.gossip_rejected.labels(reason).set(total)
 
-    def on_outer(self, rec: dict[str, Any]) -> None:
-        self.outer.labels(str(rec.get("status", "ok"))).inc()
+    def on_outer(self, rec: StepRecord) -> None:
+        self.outer.labels(rec.status.value).inc()
 
     def close(self) -> None:
         self.server.shutdown()

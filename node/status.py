@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from protocol import atomic_write_bytes
+from protocol.events import Checkpoint, Phase
+from protocol.records import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +66,12 @@ class StatusBoard:
     def child(self, name: str, *, pid: int | None, alive: bool, restarts: int) -> None:
         self.state["children"][name] = {"pid": pid, "alive": alive, "restarts": restarts}
 
-    def on_phase(self, data: dict[str, Any]) -> None:
-        name = str(data.get("phase", ""))[:32]
+    def on_phase(self, event: Phase) -> None:
+        name = event.phase[:32]
         prev = self.state.get("round_phase") or {}
         since = prev["since"] if prev.get("name") == name else time.time()
-        self.state["round_phase"] = {"name": name, "done": _int(data.get("done")),
-                                     "total": _int(data.get("total")), "since": since,
-                                     "stage": str(data.get("stage") or "")[:16]}
+        self.state["round_phase"] = {"name": name, "done": event.done, "total": event.total,
+                                     "since": since, "stage": event.stage[:16]}
 
     def on_round(self, record: dict[str, Any]) -> None:
         s = self.state
@@ -114,14 +115,16 @@ class StatusBoard:
                              "last_seen": now}
         self.state["peers_seen"] = sorted(seen.values(), key=lambda p: -p["last_seen"])[:MAX_PEERS]
 
-    def on_outer(self, record: dict[str, Any], count: int) -> None:
-        keys = ("step", "status", "peers", "bytes_sent", "bytes_received", "seconds", "param_hash")
+    def on_outer(self, record: StepRecord, count: int) -> None:
         self.state["outer_steps"] = count
-        self.state["last_outer"] = {k: record.get(k) for k in keys}
+        self.state["last_outer"] = {
+            "step": record.step, "status": record.status.value, "peers": record.peers,
+            "bytes_sent": record.bytes_sent, "bytes_received": record.bytes_received,
+            "seconds": record.seconds, "param_hash": record.param_hash}
 
-    def on_checkpoint(self, data: dict[str, Any]) -> None:
-        self.state["last_checkpoint"] = {"round": data.get("round"), "time": time.time(),
-                                         "seconds": data.get("seconds")}
+    def on_checkpoint(self, event: Checkpoint) -> None:
+        self.state["last_checkpoint"] = {"round": event.round, "time": time.time(),
+                                         "seconds": event.seconds}
 
     def flush(self) -> bytes:
         """Write the heartbeat; return it (what the views show). Called every second or so."""

@@ -28,6 +28,9 @@ from node.child import Child, Event
 from node.config import NodeConfig
 from node.report import node_report, write_json
 from node.status import StatusBoard
+from protocol.events import (Checkpoint, Exit, Fatal, OuterDone, Peers, Phase, Ready, RoundDone,
+                             Started)
+from protocol.records import RecordError, StepRecord
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from node.metrics import Metrics
@@ -183,15 +186,16 @@ class Supervisor:
                 continue
             if ev.child != "swarm":
                 continue
-            if ev.data["event"] == "ready":
-                self.info.update(peer_id=ev.data.get("peer_id"), addrs=ev.data.get("addrs"))
-                self.board.set(peer_id=ev.data.get("peer_id"), addrs=ev.data.get("addrs"))
-                log.info("swarm ready: %s", " ".join(ev.data.get("addrs") or []))
+            event = ev.event
+            if isinstance(event, Ready):
+                self.info.update(peer_id=event.peer_id, addrs=event.addrs)
+                self.board.set(peer_id=event.peer_id, addrs=event.addrs)
+                log.info("swarm ready: %s", " ".join(event.addrs))
                 return
-            if ev.data["event"] == "exit":
+            if isinstance(event, Exit):
                 if self._stop_requested:
                     return
-                raise NodeFailed(f"the swarm process exited with code {ev.data['code']} before "
+                raise NodeFailed(f"the swarm process exited with code {event.code} before "
                                  "it was ready (see the error above)")
         raise NodeFailed(f"the swarm process was not ready within {READY_TIMEOUT_S:.0f} s")
 
@@ -208,35 +212,38 @@ class Supervisor:
         self.board.set(phase="training")
 
     def _handle(self, ev: Event) -> None:
-        kind = ev.data["event"]
+        event = ev.event
         if ev.child == "learner":
-            if kind == "started":
-                self.info.update(model=ev.data.get("model"))
-                self.board.set(model=ev.data.get("model"), round=ev.data.get("round"))
-            elif kind == "phase":
-                self.board.on_phase(ev.data)
-            elif kind == "peers" and isinstance(ev.data.get("peers"), list):
-                self.board.on_peers(ev.data["peers"])
-            elif kind == "checkpoint":
-                self.board.on_checkpoint(ev.data)
-            elif kind == "round":
-                rec = ev.data["record"]
-                self.rounds.append(rec)
-                self.board.on_round(rec)
+            if isinstance(event, Started):
+                self.info.update(model=event.model)
+                self.board.set(model=event.model)
+            elif isinstance(event, Phase):
+                self.board.on_phase(event)
+            elif isinstance(event, Peers):
+                self.board.on_peers(list(event.peers))
+            elif isinstance(event, Checkpoint):
+                self.board.on_checkpoint(event)
+            elif isinstance(event, RoundDone):
+                self.rounds.append(event.record)
+                self.board.on_round(event.record)
                 if self.metrics is not None:
-                    self.metrics.on_round(rec)
-            elif kind == "outer":
-                rec = ev.data["record"]
-                self.outer_steps.append(rec)
-                self.board.on_outer(rec, len(self.outer_steps))
+                    self.metrics.on_round(event.record)
+            elif isinstance(event, OuterDone):
+                try:
+                    step = StepRecord.from_dict(event.record)
+                except RecordError as e:  # our own learner's bug: say so, count nothing
+                    log.warning("learner: malformed outer record: %s", e)
+                    return
+                self.outer_steps.append(event.record)
+                self.board.on_outer(step, len(self.outer_steps))
                 if self.metrics is not None:
-                    self.metrics.on_outer(rec)
-            elif kind == "fatal":
-                self.info["fatal"] = ev.data.get("error")
-            elif kind == "exit":
-                self._on_learner_exit(ev.data["code"])
-        elif ev.child == "swarm" and kind == "exit" and not self._learner_done:
-            self._on_swarm_exit(ev.data["code"])
+                    self.metrics.on_outer(step)
+            elif isinstance(event, Fatal):
+                self.info["fatal"] = event.error
+            elif isinstance(event, Exit):
+                self._on_learner_exit(event.code)
+        elif ev.child == "swarm" and isinstance(event, Exit) and not self._learner_done:
+            self._on_swarm_exit(event.code)
 
     def _on_learner_exit(self, code: int) -> None:
         if code == 0 or self._stop_requested:
@@ -267,7 +274,7 @@ class Supervisor:
                 ev = self.events.get(timeout=0.2)
             except queue.Empty:
                 break
-            if ev.child == "learner" and ev.data["event"] == "exit":
+            if ev.child == "learner" and isinstance(ev.event, Exit):
                 continue
             if ev.child == "learner":
                 self._handle(ev)

@@ -16,6 +16,7 @@ Layers, bottom up::
     replay    – ReplayGuard: time window + nonce dedupe with bounded memory
     tables    – build_table(): a config dataclass from a JSON/TOML table, or TableError naming
                 the key (the tables a node hands its children; stdlib only)
+    events    – the children's event lines to their supervisor (ready, round, outer, ...)
 """
 
 from __future__ import annotations

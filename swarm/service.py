@@ -23,12 +23,10 @@ Task tree (one nursery, closed on shutdown)::
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, TextIO, TypedDict
 
 import trio
@@ -51,6 +49,7 @@ from protocol import (
     load_or_create_identity,
     seal,
 )
+from protocol.events import Ready
 from protocol.ipc import (
     MAX_RECEIVE_ITEMS,
     MAX_SOURCES,
@@ -75,22 +74,11 @@ from swarm.topics import topics
 from swarm.tunnel import TunnelHub, p2pd_target
 from swarm.validation import Rejected, Validator
 
-__all__ = ["Ready", "GossipService", "run", "serve"]
+__all__ = ["GossipService", "run", "serve"]
 
 logger = logging.getLogger(__name__)
 
 PUBLISHABLE = ("rollouts",)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Ready:
-    peer_id: str
-    addrs: list[str]
-    ipc: str | None
-
-    def line(self) -> str:
-        return json.dumps({"event": "ready", "peer_id": self.peer_id, "addrs": self.addrs,
-                           "ipc": self.ipc})
 
 
 class Profile(TypedDict):
@@ -386,7 +374,7 @@ async def serve(config: GossipConfig, *,
                     nursery.start_soon(service.feed_client.run, service.self_id)
                 logger.info("swarm process %s up: %s (protocol %d, swarm %r)", identity.peer_id,
                             service.addrs, PROTOCOL_VERSION, config.swarm_id)
-                task_status.started(Ready(peer_id=identity.peer_id, addrs=service.addrs,
+                task_status.started(Ready(peer_id=identity.peer_id, addrs=tuple(service.addrs),
                                           ipc=config.ipc_path))
 
 

@@ -7,19 +7,20 @@ end-to-end behaviour with real children is covered in tests/test_e2e_*.py.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
 from pathlib import Path
 
+from protocol.events import ChildEvent, Done, Fatal, Ready, RoundDone, Started
 
-def emit(event: str, **kw) -> None:
-    print(json.dumps({"event": event, **kw}), flush=True)
+
+def emit(event: ChildEvent) -> None:
+    print(event.line(), flush=True)
 
 
 def swarm() -> None:
-    emit("ready", peer_id="12D3KooWfake", addrs=["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWfake"])
+    emit(Ready(peer_id="12D3KooWfake", addrs=["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWfake"]))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         time.sleep(0.1)
@@ -29,7 +30,7 @@ def learner(rounds: int, crash_file: str, crash_at: int) -> None:
     """Runs `rounds` rounds; crashes (exit 7) at round `crash_at` once per line in crash_file."""
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    emit("started", model="fake-model")
+    emit(Started(model="fake-model"))
     path = Path(crash_file)
     for r in range(rounds):
         if stop:
@@ -38,13 +39,13 @@ def learner(rounds: int, crash_file: str, crash_at: int) -> None:
             lines = path.read_text().splitlines()
             path.write_text("\n".join(lines[1:]))
             sys.exit(7)
-        emit("round", record={"round": r, "mean_reward": 0.1 * r, "rollouts_published": 1})
+        emit(RoundDone(record={"round": r, "mean_reward": 0.1 * r, "rollouts_published": 1}))
         time.sleep(0.05)
-    emit("done")
+    emit(Done(rounds=rounds))
 
 
 def fatal_learner() -> None:
-    emit("fatal", error="cannot load model 'nope'")
+    emit(Fatal(error="cannot load model 'nope'"))
     sys.exit(2)
 
 
@@ -52,8 +53,8 @@ def fatal_learner() -> None:
 def stuck_learner() -> None:
     """Ignores SIGTERM, like a learner stuck inside a library call."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    emit("started", model="stuck")
-    emit("round", record={"round": 0, "mean_reward": 0.0})
+    emit(Started(model="stuck"))
+    emit(RoundDone(record={"round": 0, "mean_reward": 0.0}))
     while True:
         time.sleep(0.1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 from node.metrics import Metrics
+from protocol.records import Status, StepRecord
 
 
 def test_metrics_endpoint_serves_round_counters():
@@ -15,7 +16,7 @@ def test_metrics_endpoint_serves_round_counters():
                     "rejected_by_reason": {"bad_signature": 2},
                     "gossip_rejected": {"stale": 3},
                     "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375}})
-        m.on_outer({"status": "ok"})
+        m.on_outer(StepRecord(step=0, status=Status.OK, version=1, param_hash="h"))
         body = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
         text = body.decode()
     finally:

@@ -11,6 +11,8 @@ from rich.console import Console
 
 from node.status import StatusBoard
 from node.tui import TerminalView, render, sparkline
+from protocol.events import Checkpoint, Phase
+from protocol.records import Status, StepRecord
 
 
 def _state(tmp_path):
@@ -23,10 +25,10 @@ def _state(tmp_path):
                         "rollouts_received": 3, "external_used": 2, "rejected": 1,
                         "rejected_by_reason": {"prompt_mismatch": 1}, "peers": 2,
                         "gossip_rejected": {"bad_signature": 4}})
-    board.on_phase({"phase": "generate", "done": 3, "total": 6})
-    board.on_outer({"step": 1, "status": "ok", "peers": 3, "bytes_sent": 1_200_000, "seconds": 4.1,
-                    "param_hash": "ab" * 32}, 2)
-    board.on_checkpoint({"round": 5})
+    board.on_phase(Phase(phase="generate", done=3, total=6))
+    board.on_outer(StepRecord(step=1, status=Status.OK, version=2, peers=3, bytes_sent=1_200_000,
+                              seconds=4.1, param_hash="ab" * 32), 2)
+    board.on_checkpoint(Checkpoint(round=5, path="ckpt", seconds=0.1))
     board.flush()
     return board.state
 
@@ -101,9 +103,9 @@ def test_the_view_routes_logs_to_the_file_and_restores_handlers(tmp_path):
 def test_the_outer_step_shows_its_stage(tmp_path):
     board = StatusBoard(tmp_path / "status.json", log_rounds=False)
     board.set(phase="training", peer_id="12D3KooW" + "x" * 44, model="f" * 64, children={})
-    board.on_phase({"phase": "outer", "stage": "rendezvous", "done": 0, "total": 0})
+    board.on_phase(Phase(phase="outer", stage="rendezvous"))
     since = board.state["round_phase"]["since"]
-    board.on_phase({"phase": "outer", "stage": "exchange\x1b[2J", "done": 0, "total": 0})
+    board.on_phase(Phase(phase="outer", stage="exchange\x1b[2J"))
     assert board.state["round_phase"]["since"] == since  # one phase: elapsed counts on
     text = "\n".join(_draw(board.state, 120, 30))
     assert "outer step (DiLoCo) · exchange[2J" in text and "\x1b" not in text
