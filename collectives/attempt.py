@@ -377,7 +377,7 @@ class Attempt:
 
     def _report(self, draft: Draft, t_ar: float, t_ret: float | None) -> ExchangeReport:
         """What the exchange did (also when it failed), into the draft."""
-        report = self.transport.run(self.ar.report(), 5)
+        report = self.transport.run(self.ar.report(), 30)  # a read on the loop: at once
         assert report is not None  # the session was opened by this attempt
         draft.bytes_sent, draft.bytes_received = report.bytes_sent, report.bytes_received
         if "start" in report.marks:  # where the exchange's time went: s since its start

@@ -29,8 +29,9 @@ class Passed:
     """DHT time it ended (meetings opened meanwhile are let pass too)."""
     why: str
     """"period" (a meeting of a period we no longer hold), "late" (the others froze their
-    group before our record was stored), "made" (the version we adopted was made here and
-    its group has left), "waiting" (finished: a peer we expect is missing), "end"."""
+    group before our record was stored), "waiting" (finished: a peer we expect is missing
+    or still training without us), "end". (An attempt that adopted a state before its
+    meeting passed reports that adoption: a ``StepRecord``, status resynced.)"""
     end: bool = False
     """finish(): every peer present ended and nothing is pending: our run's end."""
     waiting_for: int = 0
