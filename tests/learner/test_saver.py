@@ -114,11 +114,16 @@ from protocol import Identity
 cfg = LearnerConfig(data_dir=sys.argv[1], policy=PolicyConfig(device="cpu", threads=1),
                     checkpoint_every=0, checkpoint_every_s=float(sys.argv[2]))
 bridge = LoopbackHub().bridge(Identity.generate())
-def on_round(rec):
-    print(json.dumps({"round": rec["round"], "t": time.time()}), flush=True)
-def on_ckpt(r, path, secs):
-    print(json.dumps({"checkpoint": r, "t": time.time()}), flush=True)
 import threading
+said = threading.Lock()  # on_ckpt runs on the saver's thread: one whole line at a time
+def say(obj):
+    with said:
+        sys.stdout.write(json.dumps(obj) + "\\n")
+        sys.stdout.flush()
+def on_round(rec):
+    say({"round": rec["round"], "t": time.time()})
+def on_ckpt(r, path, secs):
+    say({"checkpoint": r, "t": time.time()})
 run_learner(cfg, bridge, stop=threading.Event(), on_round=on_round, on_checkpoint=on_ckpt)
 """
 
@@ -130,7 +135,7 @@ def test_kill_9_loses_at_most_the_work_since_the_last_timed_checkpoint(data_dir)
     every_s = 2.0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     p = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(data_dir), str(every_s)],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+                         stdout=subprocess.PIPE, stderr=None, env=env, text=True)
     rounds: dict[int, float] = {}
     ckpts: list[int] = []
     try:
@@ -148,6 +153,7 @@ def test_kill_9_loses_at_most_the_work_since_the_last_timed_checkpoint(data_dir)
         p.wait(timeout=30)
         p.stdout.close()  # type: ignore[union-attr]
     killed_at = time.time()
+    assert len(ckpts) >= 2, "the child ended before two checkpoints (its stderr is above)"
     m_dir = Path(data_dir) / "checkpoints"
     newest = max(int(json.loads((d / "meta.json").read_text())["round"])
                  for d in m_dir.iterdir() if d.name.startswith("round-"))
