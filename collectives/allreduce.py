@@ -43,39 +43,47 @@ in ``vote.py`` reconcile peers that finished with peers that did not). Every fra
 by the size it must have: a chunk by the codec's size for its length, the state by its wire
 size for our model, sent in frames of ``STATE_CHUNK`` bytes.
 
-Here: the handlers, group formation (JOIN / freeze) and state transfers; the member side of
-steps 2-4 is exchange.py, the reducer side reducer.py.
+Who does what, each an object with its inputs and outputs:
+
+- ``AllReduce`` (here): the node's stream handlers and state transfers; opens a ``Session``
+  per attempt (session.py) and hands each phase to its collaborator;
+- ``Matchmaker`` (matchmaking.py): step 1, JOIN and the leader's freeze -> a frozen
+  ``GroupInfo`` (group.py);
+- ``Member`` (member.py): our side of steps 2-4 with every reducer;
+- ``ShardReducer`` (reducer.py): our shard of the attempt, one per session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Awaitable, Callable
+
+import torch
 
 from collectives._hivemind import P2P, PeerID, open_stream
 from collectives.codec import Codec
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
-from collectives.exchange import MemberExchange
-from collectives.reducer import ReducerMixin, Session, members_digest
+from collectives.group import GroupInfo
+from collectives.matchmaking import Matchmaker
+from collectives.member import Member
+from collectives.reducer import ShardReducer
+from collectives.session import Session
 from collectives.streams import FrameError, recv_frame, recv_header, send_frame, send_header
 
-__all__ = ["AllReduce", "ExchangeReport", "STATE_CHUNK", "Session", "members_digest"]
+__all__ = ["AllReduce", "ExchangeReport", "STATE_CHUNK"]
 
 logger = logging.getLogger(__name__)
 STATE_CHUNK = 4 << 20
 """Bytes per frame of a state transfer."""
-JOIN_TRIES = 3
-"""A JOIN whose reply was lost (IncompleteReadError) is asked again: the leader answers an
-admitted member's repeated JOIN with the same list."""
 LINGER_S = 5.0
 """How long a handler waits for the caller to close first (a handler that closes right
 after writing can make p2pd reset the stream and lose the reply)."""
+Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 class RateLimit:
@@ -120,12 +128,9 @@ class ExchangeReport:
     marks: dict[str, float]
 
 
-class _Unreachable(Exception):
-    """No stream to a peer could be opened (dial failure, timeout)."""
-
-
-class AllReduce(MemberExchange, ReducerMixin):
-    """Stream handlers and the member-side protocol of one node (runs on the transport loop)."""
+class AllReduce:
+    """One node's all-reduce endpoint (runs on the transport's asyncio thread): the stream
+    handlers, the current attempt's ``Session``, and the phases' collaborators."""
 
     def __init__(self, p2p: P2P, config: OuterConfig, codec: Codec, *, peer_id: str, gid: str,
                  state_provider: Callable[[str], bytes | None]) -> None:
@@ -133,9 +138,13 @@ class AllReduce(MemberExchange, ReducerMixin):
         self.names = {k: f"/swarm-node/outer/{gid}/{k}/5" for k in ("join", "reduce", "state")}
         self.state_provider = state_provider
         """hash -> the serialized state if we hold it (cached per hash by the provider)."""
+        self.matchmaker = Matchmaker(p2p, config, peer_id=peer_id, protocol=self.names["join"])
+        self.member = Member(p2p, config, codec, peer_id=peer_id, protocol=self.names["reduce"])
         self.session: Session | None = None
+        self._shards: list[ShardReducer] = []
+        """Our reducers of recent attempts (one may still finish for the others)."""
         self.mean_rms = 0.0
-        """Root mean square of the last mean whose shards all passed ``_check_shard``."""
+        """Root mean square of the last mean whose shards all passed the member's check."""
         self.rejected = 0
         self.state_refused = 0
         """State requests refused by the per-peer rate limit."""
@@ -148,8 +157,16 @@ class AllReduce(MemberExchange, ReducerMixin):
                                                  self._guard(self._on_reduce))
         await self.p2p.add_binary_stream_handler(self.names["state"], self._guard(self._on_state))
 
-    def _guard(self, handler):  # type: ignore[no-untyped-def]
-        async def wrapped(info, reader, writer) -> None:  # type: ignore[no-untyped-def]
+    async def close(self) -> None:
+        """End what our reducers still run (a watch, a whole-shard reduction) and wait."""
+        shards, self._shards = self._shards, []
+        for shard in shards:
+            await shard.close()
+
+    def _guard(self, handler: Handler) -> Callable[[Any, asyncio.StreamReader,
+                                                    asyncio.StreamWriter], Awaitable[None]]:
+        async def wrapped(info: Any, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
             try:
                 await handler(info.peer_id.to_base58(), reader, writer)
                 try:  # let the caller close first: it has read our reply by then
@@ -174,30 +191,102 @@ class AllReduce(MemberExchange, ReducerMixin):
         since the last one, ``Holding.take_rms_floor``: ``mean_rms`` is at least that)."""
         loop = asyncio.get_running_loop()
         self.mean_rms = max(self.mean_rms, rms_floor)
+        self._shards = [sh for sh in self._shards if sh.busy]
         self.session = s = Session(step=step, state_hash=state_hash, numel=numel,
                                    weight=weight, deadline=deadline,
-                                   members_fut=loop.create_future())
-        s.connected = await self._connected(s, 1.0) or set()
+                                   group=loop.create_future())
+        s.connected = await self._peers(1.0) or set()
+
+    def _current(self, step: object) -> Session | None:
+        s = self.session
+        return s if s is not None and s.step == step else None
+
+    def shard(self, s: Session, group: GroupInfo) -> ShardReducer:
+        """Our reducer of this attempt (set up by whichever comes first: our exchange or a
+        member's stream)."""
+        if s.shard is None:
+            s.shard = ShardReducer(self.config, self.codec, me=self.peer_id, session=s,
+                                   group=group, ref_rms=self.mean_rms)
+            self._shards.append(s.shard)
+        return s.shard
+
+    async def _peers(self, timeout: float) -> set[str] | None:
+        """The peers p2pd holds a connection to (None if it did not answer in time)."""
+        try:
+            return {p.peer_id.to_base58() for p in await asyncio.wait_for(
+                self.p2p.list_peers(), timeout)}
+        except Exception as e:  # noqa: BLE001
+            logger.debug("p2pd's peers not listed: %r", e)
+            return None
+
+    # --- the phases -----------------------------------------------------------------------
+    async def form_group(self, leader: str, *, freeze_at: float, expected: set[str],
+                         latest: float, deadline: float | None = None) -> GroupInfo:
+        """This attempt's group (``Matchmaker.form_group``) or StepFailed. ``deadline``:
+        the attempt's new end (a meeting on the clock counts it from the read)."""
+        s = self.session
+        assert s is not None
+        if deadline is not None:
+            s.deadline = deadline
+        return await self.matchmaker.form_group(s, leader, freeze_at=freeze_at,
+                                                expected=expected, latest=latest)
+
+    async def exchange(self, delta: torch.Tensor, group: GroupInfo, *, reduce_deadline: float,
+                       out: torch.Tensor | None = None,
+                       on_landed: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """The group's mean of ``delta`` (``Member.exchange``) or StepFailed."""
+        s = self.session
+        assert s is not None and s.group.done() and s.group.result() == group
+        got = await self.member.exchange(s, group, self.shard(s, group), delta,
+                                         reduce_deadline=reduce_deadline,
+                                         mean_rms=self.mean_rms, peers=self._peers, out=out,
+                                         on_landed=on_landed)
+        if got.rms is not None:
+            self.mean_rms = got.rms
+        return got.mean
+
+    async def refuse_joins(self) -> None:
+        """A meeting we let pass: a peer that JOINs us gets "not admitted" at once."""
+        self.matchmaker.refuse(self.session)
+
+    async def report(self) -> ExchangeReport | None:
+        """What this attempt's exchange did, as the asyncio thread sees it (None: no session)."""
+        s = self.session
+        if s is None:
+            return None
+        formed = s.group.done() and not s.group.cancelled() and s.group.exception() is None
+        group = s.group.result() if formed else None
+        shard = s.shard
+        return ExchangeReport(
+            nonce=group.nonce if group is not None else "",
+            bytes_sent=s.traffic.bytes_sent, bytes_received=s.traffic.bytes_received,
+            witnessed=frozenset(shard.witnessed if shard else ()),
+            suspects=frozenset(s.suspects),
+            excluded=dict(shard.excluded if shard else {}), bad_shards=dict(s.bad_shards),
+            clipped=tuple(shard.clipped if shard else ()), marks=dict(s.traffic.marks))
 
     # --- handlers -------------------------------------------------------------------------
-    async def _on_join(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
+    async def _on_join(self, peer: str, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
         req = await asyncio.wait_for(recv_header(reader), 10)
-        s = self._current(req.get("step"))
-        if s is None or req.get("hash") != s.state_hash:
-            await send_header(writer, {"ok": False, "reason": "closed"})
-            return
-        if not s.members_fut.done():
-            s.joins.add(peer)
-        # idempotent: an admitted member whose reply was lost asks again and gets it again
-        try:
-            members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
-        except Exception:  # noqa: BLE001 - not the leader, or the deadline passed
-            members = []
-        ok = peer in members
-        await send_header(writer, {"ok": ok, "members": members if ok else [],
-                                   "nonce": s.nonce if ok else ""})
+        await self.matchmaker.on_join(self._current(req.get("step")), peer, req, writer)
 
-    async def _on_state(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
+    async def _on_reduce(self, peer: str, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        head = await asyncio.wait_for(recv_header(reader), 10)
+        s = self._current(head.get("step"))
+        if s is None:
+            await send_header(writer, {"ok": False, "reason": "step"})
+            return
+        group = await asyncio.wait_for(asyncio.shield(s.group), s.remaining())
+        if head.get("digest") != group.digest or peer not in group.members \
+                or peer == self.peer_id:
+            await send_header(writer, {"ok": False, "reason": "membership"})
+            return
+        await self.shard(s, group).take_stripe(peer, head, reader, writer)
+
+    async def _on_state(self, peer: str, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
         req = await asyncio.wait_for(recv_header(reader), 10)
         want = req.get("hash")
         if not isinstance(want, str) or not self._state_limit.allow(peer):
@@ -215,112 +304,6 @@ class AllReduce(MemberExchange, ReducerMixin):
             for offset in range(0, len(view), STATE_CHUNK):
                 await send_frame(writer, view[offset : offset + STATE_CHUNK])
         logger.info("served outer state %s… to %s (%d bytes)", want[:12], peer, len(data))
-
-    # --- member side ----------------------------------------------------------------------
-    async def form_group(self, leader: str, *, freeze_at: float, expected: set[str],
-                         latest: float, deadline: float | None = None) -> list[str]:
-        """Members of this attempt (sorted peer ids) from the leader, or StepFailed.
-
-        The leader freezes at ``freeze_at``, or later (up to ``latest``) while a peer whose
-        join record it saw (``expected``) has not sent its JOIN yet: slow peers (a large
-        model to hash) are not dropped for being a second late.
-
-        A leader we cannot even open a stream to is dead (issue 17.6: the join record of a
-        peer killed in the previous attempt at this version outlives it, and every survivor
-        chose it): we fall back to the next peer of ``expected`` in id order, and when that
-        is us, we lead. Everyone who saw the same records falls back the same way. A leader
-        that answered (even "no") is never skipped: that could split its group.
-
-        ``deadline``: the attempt's new end (a meeting on the clock counts it from the read)."""
-        s = self.session
-        assert s is not None
-        if deadline is not None:
-            s.deadline = deadline
-        s.members_fut.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
-        dead: set[str] = set()
-        for cand in [leader, *sorted(expected - {leader})]:
-            if cand == self.peer_id:
-                return await self._lead(s, freeze_at, expected - dead, latest)
-            try:
-                return await self._join(s, cand)
-            except _Unreachable as e:
-                dead.add(cand)
-                logger.info("step %d: leader %s unreachable (%s); next in id order", s.step,
-                            cand, e)
-        err = StepFailed(f"could not join any leader of {len(dead)}: {sorted(dead)}")
-        s.members_fut.set_exception(err)
-        raise err
-
-    async def _lead(self, s: Session, freeze_at: float, expected: set[str],
-                    latest: float) -> list[str]:
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(max(0.0, freeze_at - loop.time()))
-        while not expected <= s.joins | {self.peer_id} and loop.time() < latest:
-            await asyncio.sleep(0.01)  # a JOIN that arrives now is on the critical path
-        members = sorted({self.peer_id} | s.joins)
-        if len(members) > self.config.max_peers:
-            others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
-            members = sorted([self.peer_id, *others])
-        s.nonce = secrets.token_hex(8)
-        s.members_fut.set_result(members)
-        return members
-
-    async def _join(self, s: Session, leader: str) -> list[str]:
-        """JOIN via ``leader``; _Unreachable if no stream to it opens."""
-        for attempt in range(JOIN_TRIES):
-            try:
-                reply = await self._join_once(s, leader)
-                break
-            except _Unreachable:
-                raise
-            except Exception as e:  # noqa: BLE001
-                transient = isinstance(e, (asyncio.IncompleteReadError, ConnectionError))
-                if transient and attempt + 1 < JOIN_TRIES and s.remaining() > 0.5:
-                    logger.info("JOIN via %s lost its reply (%r); asking again", leader, e)
-                    continue
-                s.members_fut.set_exception(StepFailed(f"join via {leader} failed: {e!r}"))
-                raise StepFailed(f"could not join leader {leader}: {e!r}") from e
-        members, nonce = reply.get("members"), reply.get("nonce")
-        if not reply.get("ok") or not isinstance(members, list) or self.peer_id not in members \
-                or not all(isinstance(m, str) for m in members) or members != sorted(set(members)) \
-                or len(members) > self.config.max_peers \
-                or not (isinstance(nonce, str) and 0 < len(nonce) <= 64):
-            s.members_fut.set_exception(StepFailed("not admitted"))
-            raise StepFailed(f"leader {leader} did not admit us: {reply.get('reason')}")
-        s.nonce = nonce
-        s.members_fut.set_result(members)
-        return members
-
-    async def _join_once(self, s: Session, leader: str) -> dict:
-        try:  # bounded apart from the reply: the leader answers only at its freeze
-            reader, writer = await asyncio.wait_for(open_stream(
-                self.p2p, PeerID.from_base58(leader), self.names["join"]),
-                min(s.remaining(), max(2.0, self.config.join_window_s)))
-        except Exception as e:  # noqa: BLE001 - dial errors come as several types
-            raise _Unreachable(repr(e)[:300]) from e
-        try:  # we close first, after the reply: see LINGER_S
-            await send_header(writer, {"step": s.step, "hash": s.state_hash})
-            return await asyncio.wait_for(recv_header(reader), s.remaining())
-        finally:
-            writer.close()
-
-    async def refuse_joins(self) -> None:
-        """A meeting we let pass: a peer that JOINs us gets "not admitted" at once."""
-        s = self.session
-        if s is not None and not s.members_fut.done():
-            s.members_fut.set_exception(StepFailed("no step at this meeting"))
-            s.members_fut.exception()  # retrieved: nobody else awaits it
-
-    async def report(self) -> ExchangeReport | None:
-        """What this attempt's exchange did, as the asyncio thread sees it (None: no session)."""
-        s = self.session
-        if s is None:
-            return None
-        return ExchangeReport(
-            nonce=s.nonce, bytes_sent=s.bytes_sent, bytes_received=s.bytes_received,
-            witnessed=frozenset(s.witnessed), suspects=frozenset(s.suspects),
-            excluded=dict(s.excluded), bad_shards=dict(s.bad_shards), clipped=tuple(s.clipped),
-            marks=dict(s.marks))
 
     async def fetch_state(self, peer: str, state_hash: str, timeout: float, *,
                           max_bytes: int) -> bytes:

@@ -5,8 +5,9 @@ one function that orchestrates the phases (loop.py's docstring lists them).
 
     catch-up    Catchup.plan → Fetcher.fetch → Holding.adopt       (catchup.py, holding.py)
     rendezvous  Rendezvous.join → Roster; finished peers: who_steps (rendezvous.py, finish.py)
-    group       AllReduce.form_group → members                      (allreduce.py)
-    exchange    AllReduce.exchange → the average, landed on θ       (exchange.py, landing.py)
+    group       AllReduce.form_group → GroupInfo                    (matchmaking.py, group.py)
+    exchange    AllReduce.exchange → the average, landed on θ       (member.py, reducer.py,
+                                                                     landing.py)
     apply       Holding.may_advance → Holding.apply                 (holding.py)
     vote        Ballot.settle → Outcome; adopt or roll back         (vote.py)
     commit      Holding.settle, Ballot.publish
@@ -34,6 +35,7 @@ from collectives.config import OuterConfig
 from collectives.consistency import Candidate, CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.finish import Farewell, who_steps
+from collectives.group import GroupInfo
 from collectives.holding import Holding, Start
 from collectives.record import Deadlines, Draft, Passed, Status, StepRecord
 from collectives.rendezvous import Rendezvous, Roster
@@ -266,7 +268,7 @@ class Attempt:
         cfg = self.config
         v, my_hash = start.version, start.state_hash
         try:
-            members = self.transport.run(
+            group = self.transport.run(
                 self.ar.form_group(leader, freeze_at=freeze_at, expected=set(seen),
                                    latest=deadlines.latest_join if wait_joins else freeze_at,
                                    deadline=deadlines.exchange),
@@ -278,6 +280,7 @@ class Attempt:
             logger.info("outer step at version %d: %s", v, draft.error)
             return
         draft.mark("group")
+        members = list(group.members)
         draft.peers = len(members)
         # the next period: the largest proposal of this group's members (every member read
         # their records, so every member takes the same)
@@ -286,13 +289,13 @@ class Attempt:
             draft.status = Status.ALONE
             return
         self.holding.grouped(members)
-        pre, report = self._exchange(work, draft, start, members, deadlines)
+        pre, report = self._exchange(work, draft, start, group, deadlines)
         draft.mark("exchange")
         self._settle(work, draft, start, members, pre, report, deadlines)
 
-    def _exchange(self, work: Work, draft: Draft, start: Start, members: list[str],
+    def _exchange(self, work: Work, draft: Draft, start: Start, group: GroupInfo,
                   deadlines: Deadlines) -> tuple[OuterState | None, ExchangeReport]:
-        """All-reduce our delta with ``members`` and apply the average if the version may
+        """All-reduce our delta with ``group`` and apply the average if the version may
         advance; the state before it (None: not applied) and what the exchange did."""
         cfg = self.config
         t_ar = time.monotonic()
@@ -307,7 +310,7 @@ class Attempt:
         t_ret: float | None = None
         try:
             avg = self.transport.run(
-                self.ar.exchange(delta, members, reduce_deadline=deadlines.reduce,
+                self.ar.exchange(delta, group, reduce_deadline=deadlines.reduce,
                                  out=landing.avg, on_landed=landing.land),
                 deadlines.exchange - time.monotonic() + 1)
             t_ret = time.monotonic()

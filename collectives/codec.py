@@ -44,14 +44,14 @@ class Codec(abc.ABC):
         """Bytes for the 1-D fp32 tensor ``x``."""
 
     @abc.abstractmethod
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
         """The 1-D fp32 tensor of ``numel`` values held by ``data``; CodecError if malformed."""
 
     @abc.abstractmethod
     def encoded_size(self, numel: int) -> int:
         """Exact length of ``encode`` of ``numel`` values (frames are bounded by it)."""
 
-    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+    def decode_into(self, data: bytes | memoryview, out: torch.Tensor) -> None:
         """``out[:] = decode(data, out.numel())`` without an intermediate tensor where the
         codec allows; ``out`` is a contiguous 1-D fp32 CPU tensor (a view is fine)."""
         out.copy_(self.decode(data, out.numel()))
@@ -75,12 +75,12 @@ class NoCompression(Codec):
     def encoded_size(self, numel: int) -> int:
         return 4 * numel
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
         if len(data) != 4 * numel:
             raise CodecError(f"fp32 payload of {len(data)} bytes for {numel} values")
         return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
 
-    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+    def decode_into(self, data: bytes | memoryview, out: torch.Tensor) -> None:
         if len(data) != 4 * out.numel():
             raise CodecError(f"fp32 payload of {len(data)} bytes for {out.numel()} values")
         np.copyto(out.numpy(), np.frombuffer(data, dtype="<f4"))
@@ -96,12 +96,12 @@ class Float16(Codec):
     def encoded_size(self, numel: int) -> int:
         return 2 * numel
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
         if len(data) != 2 * numel:
             raise CodecError(f"fp16 payload of {len(data)} bytes for {numel} values")
         return torch.from_numpy(np.frombuffer(data, dtype="<f2").astype(np.float32))
 
-    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+    def decode_into(self, data: bytes | memoryview, out: torch.Tensor) -> None:
         if len(data) != 2 * out.numel():
             raise CodecError(f"fp16 payload of {len(data)} bytes for {out.numel()} values")
         np.copyto(out.numpy(), np.frombuffer(data, dtype="<f2"))  # exact, like torch's cast
@@ -131,7 +131,7 @@ class BlockwiseInt8(Codec):
     def encoded_size(self, numel: int) -> int:
         return 4 * -(-numel // self.block) + numel
 
-    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
         nblocks = -(-numel // self.block)
         if len(data) != 4 * nblocks + numel:
             raise CodecError(f"int8 payload of {len(data)} bytes for {numel} values")
@@ -142,7 +142,7 @@ class BlockwiseInt8(Codec):
         out = (out.reshape(nblocks, self.block) * scale[:, None]).reshape(-1)[:numel]
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
 
-    def decode_into(self, data: bytes, out: torch.Tensor) -> None:
+    def decode_into(self, data: bytes | memoryview, out: torch.Tensor) -> None:
         numel = out.numel()
         nblocks = -(-numel // self.block)
         if len(data) != 4 * nblocks + numel:

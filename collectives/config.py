@@ -75,7 +75,7 @@ class OuterConfig:
     of two: of the larger of the reducer's own shard's norm and the last accepted mean's
     size for that shard's length, reduce.py) is excluded. Member: a returned mean shard whose
     norm exceeds this multiple of the larger of its own input's norm for that shard and the
-    last accepted mean's size fails the step (exchange.py)."""
+    last accepted mean's size fails the step (member.py)."""
     minority_patience: int = 3
     """A group without a strict majority of the current version's contributors does not
     advance (no forks); after this many such attempts in a row it advances anyway (the

@@ -120,7 +120,7 @@ class Holding:
 
     def take_rms_floor(self) -> float:
         """The size of the recent outer steps of the last state we adopted, once (the
-        member check's reference, exchange.py: a joiner that trained little since it
+        member check's reference, member.py: a joiner that trained little since it
         rebased must not fail every honest mean of the others' deltas); 0 after."""
         with self._lock:
             floor, self._rms_floor = self._rms_floor, 0.0

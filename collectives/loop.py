@@ -13,7 +13,8 @@ clock (schedule.py: read and written by both threads, under its lock); ``Holding
 (holding.py) owns θ_global, the momentum and the lineage; ``Progress`` (work.py) the live
 params and the round counts, on the training thread; ``Attempt`` (attempt.py) runs one
 attempt on the outer-step thread with ``Catchup``/``Fetcher`` (catchup.py), ``Rendezvous``
-(rendezvous.py), ``AllReduce`` (allreduce.py, on the transport's asyncio thread),
+(rendezvous.py), ``AllReduce`` (allreduce.py, on the transport's asyncio thread: a
+``Session`` per attempt, ``Matchmaker``, ``Member`` and ``ShardReducer``),
 ``Ballot`` (vote.py) and ``Farewell`` (finish.py), and reports a ``StepRecord`` or
 ``Passed`` (record.py).
 
@@ -32,7 +33,7 @@ One attempt (attempt.py), all under ``deadline_s`` from its start ``t0``:
                meeting is the open one where peers at our state joined, if any
                (rendezvous.py);
                before the first attempt, the period of the head we would adopt is read
-    group      smallest id among them leads; JOIN / freeze (allreduce.py)
+    group      smallest id among them leads; JOIN / freeze -> GroupInfo (matchmaking.py)
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline;
                every returned shard is checked before it is used
     apply      outer Nesterov SGD on θ_global; the version advances (>= 2 peers averaged)
@@ -397,6 +398,10 @@ class OuterLoop:
             except Exception as e:  # noqa: BLE001 - leaving anyway
                 logger.warning("outer step still running at close: %s", e)
         self._farewell.say_left(self._holding.version())
+        try:
+            self._transport.run(self._ar.close(), 10)
+        except Exception as e:  # noqa: BLE001 - leaving anyway
+            logger.debug("all-reduce close: %s", e)
         self._pool.shutdown(wait=False)
         self._transport.close()
 

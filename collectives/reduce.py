@@ -10,7 +10,7 @@ A reducer receives one contribution per group member for its shard (its own incl
    ``ref_rms`` x sqrt(shard length), ``ref_rms`` being the root mean square of the last
    mean the reducer accepted as a member (``AllReduce.mean_rms``: a joiner's is the
    adopted momentum's step size, holding.py), the same reference as the member check in
-   exchange.py. Without the second term a reducer whose own delta is ~0 (it just rebased,
+   member.py. Without the second term a reducer whose own delta is ~0 (it just rebased,
    trained a round since its delta was counted, finished training) would exclude every
    honest peer and "average" only itself. A hostile peer of a group of two still gets at
    most ``max_norm_ratio`` x that reference; grown through accepted means, at most

@@ -1,4 +1,4 @@
-"""The reducer side of the all-reduce: one attempt's state and the shard-stream handler.
+"""The reducer side of the all-reduce: our shard of one attempt (``ShardReducer``).
 
 A reducer receives every member's part of its shard as chunks. As soon as chunk c of every
 member is in place it computes the plain weighted mean of chunk c (median-capped weights,
@@ -25,23 +25,25 @@ member's contribution counts once all its stripes are in; a bad stripe excludes 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import functools
 import logging
 import math
-from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
 
 import torch
 
-from collectives._hivemind import P2P
 from collectives.codec import Codec, CodecError, chunk_bounds
 from collectives.config import OuterConfig
+from collectives.errors import StepFailed
+from collectives.group import GroupInfo
 from collectives.reduce import (Contribution, ShardResult, capped_weights, chunk_stats,
-                                plain_mean_holds, reduce_shard, shard_bounds)
-from collectives.streams import (CHUNK, VERDICT, FrameError, recv_header, recv_pipelined,
+                                plain_mean_holds, reduce_shard)
+from collectives.session import Session
+from collectives.streams import (CHUNK, VERDICT, FrameError, cancel_all, recv_pipelined,
                                  send_header, send_tagged, work_pool)
 from protocol.limits import packb
 
-__all__ = ["Session", "ReducerMixin", "members_digest", "STRIPES", "stripes"]
+__all__ = ["ShardReducer", "STRIPES", "stripes"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,349 +81,336 @@ def stripes(nchunks: int) -> int:
     return max(1, min(STRIPES, nchunks // CHUNKS_PER_STRIPE))
 
 
-def members_digest(members: list[str], nonce: str = "") -> str:
-    return hashlib.sha256("\n".join([nonce, *members]).encode()).hexdigest()[:32]
-
-
-@dataclass
-class Session:
-    """One outer step attempt as seen by the asyncio thread."""
-
-    step: int
-    state_hash: str
-    numel: int
-    weight: float
-    deadline: float
-    """loop.time() by which everything of this attempt is over."""
-    members_fut: asyncio.Future[list[str]]
-    joins: set[str] = field(default_factory=set)
-    members: list[str] | None = None
-    nonce: str = ""
-    """Chosen by the leader at the freeze; part of the members' digest."""
-    contribs: dict[str, Contribution] = field(default_factory=dict)
-    receiving: set[tuple[str, int]] = field(default_factory=set)
-    """(member, stripe) of the shard streams our reducer is reading (``stripes`` per member)."""
-    stripes_in: dict[str, int] = field(default_factory=dict)
-    """Member -> how many of its stripes were read completely."""
-    excluded: dict[str, str] = field(default_factory=dict)
-    # --- our reducer's shard ---
-    ref_rms: float = 0.0
-    """``AllReduce.mean_rms`` when our shard was set up: the history half of our norm
-    reference in a group of two (reduce.py), fixed for the attempt."""
-    chunks: list[tuple[int, int]] = field(default_factory=list)
-    parts: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Member -> its part of our shard, decoded in place chunk by chunk."""
-    declared: dict[str, float] = field(default_factory=dict)
-    have: list[int] = field(default_factory=list)
-    """Chunk -> how many members' chunk is in place."""
-    stream: list[asyncio.Future[bytes | None]] = field(default_factory=list)
-    """Chunk -> encoded plain mean of that chunk (None once streaming was abandoned)."""
-    stats: list[tuple[dict[str, float], dict[str, float]] | None] = field(default_factory=list)
-    streaming: bool = True
-    verdict: str = ""
-    """"ok" (the streamed mean stands), "redo" (``result`` replaces it), "none"."""
-    shard_done: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once ``verdict`` is."""
-    result: list[asyncio.Future[bytes]] | None = None
-    finishing: asyncio.Future[None] | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    suspects: set[str] = field(default_factory=set)
-    """Members whose shard or contribution never came: their votes are not awaited."""
-    witnessed: tuple[str, ...] = ()
-    """Peers whose contribution our reducer accepted (us included): who saw us contribute
-    and whose votes count (consistency.py)."""
-    bad_shards: dict[str, str] = field(default_factory=dict)
-    """Reducer -> why the shard it returned was rejected ("non_finite", "norm")."""
-    clipped: tuple[str, ...] = ()
-    connected: set[str] = field(default_factory=set)
-    """The peers our p2pd was connected to when the session opened (reducer timer)."""
-    marks: dict[str, float] = field(default_factory=dict)
-    """Phase -> loop.time() of this attempt's exchange (logged: where the time goes)."""
-
-    def remaining(self) -> float:
-        return max(0.0, self.deadline - asyncio.get_running_loop().time())
-
-    def mark(self, phase: str) -> None:
-        """``marks[phase]`` = now: called again by each of many streams or chunks, it keeps
-        the last (where the exchange's tail goes, in the step's record)."""
-        self.marks[phase] = asyncio.get_running_loop().time()
-
-
 def _quiet(fut: asyncio.Future) -> None:  # type: ignore[type-arg]
     fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
-class ReducerMixin:
-    """Reducer handlers of :class:`collectives.allreduce.AllReduce`."""
+Peers = Callable[[float], Awaitable["set[str] | None"]]
+"""The peers p2pd holds a connection to, asked with a timeout (None: no answer in time)."""
 
-    p2p: P2P
-    config: OuterConfig
-    codec: Codec
-    peer_id: str
-    session: Session | None
-    mean_rms: float
-    """RMS of the last mean we accepted as a member (exchange.py; raised to an adopted
-    state's step size by ``open_session``'s ``rms_floor``, holding.py)."""
 
-    def _current(self, step: object) -> Session | None:
-        s = self.session
-        return s if s is not None and s.step == step else None
+class ShardReducer:
+    """Our shard of one attempt: every member's part in, the mean out (asyncio thread only).
 
-    def _setup_shard(self, s: Session, members: list[str]) -> None:
-        """Our shard's buffers (by whichever comes first: our exchange or a member)."""
-        if s.members is None:
-            s.members = members
-        if s.chunks:
-            return
-        lo, hi = shard_bounds(s.numel, len(members))[members.index(self.peer_id)]
-        s.chunks = chunk_bounds(hi - lo)
-        s.have = [0] * len(s.chunks)
+    Set up by whichever comes first, our own exchange or a member's stream
+    (``AllReduce.shard``). ``ref_rms``: ``AllReduce.mean_rms`` then, the history half of our
+    norm reference in a group of two (reduce.py), fixed for the attempt."""
+
+    def __init__(self, config: OuterConfig, codec: Codec, *, me: str, session: Session,
+                 group: GroupInfo, ref_rms: float) -> None:
+        self.config, self.codec, self.me, self.ref_rms = config, codec, me, ref_rms
+        self.session, self.group = session, group
+        self.traffic = session.traffic
+        lo, hi = group.shards(session.numel)[group.members.index(me)]
+        self.chunks = chunk_bounds(hi - lo)
+        self.stripes = stripes(len(self.chunks))
         loop = asyncio.get_running_loop()
-        s.stream = [loop.create_future() for _ in s.chunks]
-        s.stats = [None] * len(s.chunks)
-        s.declared[self.peer_id] = s.weight
-        s.parts[self.peer_id] = torch.empty(hi - lo, dtype=torch.float32)
-        s.ref_rms = self.mean_rms
+        self.have = [0] * len(self.chunks)
+        """Chunk -> how many members' chunk is in place."""
+        self.stream: list[asyncio.Future[bytes | None]] = [loop.create_future()
+                                                           for _ in self.chunks]
+        """Chunk -> encoded plain mean of that chunk (None once streaming was abandoned)."""
+        self.stats: list[tuple[dict[str, float], dict[str, float]] | None] = \
+            [None] * len(self.chunks)
+        self.streaming = True
+        self.parts: dict[str, torch.Tensor] = {me: torch.empty(hi - lo, dtype=torch.float32)}
+        """Member -> its part of our shard, decoded in place chunk by chunk."""
+        self.declared: dict[str, float] = {me: session.weight}
+        self.receiving: set[tuple[str, int]] = set()
+        """(member, stripe) of the shard streams we are reading."""
+        self.stripes_in: dict[str, int] = {}
+        """Member -> how many of its stripes were read completely."""
+        self.contribs: dict[str, Contribution] = {}
+        self.excluded: dict[str, str] = {}
+        self.verdict = ""
+        """"ok" (the streamed mean stands), "redo" (``result`` replaces it), "none"."""
+        self.done = asyncio.Event()
+        """Set once ``verdict`` is."""
+        self.result: list[asyncio.Future[bytes]] | None = None
+        self.finishing: asyncio.Future[None] | None = None
+        self.witnessed: tuple[str, ...] = ()
+        """Peers whose contribution we accepted (us included): who saw them contribute and
+        whose votes count (consistency.py)."""
+        self.clipped: tuple[str, ...] = ()
+        self._tasks: set[asyncio.Future[None]] = set()
 
-    async def _on_reduce(self, peer: str, reader, writer) -> None:  # type: ignore[no-untyped-def]
-        head = await asyncio.wait_for(recv_header(reader), 10)
-        s = self._current(head.get("step"))
-        if s is None:
-            await send_header(writer, {"ok": False, "reason": "step"})
-            return
-        members = await asyncio.wait_for(asyncio.shield(s.members_fut), s.remaining())
-        k = head.get("stripe")
-        if head.get("digest") != members_digest(members, s.nonce) or peer not in members \
-                or peer == self.peer_id or peer in s.contribs or peer in s.excluded:
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def busy(self) -> bool:
+        """Something of ours still runs (the watch, a whole-shard reduction)."""
+        return bool(self._tasks)
+
+    async def close(self) -> None:
+        """Cancel what still runs (the watch, a whole-shard reduction) and wait for it."""
+        await cancel_all(list(self._tasks))
+
+    # --- contributions in -----------------------------------------------------------------
+    async def put_own(self, part: torch.Tensor) -> None:
+        """Our own part of our shard, through the codec as the others' parts come."""
+        loop = asyncio.get_running_loop()
+        own = self.parts[self.me]
+        for c, (a, b) in enumerate(self.chunks):  # one at a time: the senders share the pool
+            await loop.run_in_executor(work_pool(), self._through_codec, part[a:b], own[a:b])
+            self._chunk_in(c)
+        self._add(Contribution(peer=self.me, weight=self.session.weight, values=own))
+
+    def _through_codec(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.codec.decode_into(self.codec.encode(x), out)
+
+    async def take_stripe(self, peer: str, head: dict, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        """Stripe ``head["stripe"]`` of ``peer``'s part (a member of our group), and on the
+        same stream the same chunks of the mean back."""
+        s, n, k = self.session, self.stripes, head.get("stripe")
+        if peer in self.contribs or peer in self.excluded:
             await send_header(writer, {"ok": False, "reason": "membership"})
             return
-        self._setup_shard(s, members)
-        n = stripes(len(s.chunks))
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < n \
-                or head.get("stripes") != n or (peer, k) in s.receiving:
+                or head.get("stripes") != n or (peer, k) in self.receiving:
             await send_header(writer, {"ok": False, "reason": "stripe"})
             return
-        s.receiving.add((peer, k))
+        self.receiving.add((peer, k))
         weight = head.get("weight")
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) \
                 or not (math.isfinite(weight) and 0 < weight <= self.config.max_weight):
-            self._abandon(s)  # reduce_shard excludes it: no plain mean to stream
+            self._abandon()  # reduce_shard excludes it: no plain mean to stream
             weight = math.nan
-        if peer not in s.declared:
-            s.declared[peer] = float(weight)
-            s.parts[peer] = torch.empty(s.parts[self.peer_id].numel(), dtype=torch.float32)
-        values = s.parts[peer]
+        if peer not in self.declared:
+            self.declared[peer] = float(weight)
+            self.parts[peer] = torch.empty(self.parts[self.me].numel(), dtype=torch.float32)
+        values = self.parts[peer]
         await send_header(writer, {"ok": True})
-        sender = asyncio.create_task(self._send_result(s, writer, k))
-        mine = s.chunks[k::n]
+        sender = asyncio.ensure_future(self._send_mean(writer, k))
+        mine = self.chunks[k::n]
         try:
-            if not (s.declared[peer] == weight
-                    or math.isnan(s.declared[peer]) and math.isnan(weight)):
+            if not (self.declared[peer] == weight
+                    or math.isnan(self.declared[peer]) and math.isnan(weight)):
                 raise ValueError("stripes declare different weights")
-            s.bytes_received += await asyncio.wait_for(recv_pipelined(
+            self.traffic.bytes_received += await asyncio.wait_for(recv_pipelined(
                 reader, [self.codec.encoded_size(b - a) for a, b in mine],
                 lambda i, data: self.codec.decode_into(data, values[slice(*mine[i])]),
-                on_done=lambda i: self._chunk_in(s, k + i * n)), s.remaining())
-            s.stripes_in[peer] = s.stripes_in.get(peer, 0) + 1
-            if s.stripes_in[peer] == n and peer not in s.excluded:
-                self._add(s, Contribution(peer=peer, weight=s.declared[peer], values=values))
+                on_done=lambda i: self._chunk_in(k + i * n)), s.remaining())
+            self.stripes_in[peer] = self.stripes_in.get(peer, 0) + 1
+            if self.stripes_in[peer] == n and peer not in self.excluded:
+                self._add(Contribution(peer=peer, weight=self.declared[peer], values=values))
         except FrameError:  # longer than its codec size: the stream is out of step, drop it
-            self._exclude(s, peer, "decode")
-            sender.cancel()
+            self.exclude(peer, "decode")
+            await cancel_all([sender])
             raise
         except (CodecError, ValueError) as e:
             logger.warning("step %d: contribution of %s rejected: %s", s.step, peer, e)
-            self._exclude(s, peer, "decode")
+            self.exclude(peer, "decode")
         except (asyncio.IncompleteReadError, ConnectionError):
             # the stripe broke off (the member died or dropped us): it cannot be sent again
             # (one stream per stripe), so nothing it sends can count in this attempt
-            self._exclude(s, peer, "broken")
-            sender.cancel()
+            self.exclude(peer, "broken")
+            await cancel_all([sender])
             raise
         except BaseException:
-            sender.cancel()
+            await cancel_all([sender])
             raise
         await sender
 
-    def _exclude(self, s: Session, peer: str, why: str) -> None:
-        s.excluded.setdefault(peer, why)
-        self._abandon(s)
-        self._maybe_finish(s)
+    def exclude(self, peer: str, why: str) -> None:
+        self.excluded.setdefault(peer, why)
+        self._abandon()
+        self._maybe_finish()
 
-    async def _send_result(self, s: Session, writer, k: int) -> None:  # type: ignore[no-untyped-def]
-        """Stream stripe ``k`` of the plain mean's chunks while they are valid, then the
-        verdict (and that stripe of the robust mean after "redo")."""
-        n = stripes(len(s.chunks))
-        for fut in s.stream[k::n]:
-            data = await asyncio.wait_for(asyncio.shield(fut), s.remaining())
+    # --- the mean out ---------------------------------------------------------------------
+    async def mean_of(self, chunks: list[int]) -> AsyncIterator[tuple[int, bytes]]:
+        """(chunk, encoded mean of it) for ``chunks``, as they become final: the plain mean's
+        while it stands, then after a "redo" verdict the robust mean's (a chunk may come
+        twice). StepFailed if the shard has no result."""
+        s = self.session
+        for c in chunks:
+            data = await asyncio.wait_for(asyncio.shield(self.stream[c]), s.remaining())
+            if data is None:
+                break
+            yield c, data
+        await asyncio.wait_for(self.done.wait(), s.remaining())
+        if self.verdict == "redo":
+            assert self.result is not None
+            for c in chunks:
+                yield c, await asyncio.wait_for(asyncio.shield(self.result[c]), s.remaining())
+        elif self.verdict != "ok":
+            raise StepFailed("our shard has no result")
+
+    async def _send_mean(self, writer: asyncio.StreamWriter, k: int) -> None:
+        """Stripe ``k`` of the plain mean's chunks while they are valid, then the verdict
+        (and that stripe of the robust mean after "redo")."""
+        n = self.stripes
+        for fut in self.stream[k::n]:
+            data = await asyncio.wait_for(asyncio.shield(fut), self.session.remaining())
             if data is None:
                 break
             await send_tagged(writer, CHUNK, data)
-        await asyncio.wait_for(s.shard_done.wait(), s.remaining())
-        await send_tagged(writer, VERDICT, packb({"verdict": s.verdict}))
-        s.mark("verdict_sent")
-        if s.verdict == "redo":
-            assert s.result is not None
-            for fut in s.result[k::n]:
-                data = await asyncio.wait_for(asyncio.shield(fut), s.remaining())
+        await asyncio.wait_for(self.done.wait(), self.session.remaining())
+        await send_tagged(writer, VERDICT, packb({"verdict": self.verdict}))
+        self.traffic.mark("verdict_sent")
+        if self.verdict == "redo":
+            assert self.result is not None
+            for res in self.result[k::n]:
+                data = await asyncio.wait_for(asyncio.shield(res), self.session.remaining())
                 await send_tagged(writer, CHUNK, data)
 
     # --- streaming the plain mean ---------------------------------------------------------
-    def _chunk_in(self, s: Session, c: int) -> None:
-        s.have[c] += 1
-        s.mark("chunk_in")
-        if s.streaming and s.members is not None and s.have[c] == len(s.members):
-            job = asyncio.get_running_loop().run_in_executor(work_pool(), self._plain_chunk,
-                                                             s, c)
-            job.add_done_callback(lambda f, c=c: self._chunk_out(s, c, f))
+    def _chunk_in(self, c: int) -> None:
+        self.have[c] += 1
+        self.traffic.mark("chunk_in")
+        if self.streaming and self.have[c] == self.group.size:
+            job = asyncio.get_running_loop().run_in_executor(work_pool(), self._plain_chunk, c)
+            job.add_done_callback(functools.partial(self._chunk_out, c))
 
-    def _plain_chunk(self, s: Session, c: int) -> tuple[bytes, tuple[dict, dict]]:
+    def _plain_chunk(self, c: int) -> tuple[bytes, tuple[dict[str, float], dict[str, float]]]:
         """Encoded plain weighted mean of chunk c, and its statistics (work pool)."""
-        a, b = s.chunks[c]
-        parts = {p: s.parts[p][a:b] for p in sorted(s.parts)}
-        weights = capped_weights(s.declared)
+        a, b = self.chunks[c]
+        parts = {p: self.parts[p][a:b] for p in sorted(self.parts)}
+        weights = capped_weights(self.declared)
         total = math.fsum(weights.values())
         mean = torch.zeros(b - a, dtype=torch.float32)
         for p, x in parts.items():
             mean.add_(x, alpha=weights[p] / total)
-        return self._encode_mean(mean), chunk_stats(parts)
+        return self.encode_mean(mean), chunk_stats(parts)
 
-    def _encode_mean(self, mean: torch.Tensor) -> bytes:
+    def encode_mean(self, mean: torch.Tensor) -> bytes:
         """The wire bytes of (a chunk of) our shard's mean: encoded once, sent to all."""
         return self.codec.encode(mean)
 
-    def _chunk_out(self, s: Session, c: int, job: asyncio.Future) -> None:  # type: ignore[type-arg]
-        if job.cancelled() or job.exception() is not None or not s.streaming:
+    def _chunk_out(self, c: int, job: asyncio.Future) -> None:  # type: ignore[type-arg]
+        if job.cancelled() or job.exception() is not None or not self.streaming:
             if not job.cancelled() and job.exception() is not None:
-                logger.info("step %d: plain mean of chunk %d failed: %r", s.step, c,
+                logger.info("step %d: plain mean of chunk %d failed: %r", self.group.step, c,
                             job.exception())
-            self._abandon(s)
-            self._maybe_finish(s)
+            self._abandon()
+            self._maybe_finish()
             return
-        data, s.stats[c] = job.result()
-        s.mark("mean_ready")
-        if not s.stream[c].done():
-            s.stream[c].set_result(data)
-            s.bytes_sent += (len(data) + 9) * (len(s.parts) - 1)
-        if all(st is not None for st in s.stats):
-            self._maybe_finish(s)
+        data, self.stats[c] = job.result()
+        self.traffic.mark("mean_ready")
+        if not self.stream[c].done():
+            self.stream[c].set_result(data)
+            self.traffic.bytes_sent += (len(data) + 9) * (len(self.parts) - 1)
+        if all(st is not None for st in self.stats):
+            self._maybe_finish()
 
-    def _abandon(self, s: Session) -> None:
+    def _abandon(self) -> None:
         """Stop streaming the plain mean: a whole-shard reduction decides (verdict "redo")."""
-        s.streaming = False
-        for fut in s.stream:
+        self.streaming = False
+        for fut in self.stream:
             if not fut.done():
                 fut.set_result(None)
 
     # --- the verdict ----------------------------------------------------------------------
-    def _add(self, s: Session, c: Contribution) -> None:
-        s.contribs[c.peer] = c
-        self._maybe_finish(s)
+    def _add(self, c: Contribution) -> None:
+        self.contribs[c.peer] = c
+        self._maybe_finish()
 
-    def _maybe_finish(self, s: Session, *, force: bool = False) -> None:
-        if s.finishing is not None or s.members is None:
+    def _maybe_finish(self, *, force: bool = False) -> None:
+        if self.finishing is not None:
             return
-        if not force and len(s.contribs) + len(s.excluded) < len(s.members):
+        size = self.group.size
+        if not force and len(self.contribs) + len(self.excluded) < size:
             return
-        streamed = s.streaming and len(s.contribs) == len(s.members) and not s.excluded
-        if streamed and not all(st is not None for st in s.stats):
+        streamed = self.streaming and len(self.contribs) == size and not self.excluded
+        if streamed and not all(st is not None for st in self.stats):
             if not force:
                 return  # the last chunks' means are still being computed: _chunk_out calls
-            self._abandon(s)
+            self._abandon()
             streamed = False
-        s.marks["contributions_in"] = asyncio.get_running_loop().time()
-        if streamed and self._plain_holds(s):
-            s.witnessed, s.clipped, s.verdict = tuple(sorted(s.contribs)), (), "ok"
-            s.marks["reduced"] = s.marks["contributions_in"]
-            s.shard_done.set()
-            s.finishing = asyncio.get_running_loop().create_future()
-            s.finishing.set_result(None)
+        loop = asyncio.get_running_loop()
+        self.traffic.marks["contributions_in"] = loop.time()
+        if streamed and self._plain_holds():
+            self.witnessed, self.clipped, self.verdict = tuple(sorted(self.contribs)), (), "ok"
+            self.traffic.marks["reduced"] = self.traffic.marks["contributions_in"]
+            self.done.set()
+            self.finishing = loop.create_future()
+            self.finishing.set_result(None)
             return
-        self._abandon(s)
-        s.finishing = asyncio.ensure_future(self._finish(s))
+        self._abandon()
+        self.finishing = self._spawn(self._finish())
 
-    def _plain_holds(self, s: Session) -> bool:
-        sq: dict[str, float] = {p: 0.0 for p in s.parts}
-        off: dict[str, float] = {p: 0.0 for p in s.parts}
-        for st in s.stats:
+    def _plain_holds(self) -> bool:
+        sq: dict[str, float] = {p: 0.0 for p in self.parts}
+        off: dict[str, float] = {p: 0.0 for p in self.parts}
+        for st in self.stats:
             assert st is not None
             for p, v in st[0].items():
                 sq[p] += v
             for p, v in st[1].items():
                 off[p] += v
         cfg = self.config
-        return plain_mean_holds(weights=s.declared, sq_norms=sq,
+        return plain_mean_holds(weights=self.declared, sq_norms=sq,
                                 sq_offsets=off if len(sq) >= 3 else {},
                                 max_weight=cfg.max_weight, max_norm=cfg.max_norm,
-                                max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id,
-                                ref_rms=s.ref_rms, numel=s.parts[self.peer_id].numel())
+                                max_norm_ratio=cfg.max_norm_ratio, own=self.me,
+                                ref_rms=self.ref_rms, numel=self.parts[self.me].numel())
 
-    def _reduce(self, s: Session, contribs: list[Contribution]) -> ShardResult:
+    def _reduce(self, contribs: list[Contribution]) -> ShardResult:
         """Our shard's robust mean of ``contribs`` (pure; runs in the work pool)."""
         cfg = self.config
         return reduce_shard(contribs, max_weight=cfg.max_weight, max_norm=cfg.max_norm,
-                            max_norm_ratio=cfg.max_norm_ratio, own=self.peer_id,
-                            ref_rms=s.ref_rms)
+                            max_norm_ratio=cfg.max_norm_ratio, own=self.me,
+                            ref_rms=self.ref_rms)
 
-    async def _finish(self, s: Session) -> None:
+    async def _finish(self) -> None:
         """Whole-shard reduction: the "redo" (or "none") verdict."""
         loop = asyncio.get_running_loop()
-        assert s.members is not None
-        contribs = dict(s.contribs)  # what arrives from now on is too late for this attempt
+        contribs = dict(self.contribs)  # what arrives from now on is too late for this attempt
+        mean: torch.Tensor | None
         try:
-            res = await loop.run_in_executor(work_pool(), self._reduce, s,
-                                             list(contribs.values()))
-            s.witnessed, s.clipped, mean = res.accepted, res.clipped, res.mean
+            res = await loop.run_in_executor(work_pool(), self._reduce, list(contribs.values()))
+            self.witnessed, self.clipped, mean = res.accepted, res.clipped, res.mean
             for peer, why in res.excluded.items():
-                s.excluded.setdefault(peer, why)
+                self.excluded.setdefault(peer, why)
         except Exception:  # noqa: BLE001 - never leave the handlers waiting
-            logger.exception("step %d: reduction failed", s.step)
+            logger.exception("step %d: reduction failed", self.group.step)
             mean = None
-        for peer in s.members:
-            if peer not in contribs and peer not in s.excluded:
-                s.excluded[peer] = "missing"
+        for peer in self.group.members:
+            if peer not in contribs and peer not in self.excluded:
+                self.excluded[peer] = "missing"
         if mean is not None:  # encoded once; the pool runs the chunks roughly in order
-            s.result = [loop.run_in_executor(work_pool(), self._encode_mean, mean[a:b])
-                        for a, b in chunk_bounds(mean.numel())]
-            for fut in s.result:  # a cancelled attempt must not log "never retrieved"
+            bounds = chunk_bounds(mean.numel())
+            self.result = [loop.run_in_executor(work_pool(), self.encode_mean, mean[a:b])
+                           for a, b in bounds]
+            for fut in self.result:  # a cancelled attempt must not log "never retrieved"
                 _quiet(fut)
-            s.marks["reduced"] = loop.time()
+            self.traffic.marks["reduced"] = loop.time()
             # counted here: our own exchange may end before the sends
-            wire = sum(self.codec.encoded_size(b - a) + 9 for a, b in chunk_bounds(mean.numel()))
-            s.bytes_sent += (wire + 32) * len([p for p in contribs if p != self.peer_id])
-        s.verdict = "redo" if mean is not None else "none"
-        s.shard_done.set()
+            wire = sum(self.codec.encoded_size(b - a) + 9 for a, b in bounds)
+            self.traffic.bytes_sent += (wire + 32) * len([p for p in contribs if p != self.me])
+        self.verdict = "redo" if mean is not None else "none"
+        self.done.set()
 
-    async def _connected(self, s: Session, timeout: float) -> set[str] | None:
-        """The peers p2pd holds a connection to (None if it did not answer in time)."""
-        try:
-            return {p.peer_id.to_base58() for p in await asyncio.wait_for(
-                self.p2p.list_peers(), timeout)}
-        except Exception as e:  # noqa: BLE001
-            logger.debug("step %d: p2pd's peers not listed: %r", s.step, e)
-            return None
-
-    async def _reducer_timer(self, s: Session, at: float) -> None:
+    # --- members that are gone ------------------------------------------------------------
+    def watch(self, at: float, peers: Peers) -> None:
         """Finish our shard at ``at`` with what came; before that, exclude members that are
-        gone: connected to our p2pd at some look during this exchange (the first look is at
-        its start) or when the session opened (before the meeting: a member that died
+        gone (``_watch``). Runs until then, or until the shard finished."""
+        self._spawn(self._watch(at, peers))
+
+    async def _watch(self, at: float, peers: Peers) -> None:
+        """Members connected to our p2pd at some look during this exchange (the first look
+        is at its start) or when the session opened (before the meeting: a member that died
         before our exchange started), absent from two looks in a row while their
-        contribution is missing."""
+        contribution is missing, are excluded as "gone"."""
         loop = asyncio.get_running_loop()
-        seen = set(s.connected)
+        seen = set(self.session.connected)
         absent: set[str] = set()
-        while s.finishing is None and loop.time() < at:
-            waiting = set(s.members or ()) - set(s.contribs) - set(s.excluded) - {self.peer_id}
+        while self.finishing is None and loop.time() < at:
+            waiting = set(self.group.members) - set(self.contribs) - set(self.excluded) \
+                - {self.me}
             if waiting:
-                connected = await self._connected(s, GONE_PROBE_S)
+                connected = await peers(GONE_PROBE_S)
                 if connected is not None:  # no answer: nobody is judged gone
                     seen |= waiting & connected
                     gone = (waiting & seen) - connected
                     for peer in sorted(gone & absent):
                         logger.info("step %d: %s is gone (no connection): not waiting for "
-                                    "its contribution", s.step, peer)
-                        self._exclude(s, peer, "gone")
+                                    "its contribution", self.group.step, peer)
+                        self.exclude(peer, "gone")
                     absent = gone
             await asyncio.sleep(max(0.0, min(GONE_PROBE_S, at - loop.time())))
-        self._maybe_finish(s, force=True)
+        self._maybe_finish(force=True)

@@ -32,6 +32,8 @@ import torch
 
 from collectives import OuterConfig, OuterLoop
 from collectives.allreduce import LINGER_S, AllReduce
+from collectives.member import Member
+from collectives.reducer import ShardReducer
 from collectives.rendezvous import Rendezvous
 from collectives.vote import Ballot
 from protocol import Identity, atomic_write_bytes
@@ -77,12 +79,13 @@ def install_faults() -> None:
     the loop registers its stream handlers: a fault ordered in FAULT strikes in the next
     all-reduce (MEMBER: after ``after`` completed exchanges with reducers; REDUCER: after
     answering ``after`` members; VOTE: once the exchange is over, before the vote)."""
-    for fault, name in ((Fault.MEMBER, "_exchange_with"), (Fault.REDUCER, "_on_reduce")):
-        original = getattr(AllReduce, name)
+    for fault, owner, name in ((Fault.MEMBER, Member, "_exchange_with"),
+                               (Fault.REDUCER, AllReduce, "_on_reduce")):
+        original = getattr(owner, name)
 
         def wrap(fault: Fault = fault, original=original):  # type: ignore[no-untyped-def]
             async def wrapped(self, *a, **kw):  # type: ignore[no-untyped-def]
-                armed = FAULT["kind"] is fault and self.session is not None
+                armed = FAULT["kind"] is fault and getattr(self, "session", 0) is not None
                 if armed and FAULT["after"] == 0:
                     crash()
                 result = await original(self, *a, **kw)
@@ -93,7 +96,7 @@ def install_faults() -> None:
                 return result
             return wrapped
 
-        setattr(AllReduce, name, wrap())
+        setattr(owner, name, wrap())
     on_reduce = AllReduce._on_reduce
 
     async def answering(self, peer, reader, writer):  # type: ignore[no-untyped-def]
@@ -164,12 +167,12 @@ def poison_reducer(kind: str) -> None:
     """Our reducer's mean shard becomes NaN or 1e6 x after an honest reduction."""
     if kind == "none":
         return
-    original = AllReduce._encode_mean
+    original = ShardReducer.encode_mean
 
     def wrapped(self, mean):  # type: ignore[no-untyped-def]
         return original(self, mean * 1e6 if kind == "huge" else torch.full_like(mean, math.nan))
 
-    AllReduce._encode_mean = wrapped  # type: ignore[method-assign]
+    ShardReducer.encode_mean = wrapped  # type: ignore[method-assign]
 
 
 def known_peer_ids(root: Path, names: str) -> set[str]:

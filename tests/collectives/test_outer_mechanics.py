@@ -84,8 +84,7 @@ def _exchange_and_apply(loops: list[Member], works: list[Work]) -> torch.Tensor:
     async def main() -> list[torch.Tensor]:
         p2ps = await _group(len(loops))
         try:
-            ars = await _members(p2ps, "none", NUMEL, loops[0].config)
-            members = sorted(ar.peer_id for ar in ars)
+            ars, group = await _members(p2ps, "none", NUMEL, loops[0].config)
             landings, deltas = [], []
             starts = [loop.holding.start(work) for loop, work in zip(loops, works)]
             for loop, start in zip(loops, starts):
@@ -93,10 +92,10 @@ def _exchange_and_apply(loops: list[Member], works: list[Work]) -> torch.Tensor:
                 landings.append(loop.holding.landing(deltas[-1], lr=loop.config.outer_lr))
             aloop = asyncio.get_running_loop()
             avgs = await asyncio.gather(*(
-                ar.exchange(d, members, reduce_deadline=aloop.time() + 50, out=la.avg,
+                ar.exchange(d, group, reduce_deadline=aloop.time() + 50, out=la.avg,
                             on_landed=la.land) for ar, d, la in zip(ars, deltas, landings)))
             for ar in ars:
-                assert ar.session.verdict == "ok" and not ar.session.excluded
+                assert ar.session.shard.verdict == "ok" and not ar.session.shard.excluded
             for loop, work, la, avg, d, start in zip(loops, works, landings, avgs, deltas,
                                                      starts):
                 loop.holding.apply(la, avg.clone(), start.snapshot, work,

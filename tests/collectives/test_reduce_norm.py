@@ -6,6 +6,7 @@ honest peer's delta in, and a blown-up one stays out."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -101,13 +102,12 @@ def test_two_peers_one_rebased_to_zero_delta_end_with_the_mean_of_both(hostile: 
         p2ps = await _group(2)
         try:
             cfg = OuterConfig(compression="none")
-            ars = await _members(p2ps, "none", numel, cfg)
-            members = sorted(ar.peer_id for ar in ars)
+            ars, group = await _members(p2ps, "none", numel, cfg)
             a, b = sorted(ars, key=lambda ar: ar.peer_id)
             loop = asyncio.get_running_loop()
             g = torch.Generator().manual_seed(24)
             first = {ar.peer_id: torch.randn(numel, generator=g) * 1e-2 for ar in ars}
-            outs = await asyncio.gather(*(ar.exchange(first[ar.peer_id], members,
+            outs = await asyncio.gather(*(ar.exchange(first[ar.peer_id], group,
                                                       reduce_deadline=loop.time() + 50)
                                           for ar in ars))
             assert torch.equal(outs[0], outs[1])
@@ -115,21 +115,21 @@ def test_two_peers_one_rebased_to_zero_delta_end_with_the_mean_of_both(hostile: 
             for ar in ars:  # step 2, as the loop opens it
                 await ar.open_session(step=2, state_hash="h2", numel=numel, weight=1.0,
                                       deadline=loop.time() + 60)
-                ar.session.nonce = "n2"
-                ar.session.members_fut.set_result(members)
+                ar.session.group.set_result(dataclasses.replace(group, step=2, nonce="n2"))
             b_delta = torch.randn(numel, generator=g) * 1e-2 * (1000 if hostile else 1)
             second = {a.peer_id: b_delta * 1e-4 if not hostile else b_delta * 1e-7,
                       b.peer_id: b_delta}
-            outs = await asyncio.gather(*(ar.exchange(second[ar.peer_id], members,
+            outs = await asyncio.gather(*(ar.exchange(second[ar.peer_id],
+                                                      ar.session.group.result(),
                                                       reduce_deadline=loop.time() + 50)
                                           for ar in (a, b)), return_exceptions=True)
             if hostile:
-                assert a.session.excluded == {b.peer_id: "norm"}
+                assert a.session.shard.excluded == {b.peer_id: "norm"}
                 assert isinstance(outs[0], StepFailed), outs[0]
                 return
             for ar in (a, b):
-                assert ar.session.excluded == {}, ar.session.excluded
-                assert ar.session.verdict == "ok"  # the streamed plain mean stood
+                assert ar.session.shard.excluded == {}, ar.session.shard.excluded
+                assert ar.session.shard.verdict == "ok"  # the streamed plain mean stood
             assert torch.equal(outs[0], outs[1])
             ref = (second[a.peer_id].double() + second[b.peer_id].double()) / 2
             assert float((outs[0].double() - ref).norm() / ref.norm()) < 1e-6
