@@ -22,6 +22,7 @@ from node.bridge import LoopbackHub
 from node.learner import (EngineConfig, LearnerConfig, PolicyConfig, SapoConfig, TaskConfig,
                           TrainerConfig, run_learner)
 from protocol import Identity
+from protocol.records import RoundRecord
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,9 +69,9 @@ def main() -> None:
     t0 = time.monotonic()
     deadline = t0 + args.minutes * 60
 
-    def on_round(rec: dict) -> None:
-        if rec["round"] % 100 == 0:
-            print(f"round {rec['round']:5d} reward {rec['mean_reward']:.3f} acc {rec['accuracy']:.3f} "
+    def on_round(rec: RoundRecord) -> None:
+        if rec.round % 100 == 0:
+            print(f"round {rec.round:5d} reward {rec.mean_reward:.3f} acc {rec.accuracy:.3f} "
                   f"t={time.monotonic() - t0:.0f}s", flush=True)
         if time.monotonic() > deadline:
             stop.set()

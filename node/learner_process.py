@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -31,6 +32,7 @@ from node.orphans import (ORPHAN_GRACE_S, is_learner_on, leave_orphaned, reap_ch
                           sweep_leftovers)
 from protocol.events import (Checkpoint, ChildEvent, Done, Fatal, OuterDone, Peers, Phase,
                              RoundDone, Started)
+from protocol.records import RoundRecord
 
 log = logging.getLogger("node.learner_process")
 
@@ -441,9 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _on_round(record: dict[str, Any], bridge: Any) -> None:
-    emit(RoundDone(record={**_with_peers(record, bridge),
-                           "rollouts_from": bridge.take_round_senders()}))
+def _on_round(record: RoundRecord, bridge: Any) -> None:
+    done = _with_peers(record, bridge).with_observed(
+        rollouts_from=bridge.take_round_senders())
+    emit(RoundDone(record=done.to_dict()))
     try:
         peers = bridge.peers()[:MAX_PEERS_REPORTED]
     except Exception:  # the status view must never kill training
@@ -461,26 +464,27 @@ def reachability(stats: dict[str, int]) -> str:
     return "unknown"
 
 
-def _with_peers(record: dict[str, Any], bridge: Any) -> dict[str, Any]:
+def _with_peers(record: RoundRecord, bridge: Any) -> RoundRecord:
     try:
         stats = bridge.stats()
     except Exception:  # the status line must never kill training
         return record
     # the swarm process's counters are totals since it started, not per round
-    return {**record, "peers": stats.get("peers", 0), "reachability": reachability(stats),
-            "gossip_rejected": {k[len("rejected_"):]: v for k, v in stats.items()
-                                if k.startswith("rejected_") and v},
-            # what the swarm process did not deliver (e.g. ``outbound_queue_full``: a peer
-            # too slow to read our gossip) and how many peers its pubsub exchanges with
-            "gossip_dropped": {k[len("dropped_"):]: v for k, v in stats.items()
-                               if k.startswith("dropped_") and v},
-            "pubsub_peers": stats.get("pubsub_peers", 0),
-            "rollout_subscribers": stats.get("subscribers_rollouts", 0),
-            # feeds mode (swarm.feeds): open feeds whose source delivered groups that passed
-            # our re-scoring, those still on trial, and feeds closed for delivering nothing
-            "feeds": {"proven": stats.get("feed_sources_proven", 0),
-                      "trial": stats.get("feed_sources_trial", 0),
-                      "dropped_idle": stats.get("feed_dropped_idle", 0)}}
+    return dataclasses.replace(
+        record, peers=int(stats.get("peers", 0)), reachability=reachability(stats),
+        gossip_rejected={k[len("rejected_"):]: int(v) for k, v in stats.items()
+                         if k.startswith("rejected_") and v}).with_observed(
+        # what the swarm process did not deliver (e.g. ``outbound_queue_full``: a peer too
+        # slow to read our gossip) and how many peers its pubsub exchanges with
+        gossip_dropped={k[len("dropped_"):]: v for k, v in stats.items()
+                        if k.startswith("dropped_") and v},
+        pubsub_peers=stats.get("pubsub_peers", 0),
+        rollout_subscribers=stats.get("subscribers_rollouts", 0),
+        # feeds mode (swarm.feeds): open feeds whose source delivered groups that passed our
+        # re-scoring, those still on trial, and feeds closed for delivering nothing
+        feeds={"proven": stats.get("feed_sources_proven", 0),
+               "trial": stats.get("feed_sources_trial", 0),
+               "dropped_idle": stats.get("feed_dropped_idle", 0)})
 
 
 if __name__ == "__main__":

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from protocol.records import StepRecord
+from protocol.records import RoundRecord, StepRecord
 
 
 class Metrics:
@@ -34,24 +33,22 @@ class Metrics:
     def port(self) -> int:
         return int(self.server.server_port)
 
-    def on_round(self, rec: dict[str, Any]) -> None:
-        self.round.set(rec.get("round", 0))
-        if rec.get("mean_reward") is not None:
-            self.reward.set(rec["mean_reward"])
-        if "peers" in rec:
-            self.peers.set(rec["peers"])
-        heldout = rec.get("heldout")
-        if isinstance(heldout, dict):
+    def on_round(self, rec: RoundRecord) -> None:
+        self.round.set(rec.round)
+        self.reward.set(rec.mean_reward)
+        if rec.peers is not None:
+            self.peers.set(rec.peers)
+        if rec.heldout is not None:
             for decoding in ("greedy", "sampled"):
-                value = heldout.get(f"{decoding}_accuracy")
+                value = rec.heldout.get(f"{decoding}_accuracy")
                 if isinstance(value, (int, float)):
                     self.heldout.labels(decoding).set(value)
-        self.rollouts.labels("published").inc(rec.get("rollouts_published", 0) or 0)
-        self.rollouts.labels("received").inc(rec.get("rollouts_received", 0) or 0)
-        self.rollouts.labels("used").inc(rec.get("external_used", 0) or 0)
-        for reason, n in (rec.get("rejected_by_reason") or {}).items():
-            self.rejected.labels(reason).inc(n)
-        for reason, total in (rec.get("gossip_rejected") or {}).items():
+        self.rollouts.labels("published").inc(max(0, rec.rollouts_published))
+        self.rollouts.labels("received").inc(max(0, rec.rollouts_received))
+        self.rollouts.labels("used").inc(max(0, rec.external_used))
+        for reason, n in rec.rejected_by_reason.items():
+            self.rejected.labels(reason).inc(max(0, n))
+        for reason, total in rec.gossip_rejected.items():
             self.gossip_rejected.labels(reason).set(total)
 
     def on_outer(self, rec: StepRecord) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from protocol import atomic_write_bytes
 from protocol.events import Checkpoint, Phase
-from protocol.records import StepRecord
+from protocol.records import RoundRecord, StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -73,37 +73,34 @@ class StatusBoard:
         self.state["round_phase"] = {"name": name, "done": event.done, "total": event.total,
                                      "since": since, "stage": event.stage[:16]}
 
-    def on_round(self, record: dict[str, Any]) -> None:
+    def on_round(self, record: RoundRecord) -> None:
         s = self.state
-        s["round"] = record.get("round")
-        s["mean_reward"] = record.get("mean_reward")
-        s["accuracy"] = record.get("accuracy")
+        s["round"] = record.round
+        s["mean_reward"] = record.mean_reward
+        s["accuracy"] = record.accuracy
         s["rounds_done"] += 1
         for k in COUNTERS:
-            s[f"{k}_total"] += _int(record.get(k))
-        for reason, n in (record.get("rejected_by_reason") or {}).items():
-            s["rejected_by_reason"][str(reason)] = s["rejected_by_reason"].get(str(reason), 0) + _int(n)
-        if isinstance(record.get("gossip_rejected"), dict):
-            s["gossip_rejected"] = {str(k): _int(v) for k, v in record["gossip_rejected"].items()}
-        if "peers" in record:
-            s["peers"] = record["peers"]
-        if isinstance(record.get("reachability"), str):
-            s["reachability"] = record["reachability"][:32]
-        heldout = record.get("heldout")
-        if isinstance(heldout, dict):
+            s[f"{k}_total"] += _int(getattr(record, k))
+        for reason, n in record.rejected_by_reason.items():
+            s["rejected_by_reason"][reason] = s["rejected_by_reason"].get(reason, 0) + _int(n)
+        if record.peers is not None:  # the swarm's counters were read this round
+            s["gossip_rejected"] = {k: _int(v) for k, v in record.gossip_rejected.items()}
+            s["peers"] = record.peers
+        if record.reachability is not None:
+            s["reachability"] = record.reachability[:32]
+        heldout = record.heldout
+        if heldout is not None:
             s["heldout"] = {k: heldout.get(k) for k in HELDOUT_KEYS}
-        if isinstance(record.get("mean_reward"), (int, float)):
-            s["recent_rewards"] = [*s["recent_rewards"], record["mean_reward"]][-RECENT_REWARDS:]
+        s["recent_rewards"] = [*s["recent_rewards"], record.mean_reward][-RECENT_REWARDS:]
         self._round_times.append(time.monotonic())
         if len(self._round_times) >= 2:
             span = self._round_times[-1] - self._round_times[0]
             s["rounds_per_s"] = (len(self._round_times) - 1) / span if span > 0 else None
         if self.log_rounds:
             log.info("round=%s reward=%.3f peers=%s published=%s received=%s used=%s rejected=%s%s",
-                     record.get("round"), record.get("mean_reward") or 0.0, s["peers"],
-                     record.get("rollouts_published"), record.get("rollouts_received"),
-                     record.get("external_used"), record.get("rejected"),
-                     f" heldout={heldout_text(s['heldout'])}" if isinstance(heldout, dict) else "")
+                     record.round, record.mean_reward, s["peers"], record.rollouts_published,
+                     record.rollouts_received, record.external_used, record.rejected,
+                     f" heldout={heldout_text(s['heldout'])}" if heldout is not None else "")
 
     def on_peers(self, peers: list[Any]) -> None:
         now = time.time()

@@ -30,7 +30,7 @@ from node.report import node_report, write_json
 from node.status import StatusBoard
 from protocol.events import (Checkpoint, Exit, Fatal, OuterDone, Peers, Phase, Ready, RoundDone,
                              Started)
-from protocol.records import RecordError, StepRecord
+from protocol.records import RecordError, RoundRecord, StepRecord
 
 if TYPE_CHECKING:  # prometheus_client is imported only when metrics are on
     from node.metrics import Metrics
@@ -224,10 +224,15 @@ class Supervisor:
             elif isinstance(event, Checkpoint):
                 self.board.on_checkpoint(event)
             elif isinstance(event, RoundDone):
+                try:
+                    done = RoundRecord.from_dict(event.record)
+                except RecordError as e:  # our own learner's bug: say so, count nothing
+                    log.warning("learner: malformed round record: %s", e)
+                    return
                 self.rounds.append(event.record)
-                self.board.on_round(event.record)
+                self.board.on_round(done)
                 if self.metrics is not None:
-                    self.metrics.on_round(event.record)
+                    self.metrics.on_round(done)
             elif isinstance(event, OuterDone):
                 try:
                     step = StepRecord.from_dict(event.record)

@@ -1,4 +1,10 @@
-"""The outer step's record: what one attempt did, as a node reports it.
+"""The records a node reports: what one round did (``RoundRecord``) and what one outer-step
+attempt did (``StepRecord``).
+
+``RoundRecord`` is made by the learner at the end of each round (node/learner/loop.py), with
+the swarm process's counters added by the learner process, emitted as JSON (``to_dict``, the
+``round`` event) and read back by the supervisor, its status board and metrics
+(``from_dict``).
 
 ``StepRecord`` is made by the attempt (collectives/attempt.py) when it ends, emitted by the
 learner as JSON (``to_dict``, the ``outer`` event: protocol/events.py) and read back by the
@@ -16,7 +22,7 @@ from typing import Any
 
 from protocol.tables import TableError, check_table
 
-__all__ = ["RecordError", "Status", "StepRecord"]
+__all__ = ["RecordError", "RoundRecord", "Status", "StepRecord"]
 
 
 class RecordError(ValueError):
@@ -110,3 +116,58 @@ class StepRecord:
             if key not in kwargs:
                 raise RecordError(f"step record {key}: required")
         return cls(**kwargs, status=status)
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """The report of one inner round. The fields are what the node's views read; every
+    other measurement (node/report.py lists the contract keys) is in ``observed``."""
+
+    round: int
+    mean_reward: float = 0.0
+    """Over our own completions this round."""
+    accuracy: float = 0.0
+    rollouts_published: int = 0
+    rollouts_received: int = 0
+    external_used: int = 0
+    """Other peers' groups trained on this round."""
+    rejected: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    heldout: dict[str, Any] | None = None
+    """The held-out evaluation, on the rounds it ran."""
+    peers: int | None = None
+    """From the swarm process (None: its counters were not read this round)."""
+    reachability: str | None = None
+    gossip_rejected: dict[str, int] = field(default_factory=dict)
+    """The swarm process's rejections since it started, by reason."""
+    observed: dict[str, Any] = field(default_factory=dict)
+    """Everything else the round measured, by name (external_*, tokens_generated, train,
+    seconds, received_at, published_at, compute_utilisation, feeds, ...)."""
+
+    def with_observed(self, **more: Any) -> RoundRecord:
+        return dataclasses.replace(self, observed={**self.observed, **more})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: the fields (None ones left out), then the observations."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                               if f.name != "observed" and getattr(self, f.name) is not None}
+        for k in ("rejected_by_reason", "gossip_rejected"):
+            out[k] = dict(out[k])
+        out.update(self.observed)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoundRecord:
+        """A record from its JSON form; ``RecordError`` naming the field at fault."""
+        if not isinstance(data, Mapping):
+            raise RecordError("a round record must be a JSON object")
+        core = {f.name for f in dataclasses.fields(cls)} - {"observed"}
+        fields = {k: v for k, v in data.items() if k in core and v is not None}
+        observed = {k: v for k, v in data.items() if k not in core}
+        try:
+            kwargs = check_table(cls, {**fields, "observed": observed})
+        except TableError as e:
+            raise RecordError(f"round record {e}") from None
+        if "round" not in kwargs:
+            raise RecordError("round record round: required")
+        return cls(**kwargs)

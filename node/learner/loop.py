@@ -50,6 +50,7 @@ from node.learner.tasks import build_task, get_family
 from node.report import node_report
 from protocol import Rollout, TaskSpec, split_rollouts
 from protocol.ipc import MAX_SOURCES
+from protocol.records import RoundRecord
 
 __all__ = ["Learner", "run_learner"]
 
@@ -318,7 +319,7 @@ class Learner:
 
 def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = None,
                 stop: threading.Event | None = None,
-                on_round: Callable[[dict[str, Any]], None] | None = None,
+                on_round: Callable[[RoundRecord], None] | None = None,
                 outer: Callable[[torch.nn.Module, int], dict[str, Any] | None] | None = None,
                 on_phase: PhaseCallback | None = None,
                 on_checkpoint: Callable[[int, Any, float], None] | None = None,
@@ -370,15 +371,15 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
         if heldout is not None:
             record["heldout"] = heldout
         record["compute_utilisation"] = round(compute / max(1e-9, time.monotonic() - t_start), 4)
-        records.append(record)
+        done = RoundRecord.from_dict(record)
+        records.append(done.to_dict())
         log.info("peer %s round %d: reward %.3f, published %d, received %d, external %d, rejected %d",
-                 learner.peer_id[:16], record["round"], record["mean_reward"],
-                 record["rollouts_published"], record["rollouts_received"],
-                 record["external_used"], record["rejected"])
+                 learner.peer_id[:16], done.round, done.mean_reward, done.rollouts_published,
+                 done.rollouts_received, done.external_used, done.rejected)
         if on_round is not None:
-            on_round(record)
+            on_round(done)
         if outer is not None:
-            step = outer(learner.policy.model, record["round"])
+            step = outer(learner.policy.model, done.round)
             learner.engine.sync_weights()  # the outer step may have moved the weights
             if step is not None:
                 outer_steps.append(step)

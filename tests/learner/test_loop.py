@@ -79,7 +79,7 @@ def test_stop_event_on_round_and_outer_callbacks(data_dir):
     seen, outer_calls = [], []
 
     def on_round(rec):
-        seen.append(rec["round"])
+        seen.append(rec.round)
         if len(seen) == 2:
             stop.set()
 

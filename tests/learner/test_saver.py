@@ -121,7 +121,7 @@ def say(obj):
         sys.stdout.write(json.dumps(obj) + "\\n")
         sys.stdout.flush()
 def on_round(rec):
-    say({"round": rec["round"], "t": time.time()})
+    say({"round": rec.round, "t": time.time()})
 def on_ckpt(r, path, secs):
     say({"checkpoint": r, "t": time.time()})
 run_learner(cfg, bridge, stop=threading.Event(), on_round=on_round, on_checkpoint=on_ckpt)

@@ -9,6 +9,7 @@ import pytest
 
 from node.dashboard import HISTORY_ROUNDS, Dashboard
 from node.status import StatusBoard
+from protocol.records import RoundRecord
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_serves_the_page_and_the_same_status_record(tmp_path, dashboard):
     rounds = [{"round": i, "mean_reward": i / 10, "accuracy": 0.5, "train": {"loss": 1.0},
                "rollouts_published": 8} for i in range(HISTORY_ROUNDS + 7)]
     for r in rounds:
-        board.on_round(r)
+        board.on_round(RoundRecord.from_dict(r))
     body = board.flush()
     dashboard.publish(body, rounds, [{"step": 0, "peers": 2, "param_hash": "ab", "seconds": 1.5,
                                       "bytes_sent": 10, "excluded": {"x": 1}}])
@@ -69,7 +70,7 @@ def test_the_page_gets_the_heldout_scores_to_draw(tmp_path, dashboard):
     rounds = [{"round": i, "mean_reward": 0.1, **({"heldout": score} if i == 9 else {})}
               for i in range(12)]
     for r in rounds:
-        board.on_round(r)
+        board.on_round(RoundRecord.from_dict(r))
     dashboard.publish(board.flush(), rounds, [])
     data = json.loads(_get(dashboard, "/api/status")[2])
     assert data["status"]["heldout"]["greedy_accuracy"] == 0.5       # the card

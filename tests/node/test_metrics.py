@@ -5,17 +5,17 @@ from __future__ import annotations
 import urllib.request
 
 from node.metrics import Metrics
-from protocol.records import Status, StepRecord
+from protocol.records import RoundRecord, Status, StepRecord
 
 
 def test_metrics_endpoint_serves_round_counters():
     m = Metrics(0, addr="127.0.0.1")
     try:
-        m.on_round({"round": 4, "mean_reward": 0.25, "peers": 3, "rollouts_published": 8,
+        m.on_round(RoundRecord.from_dict({"round": 4, "mean_reward": 0.25, "peers": 3, "rollouts_published": 8,
                     "rollouts_received": 5, "external_used": 4,
                     "rejected_by_reason": {"bad_signature": 2},
                     "gossip_rejected": {"stale": 3},
-                    "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375}})
+                    "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375}}))
         m.on_outer(StepRecord(step=0, status=Status.OK, version=1, param_hash="h"))
         body = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
         text = body.decode()

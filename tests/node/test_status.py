@@ -10,13 +10,14 @@ import time
 
 from node.status import StatusBoard, check_status
 from node.tables import ipc_path_for
+from protocol.records import RoundRecord
 
 
 def test_fresh_status_of_a_live_node_is_healthy(tmp_path):
     board = StatusBoard(tmp_path / "status.json")
     board.child("swarm", pid=os.getpid(), alive=True, restarts=0)
     board.set(phase="training")
-    board.on_round({"round": 3, "mean_reward": 0.5, "rollouts_published": 4})
+    board.on_round(RoundRecord.from_dict({"round": 3, "mean_reward": 0.5, "rollouts_published": 4}))
     board.flush()
     healthy, summary = check_status(tmp_path, max_age_s=30)
     assert healthy, summary
@@ -57,8 +58,8 @@ def test_the_newest_heldout_score_stays_in_the_status_and_its_line(tmp_path):
     assert "heldout=none" in check_status(tmp_path, max_age_s=30)[1]
     score = {"after_rounds": 10, "greedy_accuracy": 0.625, "sampled_accuracy": 0.5,
              "questions": 32, "samples": 1, "seconds": 0.4, "by_family": {}}
-    board.on_round({"round": 9, "mean_reward": 0.5, "heldout": score})
-    board.on_round({"round": 10, "mean_reward": 0.6})  # rounds between scores keep the last one
+    board.on_round(RoundRecord.from_dict({"round": 9, "mean_reward": 0.5, "heldout": score}))
+    board.on_round(RoundRecord.from_dict({"round": 10, "mean_reward": 0.6}))  # rounds between scores keep the last one
     board.flush()
     s = json.loads((tmp_path / "status.json").read_text())
     assert s["heldout"] == {k: score[k] for k in ("after_rounds", "greedy_accuracy",

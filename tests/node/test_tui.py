@@ -12,7 +12,7 @@ from rich.console import Console
 from node.status import StatusBoard
 from node.tui import TerminalView, render, sparkline
 from protocol.events import Checkpoint, Phase
-from protocol.records import Status, StepRecord
+from protocol.records import RoundRecord, Status, StepRecord
 
 
 def _state(tmp_path):
@@ -21,10 +21,10 @@ def _state(tmp_path):
               children={"swarm": {"alive": True, "restarts": 0},
                         "learner": {"alive": True, "restarts": 1}})
     for r in range(5):
-        board.on_round({"round": r, "mean_reward": r / 10, "accuracy": 0.1, "rollouts_published": 8,
+        board.on_round(RoundRecord.from_dict({"round": r, "mean_reward": r / 10, "accuracy": 0.1, "rollouts_published": 8,
                         "rollouts_received": 3, "external_used": 2, "rejected": 1,
                         "rejected_by_reason": {"prompt_mismatch": 1}, "peers": 2,
-                        "gossip_rejected": {"bad_signature": 4}})
+                        "gossip_rejected": {"bad_signature": 4}}))
     board.on_phase(Phase(phase="generate", done=3, total=6))
     board.on_outer(StepRecord(step=1, status=Status.OK, version=2, peers=3, bytes_sent=1_200_000,
                               seconds=4.1, param_hash="ab" * 32), 2)

@@ -1,5 +1,5 @@
-"""The outer step's record (protocol/records.py): the JSON a learner emits is the record the
-supervisor reads back, and a record without its fields is refused by name."""
+"""The round and outer-step records (protocol/records.py): the JSON a learner emits is the
+record the supervisor reads back, and a record without its fields is refused by name."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from protocol.records import RecordError, Status, StepRecord
+from protocol.records import RecordError, RoundRecord, Status, StepRecord
 
 
 def test_a_record_round_trips_through_its_json() -> None:
@@ -36,3 +36,29 @@ def test_a_record_round_trips_through_its_json() -> None:
 def test_a_record_without_its_fields_is_refused_by_name(data: dict, reason: str) -> None:
     with pytest.raises(RecordError, match=reason):
         StepRecord.from_dict(data)
+
+
+def test_a_round_record_round_trips_and_keeps_what_the_views_do_not_read() -> None:
+    rec = RoundRecord(round=7, mean_reward=0.25, accuracy=0.5, rollouts_published=8,
+                      rollouts_received=3, external_used=2, rejected=1,
+                      rejected_by_reason={"stale": 1}, heldout={"greedy_accuracy": 0.5},
+                      peers=4, reachability="public", gossip_rejected={"bad_signature": 2},
+                      observed={"train": {"loss": 0.1}, "seconds": {"generate": 1.0}})
+    data = json.loads(json.dumps(rec.to_dict()))
+    assert data["train"] == {"loss": 0.1} and "observed" not in data  # at the top level
+    assert RoundRecord.from_dict(data) == rec
+    bare = RoundRecord.from_dict({"round": 0, "heldout": None, "peers": None})
+    assert bare.heldout is None and bare.peers is None  # not measured this round
+    assert "peers" not in bare.to_dict()
+
+
+@pytest.mark.parametrize("data, reason", [
+    ({"mean_reward": 0.5}, "round: required"),
+    ({"round": "3"}, "round: expected an integer"),
+    ({"round": 3, "mean_reward": "high"}, "mean_reward: expected a number"),
+    ({"round": 3, "rejected_by_reason": {"stale": "many"}}, "rejected_by_reason"),
+    ({"round": 3, "reachability": 5}, "reachability: expected"),
+])
+def test_a_round_record_without_its_fields_is_refused_by_name(data: dict, reason: str) -> None:
+    with pytest.raises(RecordError, match=reason):
+        RoundRecord.from_dict(data)
