@@ -21,7 +21,7 @@ Layers, bottom up: ``codec`` (fp32/fp16/int8 strategies) and ``reduce`` (bounded
 deterministic shard mean) are pure; ``state`` (θ_global, momentum, hash, Nesterov);
 ``streams`` (frames); ``transport`` (p2pd with the node identity, DHT, asyncio thread);
 ``allreduce`` (the node's endpoint: handlers, state transfers, a ``session`` per attempt;
-``matchmaking`` forms a ``group``; the reduce-scatter/all-gather with bit-parity:
+``matchmaking`` forms a ``group``, led by the first in ``leader``'s order; the reduce-scatter/all-gather with bit-parity:
 ``member`` on the member side, ``reducer`` on the reducer side);
 ``consistency`` (signed commits, canonical state); ``schedule`` (the clock: when to meet);
 ``work`` (one attempt's work: its snapshot and the shift it makes to the params; the

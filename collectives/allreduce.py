@@ -10,8 +10,9 @@ construction:
 
 1. **Group.** Each peer stores ``join/<version>`` in the DHT (subkey = peer id, value = its
    state hash, signed), waits ``join_window_s`` and reads the records. Among the peers that
-   claim its own hash, the smallest peer id leads (one no stream opens to is skipped for the
-   next: the record of a peer killed earlier at this version outlives it). Others send
+   claim its own hash, the first in ``leader.leader_order`` leads (witnesses of our version
+   first, then an unpredictable draw; one no stream opens to is skipped for the next: the
+   record of a peer killed earlier at this version outlives it). Others send
    JOIN(version, hash) to it; at
    ``1.5 x join_window_s`` the leader freezes the member list (sorted peer ids) and answers
    every JOIN with it and a fresh nonce; the members' digest covers both, so a stream of an
@@ -220,16 +221,19 @@ class AllReduce:
             return None
 
     # --- the phases -----------------------------------------------------------------------
-    async def form_group(self, leader: str, *, freeze_at: float, expected: set[str],
-                         latest: float, deadline: float | None = None) -> GroupInfo:
-        """This attempt's group (``Matchmaker.form_group``) or StepFailed. ``deadline``:
-        the attempt's new end (a meeting on the clock counts it from the read)."""
+    async def form_group(self, order: list[str], *, freeze_at: float, latest: float,
+                         reply_by: float | None = None, deadline: float | None = None,
+                         no_wait: frozenset[str] = frozenset()) -> GroupInfo:
+        """This attempt's group (``Matchmaker.form_group``; ``reply_by`` defaults to the
+        session's end) or StepFailed. ``deadline``: the attempt's new end (a meeting on the
+        clock counts it from the read)."""
         s = self.session
         assert s is not None
         if deadline is not None:
             s.deadline = deadline
-        return await self.matchmaker.form_group(s, leader, freeze_at=freeze_at,
-                                                expected=expected, latest=latest)
+        return await self.matchmaker.form_group(
+            s, order, freeze_at=freeze_at, latest=latest,
+            reply_by=s.deadline if reply_by is None else reply_by, no_wait=no_wait)
 
     async def exchange(self, delta: torch.Tensor, group: GroupInfo, *, reduce_deadline: float,
                        out: torch.Tensor | None = None,

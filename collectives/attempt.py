@@ -36,6 +36,8 @@ from collectives.consistency import Candidate, CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.finish import Farewell, who_steps
 from collectives.group import GroupInfo
+from collectives.leader import Blame, leader_order
+from collectives.matchmaking import LeaderFailed
 from collectives.holding import Holding, Start
 from collectives.record import Deadlines, Draft, Passed, Status, StepRecord
 from collectives.rendezvous import Rendezvous, Roster
@@ -49,6 +51,9 @@ __all__ = ["Attempt", "FREEZE_GRACE_S"]
 
 logger = logging.getLogger(__name__)
 
+REPLY_GRACE_S = 1.0
+"""A member waits for its leader's answer until the leader's latest freeze (as far as the
+member can tell: its own, plus a window) and this much more; then the leader stalled."""
 FREEZE_GRACE_S = 0.5
 """On the clock, the leader freezes the group at most this long after its read ended (for
 JOINs already on their way)."""
@@ -66,6 +71,8 @@ class Attempt:
         self.transport, self.ar, self.book, self.catchup = transport, ar, book, catchup
         self.fetcher, self.rendezvous, self.ballot = fetcher, rendezvous, ballot
         self.farewell, self.discover, self.now, self.stage = farewell, discover, now, on_stage
+        self.blame = Blame()
+        """Peers we saw stall a group: last in our leader order for a few attempts."""
 
     # --- the attempt ----------------------------------------------------------------------
     def run(self, work: Work) -> StepRecord | Passed:
@@ -90,6 +97,8 @@ class Attempt:
             draft.error = str(e)[:500]
             logger.warning("outer step at version %s of %s failed: %s", draft.step,
                            self.peer_id, e)
+        finally:
+            self.blame.attempt_ended()
         reasons = Counter(rejected.values())
         self.book.rejected.update(reasons)
         ended_at = self.now()
@@ -102,6 +111,8 @@ class Attempt:
                    rejected_streams=self.ar.rejected,
                    state_requests_refused=self.ar.state_refused,
                    rejected_commits_total=dict(self.book.rejected))
+        if self.blame.counts:
+            draft.note(blames_total=dict(self.blame.counts))
         return draft.freeze(version=self.holding.version(), param_hash=self.holding.hash(),
                             seconds=round(time.monotonic() - t0, 4), ended_at=ended_at,
                             rejected_commits=dict(reasons))
@@ -169,13 +180,22 @@ class Attempt:
         if work.meet is not None:  # >= 0: the group is never read before the opening
             draft.note(read_after_meet_s=round(self.now() - work.meet, 4))
         draft.note(wait_seconds=round(read_at - t0, 4))
-        # late: the others never read our record, so their leader is the smallest of them,
-        # not us (with the smallest id we would lead nobody); its freeze grace may admit us
-        others = set(holders) - {self.peer_id}
-        leader = min(others) if roster.late is not None and others else min(holders)
-        draft.leader = leader
+        # in the order they lead (leader.py). Late: the others never read our record, so
+        # their leader is the first of them, not us (first, we would lead nobody); its freeze
+        # grace may admit us
+        order = leader_order(holders, state_hash=start.state_hash,
+                             meeting="" if work.meet is None else str(round(work.meet * 10)),
+                             witnesses=self.holding.lineage().witnesses,
+                             blamed=self.blame.blamed())
+        if roster.late is not None and len(order) > 1:
+            order = [p for p in order if p != self.peer_id] + [self.peer_id]
+        draft.leader = order[0]
         if work.meet is not None:
-            window = self.clock.window(self.clock.longest(list(holders.values())))
+            # a blamed peer's clock code does not stretch our window (seen: a staller's
+            # proposal made the honest peers' window 8 s for a meeting)
+            blamed = self.blame.blamed()
+            window = self.clock.window(self.clock.longest(
+                [c for p, c in holders.items() if p not in blamed] or list(holders.values())))
             draft.note(window=round(window, 3))
         else:
             window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
@@ -189,7 +209,10 @@ class Attempt:
                                            cfg.deadline_s)
         # late (then never the leader while others came): as a group of one, wait for no
         # JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next meetings)
-        self._group_step(work, draft, start, leader, holders, deadlines, freeze_at,
+        # the leader's freeze is over by its latest join, counted from its read, which
+        # may come up to a window after ours
+        reply_by = deadlines.latest_join + window + REPLY_GRACE_S
+        self._group_step(work, draft, start, order, holders, deadlines, freeze_at, reply_by,
                          wait_joins=roster.late is None)
         return read_at
 
@@ -259,20 +282,30 @@ class Attempt:
         return roster
 
     # --- group, exchange, apply, vote, commit ---------------------------------------------
-    def _group_step(self, work: Work, draft: Draft, start: Start, leader: str,
-                    seen: dict[str, int], deadlines: Deadlines, freeze_at: float, *,
-                    wait_joins: bool) -> None:
-        """Form the group, all-reduce, apply, vote, commit. ``seen``: the peers whose join
-        records claim our hash -> their clock code (``wait_joins``: as leader, wait past
-        ``freeze_at`` for those that did not JOIN yet)."""
+    def _group_step(self, work: Work, draft: Draft, start: Start, order: list[str],
+                    seen: dict[str, int], deadlines: Deadlines, freeze_at: float,
+                    reply_by: float, *, wait_joins: bool) -> None:
+        """Form the group, all-reduce, apply, vote, commit. ``order``: the peers whose join
+        records claim our hash, in the order they lead; ``seen``: those peers -> their clock
+        code (``wait_joins``: as leader, wait past ``freeze_at`` for those that did not JOIN
+        yet)."""
         cfg = self.config
         v, my_hash = start.version, start.state_hash
         try:
             group = self.transport.run(
-                self.ar.form_group(leader, freeze_at=freeze_at, expected=set(seen),
+                self.ar.form_group(order, freeze_at=freeze_at,
                                    latest=deadlines.latest_join if wait_joins else freeze_at,
-                                   deadline=deadlines.exchange),
+                                   reply_by=reply_by, deadline=deadlines.exchange,
+                                   no_wait=self.blame.blamed()),
                 deadlines.exchange - time.monotonic())
+        except LeaderFailed as e:
+            # a leader that stalled us, or refused a JOIN we sent in time, ranks last in our
+            # order for the next attempts (leader.py); a late peer's refusal is its due
+            if e.why == "stalled" or wait_joins:
+                self.blame.blame(e.leader, f"leader_{e.why}")
+            draft.error = f"group did not form: {e!r}"[:500]
+            logger.info("outer step at version %d: %s", v, draft.error)
+            return
         except (StepFailed, TimeoutError) as e:
             # left out (late JOIN, dead leader): if the others step, their version commits
             # extend ours and our next catch-up adopts them (rule 2)
@@ -281,6 +314,9 @@ class Attempt:
             return
         draft.mark("group")
         members = list(group.members)
+        if order[0] == self.peer_id and wait_joins:  # we led: who claimed our state but
+            for peer in sorted(set(seen) - set(members)):  # never came
+                self.blame.blame(peer, "join_missing")
         draft.peers = len(members)
         # the next period: the largest proposal of this group's members (every member read
         # their records, so every member takes the same)
@@ -290,6 +326,10 @@ class Attempt:
             return
         self.holding.grouped(members)
         pre, report = self._exchange(work, draft, start, group, deadlines)
+        for peer in sorted(report.suspects):  # its shard or its contribution never came
+            self.blame.blame(peer, "exchange_missing")
+        for peer in report.witnessed - report.suspects:  # it took part: nothing held against it
+            self.blame.clear(peer)
         draft.mark("exchange")
         self._settle(work, draft, start, members, pre, report, deadlines)
 

@@ -62,8 +62,9 @@ What this bounds and what it does not: a takeover needs a strict majority of the
 actually contributed to the reader's last step; Sybils admitted into a group (they can claim
 the group's hash and contribute bounded, robustly aggregated deltas) can become witnesses,
 so a group whose contributors are mostly one adversary's keys is not protected — wire
-``trust`` to restrict who can enter a joiner's lineage. A Sybil leader (smallest peer id) can
-refuse or stall a group: a liveness attack only; no state changes without the rules above.
+``trust`` to restrict who can enter a joiner's lineage. A hostile leader can refuse or stall
+a group: a liveness attack only (no state changes without the rules above), bounded by the
+leader order and local blame of leader.py.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ One attempt (attempt.py), all under ``deadline_s`` from its start ``t0``:
                meeting is the open one where peers at our state joined, if any
                (rendezvous.py);
                before the first attempt, the period of the head we would adopt is read
-    group      smallest id among them leads; JOIN / freeze -> GroupInfo (matchmaking.py)
+    group      the first of them in leader.py's order leads; JOIN / freeze -> GroupInfo
+               (matchmaking.py); a leader that stalled us ranks last for a few attempts
     all-reduce reduce-scatter + all-gather of θ_global − θ_local, until 0.7·deadline;
                every returned shard is checked before it is used
     apply      outer Nesterov SGD on θ_global; the version advances (>= 2 peers averaged)

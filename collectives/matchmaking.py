@@ -22,7 +22,7 @@ from collectives.group import GroupInfo
 from collectives.session import Session
 from collectives.streams import recv_header, send_header
 
-__all__ = ["Matchmaker", "JOIN_TRIES"]
+__all__ = ["Matchmaker", "JOIN_TRIES", "LeaderFailed"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,15 @@ admitted member's repeated JOIN with the same list."""
 
 class _Unreachable(Exception):
     """No stream to a peer could be opened (dial failure, timeout)."""
+
+
+class LeaderFailed(StepFailed):
+    """A leader that answered did not admit us: ``why`` is "refused" (it said no) or
+    "stalled" (no answer by the time its freeze had to be over)."""
+
+    def __init__(self, leader: str, why: str, detail: str = "") -> None:
+        super().__init__(f"leader {leader} {why}{': ' + detail if detail else ''}")
+        self.leader, self.why = leader, why
 
 
 class Matchmaker:
@@ -61,25 +70,35 @@ class Matchmaker:
         await send_header(writer, {"ok": True, "members": list(group.members),
                                    "nonce": group.nonce})
 
-    async def form_group(self, s: Session, leader: str, *, freeze_at: float,
-                         expected: set[str], latest: float) -> GroupInfo:
-        """This attempt's group from ``leader`` (or StepFailed); sets ``s.group`` either way.
+    async def form_group(self, s: Session, order: list[str], *, freeze_at: float,
+                         latest: float, reply_by: float,
+                         no_wait: frozenset[str] = frozenset()) -> GroupInfo:
+        """This attempt's group (or StepFailed); sets ``s.group`` either way. ``order``: the
+        peers whose join records claim our hash, in the order they lead (leader.py; its
+        first is the leader). As leader we freeze at ``freeze_at``, or later (up to
+        ``latest``) while one of them has not sent its JOIN yet: slow peers (a large model to
+        hash) are not dropped for being a second late, unless we blamed them (``no_wait``:
+        leader.py). As member we wait for the leader's
+        answer until ``reply_by`` (its freeze is over by then): no answer is a stall
+        (``LeaderFailed``), as is a refusal.
 
         A leader we cannot even open a stream to is dead (issue 17.6: the join record of a
         peer killed in the previous attempt at this version outlives it, and every survivor
-        chose it): we fall back to the next peer of ``expected`` in id order, and when that
-        is us, we lead. Everyone who saw the same records falls back the same way. A leader
-        that answered (even "no") is never skipped: that could split its group."""
+        chose it): we fall back to the next peer of ``order``, and when that is us, we lead.
+        Everyone who saw the same records falls back the same way. A leader that answered
+        (even "no") is not skipped in this attempt: that could split its group; the members
+        it stalled rank it last next time (leader.py)."""
         s.group.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+        expected = set(order)
         dead: set[str] = set()
-        for cand in [leader, *sorted(expected - {leader})]:
+        for cand in order:
             if cand == self.peer_id:
-                return await self._lead(s, freeze_at, expected - dead, latest)
+                return await self._lead(s, freeze_at, expected - dead - no_wait, latest)
             try:
-                return await self._join(s, cand)
+                return await self._join(s, cand, reply_by)
             except _Unreachable as e:
                 dead.add(cand)
-                logger.info("step %d: leader %s unreachable (%s); next in id order", s.step,
+                logger.info("step %d: leader %s unreachable (%s); next in order", s.step,
                             cand, e)
         err = StepFailed(f"could not join any leader of {len(dead)}: {sorted(dead)}")
         s.group.set_exception(err)
@@ -99,14 +118,18 @@ class Matchmaker:
         s.group.set_result(group)
         return group
 
-    async def _join(self, s: Session, leader: str) -> GroupInfo:
+    async def _join(self, s: Session, leader: str, reply_by: float) -> GroupInfo:
         """JOIN via ``leader``; _Unreachable if no stream to it opens."""
         for attempt in range(JOIN_TRIES):
             try:
-                reply = await self._join_once(s, leader)
+                reply = await self._join_once(s, leader, reply_by)
                 break
             except _Unreachable:
                 raise
+            except asyncio.TimeoutError:
+                err = LeaderFailed(leader, "stalled", "no answer to our JOIN in time")
+                s.group.set_exception(err)
+                raise err from None
             except Exception as e:  # noqa: BLE001
                 transient = isinstance(e, (asyncio.IncompleteReadError, ConnectionError))
                 if transient and attempt + 1 < JOIN_TRIES and s.remaining() > 0.5:
@@ -116,8 +139,9 @@ class Matchmaker:
                 raise StepFailed(f"could not join leader {leader}: {e!r}") from e
         group = self._admitted(s, reply)
         if group is None:
-            s.group.set_exception(StepFailed("not admitted"))
-            raise StepFailed(f"leader {leader} did not admit us: {reply.get('reason')}")
+            err = LeaderFailed(leader, "refused", f"not admitted ({reply.get('reason')})")
+            s.group.set_exception(err)
+            raise err
         s.group.set_result(group)
         return group
 
@@ -131,7 +155,7 @@ class Matchmaker:
             return None
         return GroupInfo(step=s.step, members=tuple(members), nonce=nonce)
 
-    async def _join_once(self, s: Session, leader: str) -> dict[str, Any]:
+    async def _join_once(self, s: Session, leader: str, reply_by: float) -> dict[str, Any]:
         try:  # bounded apart from the reply: the leader answers only at its freeze
             reader, writer = await asyncio.wait_for(open_stream(
                 self.p2p, PeerID.from_base58(leader), self.protocol),
@@ -140,7 +164,8 @@ class Matchmaker:
             raise _Unreachable(repr(e)[:300]) from e
         try:  # we close first, after the reply: see allreduce.LINGER_S
             await send_header(writer, {"step": s.step, "hash": s.state_hash})
-            return await asyncio.wait_for(recv_header(reader), s.remaining())
+            wait = min(s.remaining(), reply_by - asyncio.get_running_loop().time())
+            return await asyncio.wait_for(recv_header(reader), max(0.0, wait))
         finally:
             writer.close()
 

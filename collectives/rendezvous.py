@@ -2,7 +2,7 @@
 that uses it is attempt.py).
 
 Each peer stores a signed join record (its state hash, its period proposal) under the
-meeting's key; the peers that claim the same hash form the group, the smallest id leads.
+meeting's key; the peers that claim the same hash form the group (leader.py: who leads).
 
 A peer that has not agreed a period with anyone yet (a newcomer, or every peer at a swarm's
 start, before any version exists to carry one) meets on its own proposal, which a peer whose

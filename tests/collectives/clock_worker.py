@@ -11,12 +11,16 @@ D/out/<name>.jsonl (each collected record, with ``i``) and D/out/<name>-<i>.npz:
 when the attempt started (``snapshot``), just before it was collected (``before``), right
 after (``after``) and θ_global after (``theta``); D/out/<name>.json: compute seconds and wall
 seconds of the round loop (and of ``--finish``: then ``OuterLoop.finish``, its steps recorded
-like the others, and exit); ``--leave``: exit right away without it (close() says we left).
+like the others, and exit); ``--leave``: exit right away without it (close() says we left). ``--stall hold|refuse``: a
+hostile leader (issue 32) that never joins a group and, asked to lead one, holds every JOIN
+until its session's end or refuses it at once; otherwise a real outer loop (it holds and
+claims the group's state, so it is among the peers a leader is chosen from).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import sys
@@ -26,13 +30,32 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from collectives import OuterConfig, OuterLoop
+from collectives import OuterConfig, OuterLoop, StepFailed
+from collectives.matchmaking import Matchmaker
+from collectives.streams import send_header
 from protocol import Identity, atomic_write_bytes
 from tests.collectives.peer_worker import discover, make_model
 
 
 def flat(model: torch.nn.ParameterList) -> np.ndarray:
     return torch.cat([p.detach().reshape(-1) for p in model]).numpy().copy()
+
+
+def install_stall(mode: str) -> None:
+    """Make this process the hostile leader of ``--stall`` (see the module docstring)."""
+    if mode == "none":
+        return
+
+    async def on_join(self, s, peer, req, writer):  # type: ignore[no-untyped-def]
+        if mode == "hold" and s is not None:
+            await asyncio.sleep(s.remaining())
+        await send_header(writer, {"ok": False, "reason": "no"})
+
+    async def never_join(self, s, leader, reply_by):  # type: ignore[no-untyped-def]
+        raise StepFailed("a staller joins nobody's group")
+
+    Matchmaker.on_join = on_join  # type: ignore[method-assign]
+    Matchmaker._join = never_join  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -55,12 +78,14 @@ def main() -> None:
     ap.add_argument("--finish", action="store_true", help="end with OuterLoop.finish()")
     ap.add_argument("--leave", action="store_true", help="end with close() right away")
     ap.add_argument("--final-wait", type=float, default=30.0)
+    ap.add_argument("--stall", choices=["none", "hold", "refuse"], default="none")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s")
     root = Path(args.dir)
     (root / "out").mkdir(parents=True, exist_ok=True)
     (root / "addrs").mkdir(parents=True, exist_ok=True)
+    install_stall(args.stall)
     model = make_model(args.numel)
     cfg = OuterConfig(every_rounds=args.every_rounds, compression=args.compression,
                       deadline_s=args.deadline, join_window_s=args.join_window,

@@ -186,8 +186,9 @@ def test_a_peer_later_than_the_groups_freeze_lets_the_meeting_pass(swarm: Swarm)
 
 def test_a_peer_slightly_late_asks_the_others_leader_not_itself(swarm: Swarm) -> None:
     """attempt.py: a join record stored just after the others' read ended (within the freeze
-    grace) was never read by them, so their leader is the smallest of *them*. ``c`` has the
-    smallest id (seed 6) and stores 0.15 s after their 2 s read at its first two meetings.
+    grace) was never read by them, so their leader is one of *them*. ``c`` has the smallest
+    id (seed 6: the leader before leader.py) and stores 0.15 s after their 2 s read at its
+    first two meetings.
     Before, it led a group of nobody (``alone``); now it asks their leader, which admits it
     if its freeze grace still runs (``ok``, 3 peers) or refuses (``failed``): never alone."""
     _run_late(swarm, seed_c=6, steps=(5, 1), late_by=2.15)
@@ -200,5 +201,5 @@ def test_a_peer_slightly_late_asks_the_others_leader_not_itself(swarm: Swarm) ->
            for n, k in (("a", 1), ("b", 2), ("c", 6))}
     assert ids["c"] == min(ids.values())
     for r in late:
-        assert r["status"] != "alone" and r["leader"] == min(ids["a"], ids["b"]), \
+        assert r["status"] != "alone" and r["leader"] in (ids["a"], ids["b"]), \
             (r, swarm.logs(["c"]))

@@ -39,8 +39,8 @@ def test_join_reply_lost_once_is_asked_again_and_answered_the_same() -> None:
             lost = {"n": 0}
             real = member.matchmaker._join_once
 
-            async def flaky(s, who):  # type: ignore[no-untyped-def]
-                reply = await real(s, who)  # the leader admitted us ...
+            async def flaky(s, who, reply_by):  # type: ignore[no-untyped-def]
+                reply = await real(s, who, reply_by)  # the leader admitted us ...
                 if lost["n"] == 0:  # ... but the reply never arrived (p2pd reset)
                     lost["n"] += 1
                     raise asyncio.IncompleteReadError(b"", 8)
@@ -49,15 +49,14 @@ def test_join_reply_lost_once_is_asked_again_and_answered_the_same() -> None:
             member.matchmaker._join_once = flaky  # type: ignore[method-assign]
             t = loop.time()
             got = await asyncio.gather(
-                leader.form_group(leader.peer_id, freeze_at=t + 0.5,
-                                  expected={member.peer_id}, latest=t + 3),
-                member.form_group(leader.peer_id, freeze_at=t + 0.5, expected=set(),
-                                  latest=t + 3))
+                leader.form_group([leader.peer_id, member.peer_id], freeze_at=t + 0.5,
+                                  latest=t + 3),
+                member.form_group([leader.peer_id], freeze_at=t + 0.5, latest=t + 3))
             assert lost["n"] == 1
             assert got[0] == got[1] and got[0].members == tuple(sorted(ids))
             assert got[0].nonce != ""
             # a third JOIN after the freeze gets the same answer again (idempotent)
-            again = await real(member.session, leader.peer_id)
+            again = await real(member.session, leader.peer_id, loop.time() + 5)
             assert again["ok"] and again["members"] == sorted(ids)
             assert again["nonce"] == got[0].nonce
         finally:
@@ -134,10 +133,9 @@ def test_dead_leader_of_a_stale_join_record_is_skipped_by_every_member() -> None
                 await ar.open_session(step=3, state_hash="h", numel=8, weight=1.0,
                                       deadline=loop.time() + 8)
             alive = sorted(ar.peer_id for ar in ars)
-            expected = {dead_id, *alive}
             t = loop.time()
             got = await asyncio.gather(*(
-                ar.form_group(dead_id, freeze_at=t + 0.5, expected=expected, latest=t + 3)
+                ar.form_group([dead_id, *alive], freeze_at=t + 0.5, latest=t + 3)
                 for ar in ars))
             assert all(g.members == tuple(alive) for g in got), got
             assert len({g.nonce for g in got}) == 1
@@ -147,3 +145,42 @@ def test_dead_leader_of_a_stale_join_record_is_skipped_by_every_member() -> None
 
     asyncio.run(main())
     gc.collect()  # the leaked connections are finalized here, under this test's filters
+
+
+@pytest.mark.parametrize("behaviour", ["stalls", "refuses"])
+def test_a_leader_that_answers_but_never_admits_is_named_within_the_bound(behaviour: str
+                                                                          ) -> None:
+    """Issue 32: a leader that holds JOINs until the deadline (its session open, no freeze)
+    or refuses them is a ``LeaderFailed`` naming it by the member's ``reply_by``, not the
+    end of the session; the attempt blames it (leader.py)."""
+    from collectives.matchmaking import LeaderFailed
+
+    async def main() -> None:
+        a, b = await _pair()
+        try:
+            cfg = OuterConfig(join_window_s=0.5, deadline_s=30.0)
+            ids = [p.peer_id.to_base58() for p in (a, b)]
+            hostile, member = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
+                                         state_provider=lambda h: None)
+                               for p, i in zip((a, b), ids)]
+            for ar in (hostile, member):
+                await ar.start()
+            loop = asyncio.get_running_loop()
+            if behaviour == "stalls":  # at the meeting, never freezes
+                await hostile.open_session(step=3, state_hash="h", numel=8, weight=1.0,
+                                           deadline=loop.time() + 30)
+            await member.open_session(step=3, state_hash="h", numel=8, weight=1.0,
+                                      deadline=loop.time() + 30)
+            t = loop.time()
+            with pytest.raises(LeaderFailed) as failed:
+                await member.form_group([hostile.peer_id, member.peer_id], freeze_at=t + 0.5,
+                                        latest=t + 1, reply_by=t + 2)
+            assert failed.value.leader == hostile.peer_id
+            assert failed.value.why == {"stalls": "stalled", "refuses": "refused"}[behaviour]
+            assert loop.time() - t < 5  # the bound, not the session's 30 s
+            assert member.session.group.done()  # our reducer's handlers see it failed
+        finally:
+            await b.shutdown()
+            await a.shutdown()
+
+    asyncio.run(main())

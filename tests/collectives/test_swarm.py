@@ -70,7 +70,14 @@ def test_poisoned_peers_are_excluded(swarm: Swarm) -> None:
         recs = [swarm.records(n)[i] for n in honest + ["heavy"]]
         assert len({r["param_hash"] for r in recs}) == 1, recs
         for r in recs:
-            assert r["status"] == "ok" and r["peers"] == 6, r
-            assert set(r["excluded"].values()) == {"non_finite", "norm"}, r
+            # at step 1 a poisoned peer may be missing: the others did not count it as a
+            # contributor to version 1, so it ranks itself before them (leader.py) and leads
+            # itself alone
+            assert r["status"] == "ok" and r["peers"] >= (6 if i == 0 else 5), r
+            excluded = set(r["excluded"].values())
+            if r["peers"] == 6:
+                assert excluded == {"non_finite", "norm"}, r
+            else:  # the poisoned peer that came was excluded
+                assert excluded and excluded <= {"non_finite", "norm"}, r
     # the heavy peer counts like the others (capped at the median weight): plain mean
     _check_reference(swarm, honest + ["heavy"], range(2), rel_tol=1e-5)
