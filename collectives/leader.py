@@ -16,9 +16,8 @@ meetings are known in advance, so a ground key can rank first there; a witness l
 1/n of the meetings and can stall one before it is blamed.
 
 Blame is local, never voted: a leader that refused our timely JOIN or did not answer it
-in time, a member whose shard or contribution never came, and (as leader) a peer that
-claimed our state but never sent its JOIN rank last in our order, and a leader does not wait
-for them past its freeze, for the next ``BLAME_ATTEMPTS`` attempts, twice as many for each
+in time and a member whose shard or contribution never came rank last in our order, and a
+leader does not wait for them past its freeze, for the next ``BLAME_ATTEMPTS`` attempts, twice as many for each
 blame again (up to ``MAX_BLAME_ATTEMPTS``). Every member that saw a stall blames the same
 peer, so they pick the same next leader. A peer whose contribution we accepted since is
 cleared (a slow honest peer that missed a JOIN is not held to it).

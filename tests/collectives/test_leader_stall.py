@@ -81,7 +81,8 @@ def test_a_ground_leader_that_stalls_does_not_stop_honest_averaging(tmp_path) ->
             # would weigh like a permanent one)
             rate = {k: _ok_rate(runs[k][1][n]) for k in (None, stall)}
             print(f"{stall}: {n} ok steps per second {rate}")
-            # Not asserted: issue 32's 0.8 of the no-attack rate. Measured 0.26-0.72 here:
+            # Not asserted: issue 32's 0.8 of the no-attack rate. Measured 0.26-0.72 here
+            # (6 of 15-16 in the last run):
             # the hostile no longer leads (before leader.py: 4-5 times, 0 honest steps
             # `ok`), but as a holder that never JOINs it still costs each leader a wait
             # until its latest freeze, and its clock code stretches the honest window
