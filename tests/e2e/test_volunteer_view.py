@@ -221,7 +221,9 @@ def test_dashboard_in_chromium_draws_the_curves_and_matches_the_node_report(swar
     assert _text(dom, "rollouts-used") == str(sum(r["external_used"] for r in upto))
     assert _text(dom, "rejected") == str(sum(r["rejected"] for r in upto))
     assert _text(dom, "peers") == str(by_round[page_round]["peers"])
-    assert _text(dom, "reward") == f"{by_round[page_round]['mean_reward']:.3f}"
+    # three decimals as the page's toFixed(3) rounds them: a tie (0.0625) goes up there and
+    # to even in Python's format (fresh-clone run Z2: '0.063' against '0.062')
+    assert abs(float(_text(dom, "reward")) - by_round[page_round]["mean_reward"]) <= 0.0005 + 1e-9
     body = re.findall(r'<tbody id="outer-rows">(.*?)</tbody>', dom, re.S)[0]
     rows = [re.findall(r"<td[^>]*>([^<]*)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", body)]
     # the page lists the newest 20 records first; a step number is the version an attempt
