@@ -12,6 +12,10 @@ not match the field's annotation (``int``, ``float``, ``bool``, ``str``, ``X | N
 ``tuple[X, ...]``, ``dict[K, V]``, ``Any``; lists are taken for tuples), builds fields whose
 type is itself a dataclass from their sub-table, and lets the class's ``__post_init__`` check
 ranges. A ``__post_init__`` names the field at fault by raising ``TableError(key, reason)``.
+
+A class that moved keys into sub-tables lists them in a ``MOVED_KEYS`` class attribute
+(``{"outer_lr": "optimizer.lr"}``): an old flat key is still taken, put in its place, and a
+warning names the new place; the same setting given both ways is refused.
 Imports nothing but the standard library.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from collections.abc import Mapping
@@ -27,6 +32,8 @@ from typing import Any, TypeVar
 __all__ = ["TableError", "build_table", "check_table"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 class TableError(ValueError):
@@ -61,6 +68,9 @@ def check_table(cls: type, data: Any) -> dict[str, Any]:
     is fine); the values as ``cls`` takes them (tuples for lists, built sub-tables)."""
     if not isinstance(data, Mapping):
         raise TableError("", f"must be a table, got {_kind(data)}")
+    moved = getattr(cls, "MOVED_KEYS", None)
+    if moved:
+        data = _nest_moved(data, moved, cls.__name__)
     names = [f.name for f in dataclasses.fields(cls)]
     hints = typing.get_type_hints(cls)
     out: dict[str, Any] = {}
@@ -78,6 +88,28 @@ def check_table(cls: type, data: Any) -> dict[str, Any]:
             out[key] = _typed(value, hint)
         except _Mismatch:
             raise TableError(key, f"expected {_describe(hint)}, got {_kind(value)}") from None
+    return out
+
+
+def _nest_moved(data: Mapping[str, Any], moved: Mapping[str, str], name: str) -> dict[str, Any]:
+    """``data`` with each old flat key of ``moved`` put at its dotted place."""
+    out = dict(data)
+    for old, new in moved.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        *path, key = new.split(".")
+        table = out
+        for part in path:
+            sub = table.get(part, {})
+            if not isinstance(sub, Mapping):
+                raise TableError(part, f"must be a table, got {_kind(sub)}")
+            table[part] = table = dict(sub)
+        if key in table:
+            raise TableError(old, f"given twice: as {old} and as [{'.'.join(path)}] {key}")
+        table[key] = value
+        logger.warning("%s: key %s is now %s in [%s] (the old name still works)", name, old,
+                       key, ".".join(path))
     return out
 
 
