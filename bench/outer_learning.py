@@ -90,9 +90,10 @@ class Arm:
             raise SystemExit(f"arm {self.name!r}: delay and inner are learners-mode knobs")
         every = self.every or NO_STEP
         lr = f"[learner.trainer]\nlr = {self.inner_lr}\n" if self.inner_lr else ""
-        return (f"[outer]\nevery_rounds = {every}\nouter_lr = {self.lr}\n"
-                f"outer_momentum = {self.mu}\njoin_window_s = 3.0\ndeadline_s = 60.0\n"
-                f"final_wait_s = 60.0\n\n[learner]\ncheckpoint_every = 0\nseed = {seed}\n"
+        return (f"[outer]\nevery_rounds = {every}\n"
+                f"optimizer = {{ lr = {self.lr}, momentum = {self.mu} }}\n"
+                f"schedule = {{ join_window_s = 3.0, deadline_s = 60.0, final_wait_s = 60.0 }}\n\n"
+                f"[learner]\ncheckpoint_every = 0\nseed = {seed}\n"
                 f"slowdown_for_tests = {slowdown}\n{lr}")
 
 
@@ -105,12 +106,13 @@ def parse_arms(text: str) -> list[Arm]:
     from node.local import LOCAL_DEFAULTS
 
     j = OuterConfig()
-    d = OuterConfig(**{k: v for k, v in tomllib.loads(LOCAL_DEFAULTS)["outer"].items()
-                       if k in ("every_rounds", "outer_lr", "outer_momentum")})
+    d = OuterConfig.from_dict({k: v for k, v in tomllib.loads(LOCAL_DEFAULTS)["outer"].items()
+                               if k in ("every_rounds", "optimizer")})
     named = {"none": Arm(name="none"),
-             "default": Arm(name="default", every=d.every_rounds, lr=d.outer_lr,
-                            mu=d.outer_momentum),
-             "join": Arm(name="join", every=j.every_rounds, lr=j.outer_lr, mu=j.outer_momentum),
+             "default": Arm(name="default", every=d.every_rounds, lr=d.optimizer.lr,
+                            mu=d.optimizer.momentum),
+             "join": Arm(name="join", every=j.every_rounds, lr=j.optimizer.lr,
+                         mu=j.optimizer.momentum),
              "plain": Arm(name="plain", every=d.every_rounds),
              "diloco": Arm(name="diloco", every=d.every_rounds, lr=0.7, mu=0.9)}
     arms: list[Arm] = []

@@ -120,8 +120,8 @@ class SlowLocalSwarm(LocalSwarm):
 
 
 def run_nodes(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
-    outer = (f"every_rounds = {args.every_rounds}\njoin_window_s = {args.join_window}\n"
-             f"deadline_s = {args.deadline}\ncompression = \"fp16\"\n")
+    outer = (f"every_rounds = {args.every_rounds}\ncompression = \"fp16\"\n"
+             f"schedule = {{ join_window_s = {args.join_window}, deadline_s = {args.deadline} }}\n")
     swarm = SlowLocalSwarm(nodes=args.nodes, rounds=100_000, report=base / "swarm.json",
                            base_dir=base)
     swarm.outer, swarm.seconds, swarm.max_receive = outer, args.seconds, args.max_receive

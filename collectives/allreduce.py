@@ -149,7 +149,7 @@ class AllReduce:
         self.rejected = 0
         self.state_refused = 0
         """State requests refused by the per-peer rate limit."""
-        self._state_limit = RateLimit(config.state_requests_per_minute)
+        self._state_limit = RateLimit(config.catchup.requests_per_minute)
         self._state_slots = asyncio.Semaphore(2)
 
     async def start(self) -> None:

@@ -80,7 +80,8 @@ class Attempt:
         t0 = time.monotonic()
         weight = work.weight
         if weight is None:
-            weight = min(self.config.max_weight, self.config.weight * max(1, work.rounds))
+            bounds = self.config.bounds
+            weight = min(bounds.max_weight, bounds.weight * max(1, work.rounds))
         draft = Draft(step=self.holding.version(), weight=weight)
         if work.meet is not None:
             draft.note(meet=work.meet)
@@ -123,14 +124,14 @@ class Attempt:
         (monotonic; None if it never was)."""
         cfg = self.config
         self.stage("rendezvous")
-        if work.meet is not None:  # > 0: started before the opening (config.prepare_s)
+        if work.meet is not None:  # > 0: started before the opening (config.schedule.prepare_s)
             draft.note(before_meet_s=round(work.meet - self.now(), 4))
         found = self.discover()
         discovered = frozenset(a.rsplit("/p2p/", 1)[1] for a in found if "/p2p/" in a)
         draft.note(discovered=len(discovered))
-        self.transport.run(self.transport.connect(found), min(6.0, cfg.deadline_s / 4))
-        self.transport.add_dht_peers(found, timeout=cfg.dht_op_timeout_s)
-        deadlines = Deadlines.starting(t0, cfg.deadline_s)
+        self.transport.run(self.transport.connect(found), min(6.0, cfg.schedule.deadline_s / 4))
+        self.transport.add_dht_peers(found, timeout=cfg.schedule.dht_op_timeout_s)
+        deadlines = Deadlines.starting(t0, cfg.schedule.deadline_s)
         try:
             adopted = self._catch_up(work, draft, rejected, deadlines.catch_up)
         except SyncError as e:  # its holders moved on (their step of this meeting applied
@@ -167,7 +168,7 @@ class Attempt:
         holders = roster.holders
         if work.meet is not None:  # finished peers (finish.py): who steps here
             verdict = who_steps(holders, start.expected | discovered, me=self.peer_id,
-                                last_call=work.last_call, min_peers=cfg.min_peers,
+                                last_call=work.last_call, min_peers=cfg.group.min_peers,
                                 gone=self.farewell.gone)
             if verdict.stepping is None:
                 self.transport.run(self.ar.refuse_joins(), 5)
@@ -198,15 +199,15 @@ class Attempt:
                 [c for p, c in holders.items() if p not in blamed] or list(holders.values())))
             draft.note(window=round(window, 3))
         else:
-            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+            window = min(cfg.schedule.deadline_s / 2, work.window or cfg.schedule.join_window_s)
         grace = min(0.5 * window, FREEZE_GRACE_S) if work.meet is not None else 0.5 * window
         freeze_at = read_at + (0.0 if roster.early else grace)
         if work.meet is not None or work.window is not None:
             # the deadline's shares count from the read, as if it came join_window_s after
             # the start (a clock's window is sized by round times, a final step's by the
             # caller)
-            deadlines = Deadlines.starting(max(t0, time.monotonic() - cfg.join_window_s),
-                                           cfg.deadline_s)
+            deadlines = Deadlines.starting(max(t0, time.monotonic() - cfg.schedule.join_window_s),
+                                           cfg.schedule.deadline_s)
         # late (then never the leader while others came): as a group of one, wait for no
         # JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next meetings)
         # the leader's freeze is over by its latest join, counted from its read, which
@@ -265,7 +266,7 @@ class Attempt:
         peers at our state went there instead."""
         v, my_hash, expected = start.version, start.state_hash, start.expected
         roster = self.rendezvous.join(work, v, my_hash, expected, discovered)
-        if len(roster.holders) < self.config.min_peers and self._unagreed(work) \
+        if len(roster.holders) < self.config.group.min_peers and self._unagreed(work) \
                 and self._meet_others(work, draft, but=work.meet):
             # alone where our own period led us; peers at our state are at another meeting
             # (they joined after our first look): there, once
@@ -320,7 +321,7 @@ class Attempt:
         # the next period: the largest proposal of this group's members (every member read
         # their records, so every member takes the same)
         self.clock.heard([seen[m] for m in members if m in seen])
-        if len(members) < cfg.min_peers:
+        if len(members) < cfg.group.min_peers:
             draft.status = Status.ALONE
             return
         self.holding.grouped(members)
@@ -345,7 +346,7 @@ class Attempt:
             # nothing trained since our delta was last counted: contribute exactly zero
             # (rounding in the rebases must not look like a direction)
             delta.zero_()
-        landing = self.holding.landing(delta, lr=cfg.outer_lr)
+        landing = self.holding.landing(delta, lr=cfg.optimizer.lr)
         t_ret: float | None = None
         try:
             avg = self.transport.run(
@@ -363,7 +364,7 @@ class Attempt:
                 draft.status = Status.MINORITY
                 draft.error = "too few of the current version's contributors took part"
             else:
-                pre = self.holding.apply(landing, avg, snapshot, work, lr=cfg.outer_lr,
+                pre = self.holding.apply(landing, avg, snapshot, work, lr=cfg.optimizer.lr,
                                          out=delta)
                 draft.status = Status.OK
         return pre, report

@@ -172,10 +172,10 @@ class Catchup:
                        lineage: Lineage) -> Candidate | None:
         """The head a joiner (genesis lineage) adopts: anchored or trusted (rule 3), newer
         than ours unless it is the anchor."""
-        target = trusted_head(heads, anchor=self._config.anchor, trust=self._trust,
+        target = trusted_head(heads, anchor=self._config.catchup.anchor, trust=self._trust,
                               mine=lineage.hash)
         if target is not None and target.version <= lineage.version \
-                and target.hash != self._config.anchor:
+                and target.hash != self._config.catchup.anchor:
             return None
         return target
 
@@ -186,7 +186,7 @@ class Catchup:
         their state and steps with them. Nothing is fetched here; a head we would not adopt
         tells us nothing (its period is a hostile peer's word). None when we hold a lineage
         (our catch-up follows it, with its period) or there is no such head."""
-        timeout = self._config.dht_op_timeout_s
+        timeout = self._config.schedule.dht_op_timeout_s
         heads = self._book.verify(self._transport.dht_get(self._book.head_key, timeout=timeout),
                                   OuterVersion, step=None)
         heads.pop(self._me, None)

@@ -104,13 +104,14 @@ class Farewell:
     def gone(self) -> set[str]:
         """The peers that said they left (at any version)."""
         return set(self._book.verify(self._transport.dht_get(
-            self._key, timeout=min(5.0, self._config.dht_timeout_s)), OuterLeft, step=None))
+            self._key, timeout=min(5.0, self._config.transport.dht_timeout_s)), OuterLeft,
+            step=None))
 
     def say_left(self, version: int) -> None:
         """Tell finished peers not to wait for us (best effort; also after our last step:
         a peer that knows of a peer we did not might still be waiting)."""
         try:
             self._transport.dht_store(self._key, self._me, self._book.left(version),
-                                      ttl=self._config.final_wait_s + 2, timeout=2.0)
+                                      ttl=self._config.schedule.final_wait_s + 2, timeout=2.0)
         except Exception as e:  # noqa: BLE001 - leaving anyway
             logger.info("could not say we left: %s", e)

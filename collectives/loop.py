@@ -149,17 +149,17 @@ class OuterLoop:
             theta = genesis.detach().to("cpu", torch.float32).clone()
         self._progress = Progress(plist)
         """The live params and the round counts (the training thread's)."""
-        self._holding = Holding(theta, peer_id=self.peer_id, momentum=config.outer_momentum,
-                                minority_patience=config.minority_patience)
+        self._holding = Holding(theta, peer_id=self.peer_id, momentum=config.optimizer.momentum,
+                                minority_patience=config.group.minority_patience)
         self._discover = discover
         self._on_stage = on_stage
         """Told "rendezvous", "exchange" and "commit" as an attempt reaches them (status view)."""
         self._now = now
         """DHT time (the meetings' clock; injectable for tests)."""
-        self.clock = Clock(every_rounds=config.every_rounds, period_s=config.period_s,
-                           min_period_s=config.min_period_s, max_period_s=config.max_period_s,
-                           min_window_s=config.join_window_s,
-                           max_window_s=config.max_period_s)
+        schedule = config.schedule
+        self.clock = Clock(every_rounds=config.every_rounds, period_s=schedule.period_s,
+                           min_period_s=schedule.min_period_s, max_period_s=schedule.max_period_s,
+                           min_window_s=schedule.join_window_s, max_window_s=schedule.max_period_s)
         self._pending: tuple[Work, Future[StepRecord | Passed]] | None = None
         """The attempt running on the outer-step thread (only that thread touches its Work
         until it is collected)."""
@@ -246,7 +246,7 @@ class OuterLoop:
                 and self._period_known():  # a pace to propose
             # agreed period: start up to prepare_s before the meeting (the group is read
             # from its opening on, rendezvous.py); else among the meetings open now
-            meet = self.clock.due(self._now(), lead=self.config.prepare_s
+            meet = self.clock.due(self._now(), lead=self.config.schedule.prepare_s
                                   if self.clock.agreed else 0.0)
             # with no peer known (none discovered, none met) nobody can come: no attempt
             if meet is not None and (self._holding.knows_peers() or self._safe_discover()):
@@ -283,7 +283,7 @@ class OuterLoop:
         """Before our first attempt, on the outer-step thread: meet on the period of the
         head a joiner would adopt (catchup.py ``Catchup.agreed``)."""
         self._transport.add_dht_peers(self._safe_discover(),
-                                      timeout=self.config.dht_op_timeout_s)
+                                      timeout=self.config.schedule.dht_op_timeout_s)
         agreed = self._catchup.agreed(self._holding.lineage())
         if agreed is not None:
             version, codes = agreed
@@ -337,7 +337,7 @@ class OuterLoop:
                          ) -> StepRecord | None:
         """Count one inner round; after every ``every_rounds`` rounds run an outer step and
         wait for it; return its record, else None. ``weight``: this contribution's declared
-        weight (default: ``config.weight`` x the rounds since our delta was last counted)."""
+        weight (default: ``config.bounds.weight`` x the rounds since our delta was last counted)."""
         self._progress.pending += 1
         if (round + 1) % self.config.every_rounds != 0:
             return None
@@ -369,7 +369,7 @@ class OuterLoop:
                 on_record(last)
         self.clock.finish()
         start = time.monotonic()
-        cfg = self.config
+        cfg = self.config.schedule
         while not (stop is not None and stop.is_set()) \
                 and time.monotonic() - start < 2 * cfg.final_wait_s + cfg.deadline_s:
             meet = self.clock.due(self._now())
@@ -395,7 +395,7 @@ class OuterLoop:
     def close(self) -> None:
         if self._pending is not None:
             try:
-                self._poll(wait=min(self.config.deadline_s + 5, 30.0))
+                self._poll(wait=min(self.config.schedule.deadline_s + 5, 30.0))
             except Exception as e:  # noqa: BLE001 - leaving anyway
                 logger.warning("outer step still running at close: %s", e)
         self._farewell.say_left(self._holding.version())

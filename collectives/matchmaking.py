@@ -111,8 +111,8 @@ class Matchmaker:
         while not expected <= s.joins | {self.peer_id} and loop.time() < latest:
             await asyncio.sleep(0.01)  # a JOIN that arrives now is on the critical path
         members = sorted({self.peer_id} | s.joins)
-        if len(members) > self.config.max_peers:
-            others = [m for m in members if m != self.peer_id][: self.config.max_peers - 1]
+        if len(members) > self.config.group.max_peers:
+            others = [m for m in members if m != self.peer_id][: self.config.group.max_peers - 1]
             members = sorted([self.peer_id, *others])
         group = GroupInfo(step=s.step, members=tuple(members), nonce=secrets.token_hex(8))
         s.group.set_result(group)
@@ -150,7 +150,7 @@ class Matchmaker:
         members, nonce = reply.get("members"), reply.get("nonce")
         if not reply.get("ok") or not isinstance(members, list) or self.peer_id not in members \
                 or not all(isinstance(m, str) for m in members) or members != sorted(set(members)) \
-                or len(members) > self.config.max_peers \
+                or len(members) > self.config.group.max_peers \
                 or not (isinstance(nonce, str) and 0 < len(nonce) <= 64):
             return None
         return GroupInfo(step=s.step, members=tuple(members), nonce=nonce)
@@ -159,7 +159,7 @@ class Matchmaker:
         try:  # bounded apart from the reply: the leader answers only at its freeze
             reader, writer = await asyncio.wait_for(open_stream(
                 self.p2p, PeerID.from_base58(leader), self.protocol),
-                min(s.remaining(), max(2.0, self.config.join_window_s)))
+                min(s.remaining(), max(2.0, self.config.schedule.join_window_s)))
         except Exception as e:  # noqa: BLE001 - dial errors come as several types
             raise _Unreachable(repr(e)[:300]) from e
         try:  # we close first, after the reply: see allreduce.LINGER_S

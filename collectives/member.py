@@ -132,7 +132,7 @@ class Member:
             own = await own_norms[j]
             why, norm = await loop.run_in_executor(work_pool(), functools.partial(
                 check_shard, out[slice(*bounds[j])], own, ref_rms=mean_rms,
-                max_norm=cfg.max_norm, max_norm_ratio=cfg.max_norm_ratio))
+                max_norm=cfg.bounds.max_norm, max_norm_ratio=cfg.bounds.max_norm_ratio))
             traffic.mark("checked")
             if why is not None:
                 s.bad_shards[group.members[j]] = why

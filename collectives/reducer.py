@@ -177,7 +177,7 @@ class ShardReducer:
         self.receiving.add((peer, k))
         weight = head.get("weight")
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) \
-                or not (math.isfinite(weight) and 0 < weight <= self.config.max_weight):
+                or not (math.isfinite(weight) and 0 < weight <= self.config.bounds.max_weight):
             self._abandon()  # reduce_shard excludes it: no plain mean to stream
             weight = math.nan
         if peer not in self.declared:
@@ -345,13 +345,13 @@ class ShardReducer:
         cfg = self.config
         return plain_mean_holds(weights=self.declared, sq_norms=sq,
                                 sq_offsets=off if len(sq) >= 3 else {},
-                                max_weight=cfg.max_weight, max_norm=cfg.max_norm,
-                                max_norm_ratio=cfg.max_norm_ratio, own=self.me,
+                                max_weight=cfg.bounds.max_weight, max_norm=cfg.bounds.max_norm,
+                                max_norm_ratio=cfg.bounds.max_norm_ratio, own=self.me,
                                 ref_rms=self.ref_rms, numel=self.parts[self.me].numel())
 
     def _reduce(self, contribs: list[Contribution]) -> ShardResult:
         """Our shard's robust mean of ``contribs`` (pure; runs in the work pool)."""
-        cfg = self.config
+        cfg = self.config.bounds
         return reduce_shard(contribs, max_weight=cfg.max_weight, max_norm=cfg.max_norm,
                             max_norm_ratio=cfg.max_norm_ratio, own=self.me,
                             ref_rms=self.ref_rms)

@@ -68,7 +68,7 @@ class Rendezvous:
                 continue
             signed = self._book.verify(self._transport.dht_get(
                 self._book.join_key(v, meet=meet),
-                timeout=min(2.0, self.config.dht_timeout_s)), OuterJoin, step=v)
+                timeout=min(2.0, self.config.transport.dht_timeout_s)), OuterJoin, step=v)
             there = {p: join_code(c) for p, c in signed.items()
                      if p != self.peer_id and c.state_hash == my_hash}
             codes = list(there.values())
@@ -91,7 +91,7 @@ class Rendezvous:
             return False
         signed = self._book.verify(self._transport.dht_get(
             self._book.join_key(lineage.version - 1, meet=meet),
-            timeout=min(2.0, self.config.dht_timeout_s)), OuterJoin,
+            timeout=min(2.0, self.config.transport.dht_timeout_s)), OuterJoin,
             step=lineage.version - 1)
         return bool(set(signed) & (lineage.witnesses - {self.peer_id}))
 
@@ -100,7 +100,7 @@ class Rendezvous:
         """Store our join record for ``work``'s meeting and read who joined."""
         cfg = self.config
         if work.meet is None:
-            window = min(cfg.deadline_s / 2, work.window or cfg.join_window_s)
+            window = min(cfg.schedule.deadline_s / 2, work.window or cfg.schedule.join_window_s)
         else:
             window = self.clock.window()
         join_key = self._book.join_key(v, meet=work.meet)
@@ -158,7 +158,7 @@ class Rendezvous:
             # every read adds to the last (a read that fails or times out under load
             # returns nothing; the records seen before still stand, a newer one replaces)
             signed.update(self._book.verify(self._transport.dht_get(
-                join_key, timeout=max(0.5, min(self.config.dht_timeout_s, left))),
+                join_key, timeout=max(0.5, min(self.config.transport.dht_timeout_s, left))),
                 OuterJoin, step=v))
             holders = {p: join_code(c) for p, c in signed.items()
                        if c.state_hash == my_hash} | mine

@@ -161,11 +161,11 @@ class Transport:
         this thread, which has no loop, the MPFuture simply goes without one; we only ever
         wait on its ``result()``."""
         try:
-            if self._abort.wait(config.slow_start_for_tests_s):
+            if self._abort.wait(config.transport.slow_start_for_tests_s):
                 raise StartCancelled("collective start abandoned before p2pd started")
             self.p2p: P2P = self.run(self._abortable(self._create_p2p, "p2pd start",
-                                                     config.startup_timeout_s + 5),
-                                     config.startup_timeout_s + 5 + CLEANUP_S)
+                                                     config.transport.startup_timeout_s + 5),
+                                     config.transport.startup_timeout_s + 5 + CLEANUP_S)
             if self.p2p.peer_id.to_base58() != self.peer_id:
                 raise TransportError("p2pd peer id differs from the node identity")
             reachable = self.run(self._abortable(partial(self._reachable, initial_peers),
@@ -230,9 +230,9 @@ class Transport:
 
         try:
             return await _Tracked.create(
-                host_maddrs=list(cfg.host_maddrs),
-                announce_maddrs=list(cfg.announce_maddrs) or None,
-                identity_path=self._identity_path, startup_timeout=cfg.startup_timeout_s,
+                host_maddrs=list(cfg.transport.host_maddrs),
+                announce_maddrs=list(cfg.transport.announce_maddrs) or None,
+                identity_path=self._identity_path, startup_timeout=cfg.transport.startup_timeout_s,
                 check_if_identity_free=False, auto_nat=False, nat_port_map=False,
                 use_relay=False)
         except BaseException:
@@ -246,7 +246,7 @@ class Transport:
             p2p=self.p2p)).result()
         try:  # bounded: a DHT child SIGKILLed inside hivemind's MPFuture lock blocks forever
             dht.run_in_background(await_ready=False)
-            deadline = time.monotonic() + self.config.startup_timeout_s
+            deadline = time.monotonic() + self.config.transport.startup_timeout_s
             while True:
                 if self._abort.is_set():
                     raise StartCancelled("collective start abandoned during the DHT start")
@@ -332,7 +332,8 @@ class Transport:
                 return None
             try:
                 future = self._futures_thread.submit(call, dht).result()
-                return future.result(timeout=max(0.05, min(timeout, self.config.dht_timeout_s)))
+                return future.result(
+                    timeout=max(0.05, min(timeout, self.config.transport.dht_timeout_s)))
             except Exception as e:  # noqa: BLE001 - DHT errors are transient by nature
                 self.dht_failures += 1
                 logger.warning("DHT %s failed: %s: %s", name, type(e).__name__, e)
@@ -341,7 +342,7 @@ class Transport:
     def _dht_throttle(self) -> None:
         """At most one DHT call per ``dht_min_interval_s`` on average, up to ``DHT_BURST``
         back to back (a token bucket; under ``_dht_lock``)."""
-        interval = self.config.dht_min_interval_s
+        interval = self.config.transport.dht_min_interval_s
         now = time.monotonic()
         if interval > 0:
             self._dht_tokens = min(float(DHT_BURST), self._dht_tokens

@@ -54,7 +54,7 @@ class Ballot:
         self._transport.dht_store(
             self._book.vote_key(v, nonce), self._me,
             self._book.vote(v + 1, mine, parent=parent, members=sorted(voters | {self._me})),
-            ttl=self._config.vote_ttl_s, timeout=self._config.dht_op_timeout_s)
+            ttl=self._config.schedule.vote_ttl_s, timeout=self._config.schedule.dht_op_timeout_s)
         votes: dict[str, OuterVote] = {}
         without: tuple[str, ...] = ()
         while expect:
@@ -83,4 +83,5 @@ class Ballot:
         self._transport.dht_store_many(
             [(self._book.key(version), self._me, data),
              (self._book.head_key, self._me, data)],
-            ttl=self._config.vote_ttl_s * 20, timeout=self._config.dht_op_timeout_s)
+            ttl=self._config.schedule.vote_ttl_s * 20,
+            timeout=self._config.schedule.dht_op_timeout_s)

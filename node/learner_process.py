@@ -332,7 +332,8 @@ class OuterHook:
         self.loop.close()
 
     def _collect(self) -> None:
-        record = self.loop.poll(wait=min(self.config.deadline_s + 5, 30.0))  # < stop timeout
+        # < stop timeout
+        record = self.loop.poll(wait=min(self.config.schedule.deadline_s + 5, 30.0))
         if record is not None:
             emit(OuterDone(record=record.to_dict()))
 

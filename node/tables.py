@@ -29,7 +29,8 @@ _FROM_OPTIONS = {
     "gossip": {"data_dir": "--data-dir", "listen": "--listen", "announce": "--announce",
                "bootstrap": "--bootstrap", "swarm_id": "--swarm-id"},
     "learner": {"data_dir": "--data-dir", "policy.model": "--model", "policy.device": "--device"},
-    "outer": {"swarm_id": "--swarm-id", "host_maddrs": "--listen", "announce_maddrs": "--announce"},
+    "outer": {"swarm_id": "--swarm-id", "transport.host_maddrs": "--listen",
+              "transport.announce_maddrs": "--announce"},
 }
 """Keys of each child's table that the node fills from its own settings (a flag, its
 SWARM_NODE_* variable or the config file's top level), overriding the table's own ones; the
@@ -62,11 +63,33 @@ def learner_table(config: NodeConfig, *, ipc_path: str, rounds: int | None) -> d
     policy = learner.get("policy", {})
     if isinstance(policy, dict):  # else LearnerConfig says it is not a table
         learner["policy"] = {**policy, "model": config.model, "device": config.device}
-    outer = {"swarm_id": config.swarm_id,
-             "host_maddrs": [collective_addr(a) for a in config.listen],
-             "announce_maddrs": [collective_addr(a) for a in config.announce], **config.outer}
+    outer = _under(config.outer, {
+        "swarm_id": config.swarm_id,
+        "transport.host_maddrs": [collective_addr(a) for a in config.listen],
+        "transport.announce_maddrs": [collective_addr(a) for a in config.announce]})
     return {"ipc_path": ipc_path, "rounds": rounds, "data_dir": str(config.data_dir),
             "learner": learner, "outer": outer}
+
+
+def _under(table: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with each dotted key of ``defaults`` set where the table sets it neither
+    at that place nor under its old flat name (``OuterConfig.MOVED_KEYS``)."""
+    from collectives.config import OuterConfig
+
+    out = dict(table)
+    for dotted, value in defaults.items():
+        *path, key = dotted.split(".")
+        if key in out and OuterConfig.MOVED_KEYS.get(key) == dotted:
+            continue  # the old flat name: the table's own value wins
+        sub = out
+        for part in path:
+            nested = sub.get(part, {})
+            if not isinstance(nested, dict):
+                break  # not a table: OuterConfig says so
+            sub[part] = sub = dict(nested)
+        else:
+            sub.setdefault(key, value)
+    return out
 
 
 def collective_addr(swarm_addr: str) -> str:
@@ -104,7 +127,21 @@ def check_tables(config: NodeConfig) -> None:
 
 def _where(config: NodeConfig, table: str, error: TableError) -> str:
     option = _FROM_OPTIONS[table].get(error.key)
-    if option and not (table == "outer" and error.key in config.outer):
+    if option and not (table == "outer" and _sets(config.outer, error.key)):
         return f"{option}: {error.reason}"
     where, _, key = error.within(table).key.rpartition(".")
     return f"[{where}] {key}: {error.reason}" if where else f"[{key}]: {error.reason}"
+
+
+def _sets(table: dict[str, Any], dotted: str) -> bool:
+    """The table sets the dotted key itself (at its place or under its old flat name)."""
+    from collectives.config import OuterConfig
+
+    *path, key = dotted.split(".")
+    if key in table and OuterConfig.MOVED_KEYS.get(key) == dotted:
+        return True
+    for part in path:
+        table = table.get(part, {})
+        if not isinstance(table, dict):
+            return False
+    return key in table

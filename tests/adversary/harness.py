@@ -110,7 +110,8 @@ def _config(base: Path, plan: Plan) -> Path:
         # the gossip attackers publish rollouts on gossip (tests/adversary/gossip.py): flood
         # mode subscribes that topic; in feeds mode they would have to be picked as sources
         f"[gossip]\nrollout_mode = \"{plan.rollout_mode}\"\n\n"
-        f"[outer]\nevery_rounds = {plan.every_rounds}\njoin_window_s = 3.0\ndeadline_s = 20.0\n")
+        f"[outer]\nevery_rounds = {plan.every_rounds}\n"
+        f"schedule = {{ join_window_s = 3.0, deadline_s = 20.0 }}\n")
     return path
 
 

@@ -24,7 +24,7 @@ import torch
 
 from collectives.allreduce import AllReduce
 from collectives.codec import get_codec
-from collectives.config import OuterConfig
+from collectives.config import OuterConfig, ScheduleConfig
 from collectives.consistency import CommitBook
 from collectives.state import OuterState
 from collectives.transport import Transport
@@ -65,7 +65,8 @@ def run_takeover(args: dict[str, Any]) -> dict[str, Any]:
     me = Identity.generate()
     sys.stdout.write(json.dumps({"event": "loaded"}) + "\n")
     sys.stdout.flush()
-    config = OuterConfig(swarm_id=args["swarm_id"], deadline_s=60.0, join_window_s=3.0)
+    config = OuterConfig(swarm_id=args["swarm_id"],
+                         schedule=ScheduleConfig(deadline_s=60.0, join_window_s=3.0))
     gid = hashlib.sha256(group.encode()).hexdigest()[:24]
     transport = Transport(config, identity=me, data_dir=data_dir,
                           initial_peers=list(args["collective"]))

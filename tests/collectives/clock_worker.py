@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from collectives import OuterConfig, OuterLoop, StepFailed
+from collectives.config import ScheduleConfig
 from collectives.matchmaking import Matchmaker
 from collectives.streams import send_header
 from protocol import Identity, atomic_write_bytes
@@ -88,8 +89,10 @@ def main() -> None:
     install_stall(args.stall)
     model = make_model(args.numel)
     cfg = OuterConfig(every_rounds=args.every_rounds, compression=args.compression,
-                      deadline_s=args.deadline, join_window_s=args.join_window,
-                      min_period_s=args.min_period, final_wait_s=args.final_wait)
+                      schedule=ScheduleConfig(deadline_s=args.deadline,
+                                              join_window_s=args.join_window,
+                                              min_period_s=args.min_period,
+                                              final_wait_s=args.final_wait))
     loop = OuterLoop(cfg, identity=Identity.from_seed(args.seed.to_bytes(32, "little")),
                      group="test-model", params=model, data_dir=str(root / "data" / args.name),
                      discover=lambda: discover(root, args.name),

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from collectives import OuterConfig, OuterLoop
+from collectives.config import ScheduleConfig, TransportConfig
 from collectives.allreduce import LINGER_S, AllReduce
 from collectives.member import Member
 from collectives.reducer import ShardReducer
@@ -266,9 +267,10 @@ def main() -> None:
     identity = Identity.from_seed(args.seed.to_bytes(32, "little"))
     model = make_model(args.numel)
     cfg = OuterConfig(every_rounds=args.every_rounds, compression=args.compression,
-                      deadline_s=args.deadline, join_window_s=args.join_window,
-                      period_s=args.period, min_period_s=args.min_period,
-                      host_maddrs=(args.host,))
+                      schedule=ScheduleConfig(deadline_s=args.deadline,
+                                              join_window_s=args.join_window,
+                                              period_s=args.period, min_period_s=args.min_period),
+                      transport=TransportConfig(host_maddrs=(args.host,)))
     trust = (lambda p: p in known_peer_ids(root, args.trust)) if args.trust else None
     loop = OuterLoop(cfg, identity=identity, group="test-model", params=model,
                      data_dir=str(root / "data" / args.name),

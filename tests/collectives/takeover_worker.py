@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from collectives import OuterConfig, OuterLoop
+from collectives.config import ScheduleConfig
 from collectives.state import OuterState
 from protocol import Identity, OuterVersion, atomic_write_bytes
 from tests.collectives.peer_worker import discover, make_model
@@ -37,7 +38,8 @@ def main() -> None:
     (root / "addrs").mkdir(parents=True, exist_ok=True)
     (root / "out").mkdir(parents=True, exist_ok=True)
     model = make_model(None)
-    loop = OuterLoop(OuterConfig(every_rounds=2, deadline_s=14.0, join_window_s=2.0),
+    cfg = OuterConfig(every_rounds=2, schedule=ScheduleConfig(deadline_s=14.0, join_window_s=2.0))
+    loop = OuterLoop(cfg,
                      identity=Identity.from_seed(args.seed.to_bytes(32, "little")),
                      group="test-model", params=model, data_dir=str(root / "data" / "attacker"),
                      discover=lambda: discover(root, "attacker"))

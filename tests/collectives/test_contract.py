@@ -10,6 +10,7 @@ import time
 import torch
 
 from collectives import OuterConfig, OuterLoop, Status
+from collectives.config import ScheduleConfig, TransportConfig
 from protocol import Identity
 
 
@@ -17,7 +18,7 @@ def test_alone_loop_keeps_params_and_respects_deadline(tmp_path) -> None:
     identity = Identity.generate()
     dead = f"/ip4/127.0.0.1/tcp/9/p2p/{Identity.generate().peer_id}"  # valid, unreachable
     model = torch.nn.Linear(8, 4)
-    cfg = OuterConfig(every_rounds=3, deadline_s=4.0, join_window_s=0.5)
+    cfg = OuterConfig(every_rounds=3, schedule=ScheduleConfig(deadline_s=4.0, join_window_s=0.5))
     loop = OuterLoop(cfg, identity=identity, group="fp", params=model, data_dir=str(tmp_path),
                      discover=lambda: ["/ip4/127.0.0.1/tcp/1/p2p/not-a-peer", "garbage", dead])
     try:
@@ -32,7 +33,7 @@ def test_alone_loop_keeps_params_and_respects_deadline(tmp_path) -> None:
         before = [p.detach().clone() for p in model.parameters()]
         t = time.monotonic()
         got = loop.maybe_outer_step(2)
-        assert time.monotonic() - t < cfg.deadline_s + 2
+        assert time.monotonic() - t < cfg.schedule.deadline_s + 2
         assert got is not None and got.status is Status.ALONE and got.peers == 1, got
         rec = got.to_dict()  # the JSON a node emits
         assert rec["status"] == "alone"
@@ -57,7 +58,8 @@ def test_dead_dht_process_is_restarted(tmp_path) -> None:
     # process (an earlier asyncio.run in this session forbids that, and would hide the leak)
     policy = asyncio.DefaultEventLoopPolicy()
     asyncio.set_event_loop_policy(policy)
-    t = Transport(OuterConfig(dht_min_interval_s=0.0, startup_timeout_s=60),
+    t = Transport(OuterConfig(transport=TransportConfig(dht_min_interval_s=0.0,
+                                                        startup_timeout_s=60)),
                   identity=Identity.generate(),
                   data_dir=str(tmp_path), initial_peers=[])
     try:

@@ -9,6 +9,7 @@ import gc
 import pytest
 
 from collectives import OuterConfig, get_codec
+from collectives.config import CatchupConfig, ScheduleConfig
 from collectives._hivemind import P2P
 from collectives.allreduce import STATE_CHUNK, AllReduce
 from collectives.errors import StepFailed
@@ -25,7 +26,7 @@ def test_join_reply_lost_once_is_asked_again_and_answered_the_same() -> None:
     async def main() -> None:
         a, b = await _pair()
         try:
-            cfg = OuterConfig(join_window_s=0.5, deadline_s=10.0)
+            cfg = OuterConfig(schedule=ScheduleConfig(join_window_s=0.5, deadline_s=10.0))
             ids = [p.peer_id.to_base58() for p in (a, b)]
             ars = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
                              state_provider=lambda h: None) for p, i in zip((a, b), ids)]
@@ -77,7 +78,7 @@ def test_state_endpoint_chunks_bounds_and_rate_limits_per_peer() -> None:
     async def main() -> None:
         a, b = await _pair()
         try:
-            cfg = OuterConfig(state_requests_per_minute=2)
+            cfg = OuterConfig(catchup=CatchupConfig(requests_per_minute=2))
             server = AllReduce(a, cfg, get_codec("none"), peer_id=a.peer_id.to_base58(),
                                gid="g", state_provider=provider)
             client = AllReduce(b, cfg, get_codec("none"), peer_id=b.peer_id.to_base58(),
@@ -123,7 +124,7 @@ def test_dead_leader_of_a_stale_join_record_is_skipped_by_every_member() -> None
         dead_id = dead.peer_id.to_base58()
         await dead.shutdown()  # SIGKILLed in the churn trial
         try:
-            cfg = OuterConfig(join_window_s=0.5, deadline_s=10.0)
+            cfg = OuterConfig(schedule=ScheduleConfig(join_window_s=0.5, deadline_s=10.0))
             p2ps = (a, b, c)
             ars = [AllReduce(p, cfg, get_codec("none"), peer_id=p.peer_id.to_base58(), gid="g",
                              state_provider=lambda h: None) for p in p2ps]
@@ -158,7 +159,7 @@ def test_a_leader_that_answers_but_never_admits_is_named_within_the_bound(behavi
     async def main() -> None:
         a, b = await _pair()
         try:
-            cfg = OuterConfig(join_window_s=0.5, deadline_s=30.0)
+            cfg = OuterConfig(schedule=ScheduleConfig(join_window_s=0.5, deadline_s=30.0))
             ids = [p.peer_id.to_base58() for p in (a, b)]
             hostile, member = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
                                          state_provider=lambda h: None)

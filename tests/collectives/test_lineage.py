@@ -12,7 +12,7 @@ from collectives import OuterConfig
 from tests.collectives.harness import Swarm, reference_theta
 
 pytestmark = pytest.mark.slow
-LR, MU = OuterConfig().outer_lr, OuterConfig().outer_momentum  # what the workers run
+LR, MU = OuterConfig().optimizer.lr, OuterConfig().optimizer.momentum  # what the workers run
 
 
 def _rel_err(got: np.ndarray, ref: np.ndarray, before: np.ndarray) -> float:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from collectives import OuterConfig
+from collectives.config import OptimizerConfig
 from collectives.holding import Holding
 from collectives.state import OuterState, flatten
 from collectives.work import Progress, Work
@@ -28,7 +29,7 @@ from tests.collectives.test_exchange import _group, _members
 pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
               pytest.mark.filterwarnings("ignore::ResourceWarning")]
 NUMEL = 3000
-PLAIN = OuterConfig(outer_lr=1.0, outer_momentum=0.0)
+PLAIN = OuterConfig(optimizer=OptimizerConfig(lr=1.0, momentum=0.0))
 
 
 def _dyadic(g: torch.Generator, scale: int = 8) -> torch.Tensor:
@@ -45,7 +46,7 @@ class Member:
         self.params = [torch.nn.Parameter(theta.clone().view(30, 100))]
         self.progress = Progress(self.params)
         self.holding = Holding(flatten(self.params), peer_id="m",
-                               momentum=config.outer_momentum, minority_patience=3)
+                               momentum=config.optimizer.momentum, minority_patience=3)
         self.work: Work | None = None
 
     @property
@@ -89,7 +90,7 @@ def _exchange_and_apply(loops: list[Member], works: list[Work]) -> torch.Tensor:
             starts = [loop.holding.start(work) for loop, work in zip(loops, works)]
             for loop, start in zip(loops, starts):
                 deltas.append(start.delta.result())
-                landings.append(loop.holding.landing(deltas[-1], lr=loop.config.outer_lr))
+                landings.append(loop.holding.landing(deltas[-1], lr=loop.config.optimizer.lr))
             aloop = asyncio.get_running_loop()
             avgs = await asyncio.gather(*(
                 ar.exchange(d, group, reduce_deadline=aloop.time() + 50, out=la.avg,
@@ -99,7 +100,7 @@ def _exchange_and_apply(loops: list[Member], works: list[Work]) -> torch.Tensor:
             for loop, work, la, avg, d, start in zip(loops, works, landings, avgs, deltas,
                                                      starts):
                 loop.holding.apply(la, avg.clone(), start.snapshot, work,
-                                   lr=loop.config.outer_lr, out=d)
+                                   lr=loop.config.optimizer.lr, out=d)
                 work.counted = True  # the group's votes agreed (attempt.py sets it)
             return [la.avg for la in landings]
         finally:
@@ -162,7 +163,7 @@ def test_a_step_among_identical_peers_changes_nothing() -> None:
     assert torch.equal(avg, -same)
     for loop in loops:
         assert torch.equal(_theta(loop), theta0 + same)
-    nesterov = OuterConfig(outer_lr=0.7, outer_momentum=0.9)
+    nesterov = OuterConfig(optimizer=OptimizerConfig(lr=0.7, momentum=0.9))
     idle = _members_at(theta0, 3, nesterov)
     before = {loop.state.hash() for loop in idle}
     works = _begin(idle)
@@ -181,7 +182,7 @@ def test_rounds_trained_during_a_background_step_count_once_in_the_next() -> Non
     −w_i: the overlap counted once, neither dropped nor counted again. With the plain mean
     the two steps end at θ_0 + mean(u_i + w_i); with Nesterov the second average is the
     same mean(w) (the optimizer sees each round's work once)."""
-    for config in (PLAIN, OuterConfig(outer_lr=0.5, outer_momentum=0.5)):
+    for config in (PLAIN, OuterConfig(optimizer=OptimizerConfig(lr=0.5, momentum=0.5))):
         g = torch.Generator().manual_seed(3)
         theta0 = _dyadic(g)
         loops = _members_at(theta0, 4, config)

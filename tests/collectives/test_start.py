@@ -9,6 +9,7 @@ import time
 import pytest
 
 from collectives import OuterConfig, StartCancelled, Startup
+from collectives.config import TransportConfig
 from protocol import Identity
 
 
@@ -104,7 +105,7 @@ def test_an_abandoned_transport_start_leaves_no_process(tmp_path, after_p2pd_s) 
 
     def start() -> None:
         try:
-            outcome.append(Transport(OuterConfig(startup_timeout_s=60),
+            outcome.append(Transport(OuterConfig(transport=TransportConfig(startup_timeout_s=60)),
                                      identity=Identity.generate(), data_dir=str(tmp_path),
                                      initial_peers=[], abort=abort))
         except BaseException as e:  # noqa: BLE001 - inspected below

@@ -10,7 +10,7 @@ from collectives import OuterConfig
 from tests.collectives.harness import Swarm, reference_theta
 
 pytestmark = pytest.mark.slow
-LR, MU = OuterConfig().outer_lr, OuterConfig().outer_momentum  # what the workers run
+LR, MU = OuterConfig().optimizer.lr, OuterConfig().optimizer.momentum  # what the workers run
 
 
 def _check_reference(swarm: Swarm, names: list[str], steps: range, rel_tol: float) -> None:

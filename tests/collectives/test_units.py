@@ -12,12 +12,14 @@ import torch
 
 import collectives
 from collectives import OuterConfig, get_codec
+from collectives.config import TransportConfig
 from collectives.codec import CODECS, CodecError
 from collectives.allreduce import RateLimit
 from collectives.consistency import Lineage
 from collectives.reduce import Contribution, coordinate_median, reduce_shard, shard_bounds
 from collectives.state import OuterState, flatten, unflatten_into
 from protocol import Identity
+from protocol.tables import TableError
 
 TOL = {"none": 1e-6, "fp16": 2e-3, "int8": 2e-2}
 BOUNDS = dict(max_weight=1000.0, max_norm=float("inf"), max_norm_ratio=10.0)
@@ -146,15 +148,44 @@ def test_state_roundtrip_hash_and_nesterov_matches_torch_sgd() -> None:
     assert torch.equal(flatten(q), torch.arange(10.0))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("every_rounds", 0), ("outer_lr", -1.0), ("outer_momentum", 1.0), ("compression", "zip"),
-    ("deadline_s", 0.0), ("join_window_s", 20.0), ("min_peers", 1), ("weight", 0.0),
-    ("max_norm_ratio", 1.0), ("host_maddrs", ()), ("swarm_id", ""),
+@pytest.mark.parametrize("key,value,named", [
+    ("every_rounds", 0, "every_rounds"), ("optimizer.lr", -1.0, "optimizer.lr"),
+    ("optimizer.momentum", 1.0, "optimizer.momentum"), ("compression", "zip", "compression"),
+    ("schedule.deadline_s", 0.0, "schedule.deadline_s"),
+    ("schedule.join_window_s", 20.0, "schedule.join_window_s"),
+    ("group.min_peers", 1, "group.min_peers"), ("bounds.weight", 0.0, "bounds.weight"),
+    ("bounds.max_norm_ratio", 1.0, "bounds.max_norm_ratio"),
+    ("transport.host_maddrs", [], "transport.host_maddrs"), ("swarm_id", "", "swarm_id"),
+    ("outer_lr", -1.0, "optimizer.lr"),  # an old flat key: checked at its new place
+    ("deadline_s", 0.0, "schedule.deadline_s"),
 ])
-def test_config_rejects_bad_values(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=field.split("_")[0]):
-        OuterConfig(**{field: value})
+def test_config_rejects_bad_values(key: str, value: object, named: str) -> None:
+    *path, last = key.split(".")
+    table: dict = {last: value}
+    for part in reversed(path):
+        table = {part: table}
+    with pytest.raises(TableError) as e:
+        OuterConfig.from_dict(table)
+    assert e.value.key == named
     assert dataclasses.is_dataclass(OuterConfig())
+
+
+def test_every_old_flat_outer_key_still_lands_at_its_new_place() -> None:
+    old = {"outer_lr": 0.5, "outer_momentum": 0.5, "deadline_s": 40.0, "join_window_s": 4.0,
+           "period_s": 8.0, "min_period_s": 4.0, "max_period_s": 400.0, "prepare_s": 0.5,
+           "final_wait_s": 20.0, "min_peers": 3, "max_peers": 9, "minority_patience": 1,
+           "weight": 2.0, "max_weight": 50.0, "max_norm": 9.0, "max_norm_ratio": 4.0,
+           "anchor": "ab" * 32, "state_requests_per_minute": 3, "dht_min_interval_s": 0.1,
+           "dht_timeout_s": 4.0, "startup_timeout_s": 20.0, "slow_start_for_tests_s": 1.0,
+           "host_maddrs": ["/ip4/127.0.0.1/tcp/5"], "announce_maddrs": ["/ip4/1.2.3.4/tcp/5"]}
+    assert set(old) == set(OuterConfig.MOVED_KEYS)
+    cfg = OuterConfig.from_dict(old)
+    for key, value in old.items():
+        section, name = OuterConfig.MOVED_KEYS[key].split(".")
+        got = getattr(getattr(cfg, section), name)
+        assert got == (tuple(value) if isinstance(value, list) else value), key
+    assert cfg != OuterConfig()
+    assert OuterConfig.from_dict({"schedule": {"deadline_s": 40.0}}).schedule.deadline_s == 40
 
 
 def test_weights_are_capped_by_the_median_and_two_peers_are_norm_bounded() -> None:
@@ -319,8 +350,8 @@ def test_a_member_that_trained_little_accepts_an_honest_mean_not_a_blown_up_one(
     cfg = OuterConfig()
 
     def check(shard, own, rms=0.0):  # type: ignore[no-untyped-def]
-        return check_shard(shard, own, ref_rms=rms, max_norm=cfg.max_norm,
-                           max_norm_ratio=cfg.max_norm_ratio)
+        return check_shard(shard, own, ref_rms=rms, max_norm=cfg.bounds.max_norm,
+                           max_norm_ratio=cfg.bounds.max_norm_ratio)
     g = torch.Generator().manual_seed(11)
     mean = torch.randn(5000, generator=g) * 1e-2  # the others' honest mean for our shard
     own = mean * 1e-3  # we trained a round or two since we rebased
@@ -360,7 +391,7 @@ def test_dht_calls_go_back_to_back_in_a_burst_then_one_per_interval(monkeypatch)
                         lambda: now[0] if threading.get_ident() == me else real_clock())
     monkeypatch.setattr(transport.time, "sleep", sleep)
     t = object.__new__(Transport)  # only the throttle's state: no p2pd, no DHT
-    t.config = OuterConfig(dht_min_interval_s=0.05)
+    t.config = OuterConfig(transport=TransportConfig(dht_min_interval_s=0.05))
     t._last_dht_call, t._dht_tokens = 0.0, float(DHT_BURST)
     assert DHT_BURST >= 2  # a phase's store and read at least
     start = now[0]

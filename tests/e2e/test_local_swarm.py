@@ -58,7 +58,7 @@ def _stepping(nodes: list[dict]) -> list[dict]:
     return out
 
 
-FINAL_WAIT_S = tomllib.loads(CONFIG)["outer"]["final_wait_s"]
+FINAL_WAIT_S = tomllib.loads(CONFIG)["outer"]["schedule"]["final_wait_s"]
 
 
 def _ended_together(nodes: list[dict]) -> list[dict]:

@@ -245,7 +245,8 @@ def test_sigterm_while_the_collective_starts_checkpoints_and_leaves_promptly(tmp
     the first round; a SIGTERM during that start must not wait for it."""
     node = tmp_path / "node"
     cfg = tmp_path / "node.toml"
-    cfg.write_text("[outer]\nslow_start_for_tests_s = 300.0\n")  # the start lasts 5 minutes
+    # the start lasts 5 minutes
+    cfg.write_text("[outer.transport]\nslow_start_for_tests_s = 300.0\n")
     p = join(node, bootstrap.addr, SWARM, "--report", str(node / "r.json"), "--config", str(cfg))
     try:
         # round 0 reported: the learner is now starting its collective

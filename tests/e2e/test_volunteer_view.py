@@ -27,8 +27,8 @@ SMALL_ROUNDS = 20
 """The 80x24 node's rounds: enough for a 1 s screen poll to see its round advance. With 3, it
 ran them all within a second (3.5 rounds/s once the collective starts off the training
 thread) and the test saw a single round on that screen."""
-CONFIG = ("[outer]\nevery_rounds = 2\njoin_window_s = 3.0\ndeadline_s = 15.0\n"
-          "final_wait_s = 3.0\n")
+CONFIG = ("[outer]\nevery_rounds = 2\n"
+          "schedule = { join_window_s = 3.0, deadline_s = 15.0, final_wait_s = 3.0 }\n")
 """``final_wait_s`` short: the 80x24 node ends while the big one trains on, so its finish waits
 its whole bound, 2 x final_wait_s + deadline_s, for a peer that will not finish (with the
 default 30 s and deadline 30 s that was 90 s of the test's 124 s)."""

@@ -129,7 +129,8 @@ def test_a_valid_config_gives_the_children_the_tables_they_had(tmp_path):
                                   "tasks": {"families": ["tiny_add"]}, "data_dir": str(tmp_path),
                                   "policy": {"model": "m", "device": "auto"}}
     assert payload["outer"] == {"swarm_id": "swarm-node-main", "every_rounds": 2,
-                                "host_maddrs": ["/ip4/0.0.0.0/tcp/4002"], "announce_maddrs": []}
+                                "transport": {"host_maddrs": ["/ip4/0.0.0.0/tcp/4002"],
+                                              "announce_maddrs": []}}
     assert gossip_table(cfg, ipc_path="/s", bootstrap_only=False)["target_peers"] == 4
 
 
@@ -141,6 +142,24 @@ def test_a_node_config_with_a_bad_table_is_never_built():
         NodeConfig(learner={"sapo": {"external": 9}})
     with pytest.raises(ConfigError, match=r"^\[outer\] swarm_id: "):  # [outer]'s own wins
         NodeConfig(outer={"swarm_id": ""})
+    with pytest.raises(ConfigError, match=r"^\[outer.transport\] host_maddrs: must not"):
+        NodeConfig(outer={"transport": {"host_maddrs": []}})
+    with pytest.raises(ConfigError, match=r"^\[outer\] host_maddrs: given twice"):
+        NodeConfig(outer={"host_maddrs": [], "transport": {"host_maddrs": ["/ip4/1.2.3.4"]}})
+    with pytest.raises(ConfigError, match=r"^\[outer.schedule\] deadline_s: must be > 0"):
+        NodeConfig(outer={"deadline_s": 0})  # an old flat key, checked at its new place
+
+
+def test_the_outer_tables_own_addresses_win_in_either_form():
+    from collectives.config import OuterConfig
+    from node.tables import learner_table
+
+    for outer in ({"host_maddrs": ["/ip4/10.0.0.1/tcp/7"]},
+                  {"transport": {"host_maddrs": ["/ip4/10.0.0.1/tcp/7"]}}):
+        cfg = NodeConfig(outer=outer)
+        got = OuterConfig.from_dict(learner_table(cfg, ipc_path="/s", rounds=1)["outer"])
+        assert got.transport.host_maddrs == ("/ip4/10.0.0.1/tcp/7",)
+        assert got.transport.announce_maddrs == ()
 
 
 CONFIG_MODULES = ["protocol.tables", "swarm.config", "collectives.config", "node.learner.config",

@@ -37,6 +37,7 @@ RTT: well under a second; the rest is slack for a loaded 2-core box)."""
 CONFIG = """
 [outer]
 every_rounds = 2
+[outer.schedule]
 # the least read window of a meeting: learners that finish their rounds apart keep attending
 # meetings (collectives.finish), on the shortest period whose window holds this (16 s here;
 # 25 s made it 64 s, so finished nodes waited a minute per meeting), wider than a rendezvous
