@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from node.ipc_client import SocketBridge
 from swarm.config import GossipConfig
@@ -38,8 +39,20 @@ class NonDefaultConfig:
 
     def to_json(self) -> str:
         default = GossipConfig(data_dir=self.data_dir).to_dict()
-        return json.dumps({k: v for k, v in self.config.to_dict().items()
-                           if k == "data_dir" or v != default[k]})
+        return json.dumps({"data_dir": self.data_dir,
+                           **_changed(self.config.to_dict(), default)})
+
+
+def _changed(table: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``table`` that differ from ``default``, a sub-table key by key."""
+    out = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            if sub := _changed(v, default[k]):
+                out[k] = sub
+        elif v != default[k]:
+            out[k] = v
+    return out
 
 
 def cpu_s(pid: int) -> float:

@@ -112,12 +112,13 @@ def run(n: int, mode: str, *, batches: int, interval_s: float, rollouts: int,
     load_before = _load()
     wall0 = time.monotonic()
     try:
-        boot = procs.node("boot", learner=False, bootstrap_only=True, announce_interval_s=5.0,
-                          peer_ttl_s=30.0)
         # announcements at the default period (the tests' 1 s would dominate the CPU)
-        nodes = procs.nodes([f"n{i}" for i in range(n)], bootstrap=(boot.addr,), target_peers=4,
-                            rollout_mode=mode, feed_sources=sources, announce_interval_s=5.0,
-                            peer_ttl_s=30.0)
+        slow = {"interval_s": 5.0}
+        boot = procs.node("boot", learner=False, bootstrap_only=True, announcements=slow,
+                          peers={"ttl_s": 30.0})
+        nodes = procs.nodes([f"n{i}" for i in range(n)], bootstrap=(boot.addr,),
+                            peers={"target": 4, "ttl_s": 30.0}, rollout_mode=mode,
+                            feeds={"sources": sources}, announcements=slow)
         bridges = [SocketBridge.connect(p.ready["ipc"], wait_s=60) for p in nodes]
         try:
             wait_until(lambda: all(len(b.peers()) >= n for b in bridges), timeout_s=120,
@@ -240,7 +241,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--interval-s", type=float, default=1.0)
     ap.add_argument("--rollouts", type=int, default=8)
-    ap.add_argument("--sources", type=int, default=4, help="feed_sources in feeds mode")
+    ap.add_argument("--sources", type=int, default=4, help="[gossip.feeds] sources in feeds mode")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "gossip.json"))
     args = ap.parse_args()
     results = []

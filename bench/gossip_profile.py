@@ -54,16 +54,18 @@ def profile(mode: str, n: int, batches: int, interval_s: float, rollouts: int) -
     procs = Procs(short_tmpdir())
     prof_path = procs.root / f"node0-{mode}.prof"
     try:
-        slow = dict(announce_interval_s=5.0, peer_ttl_s=30.0)  # as in gossip_bench.py
-        boot = procs.node("boot", learner=False, bootstrap_only=True, **slow)
+        slow = {"interval_s": 5.0}  # announcements as in gossip_bench.py
+        boot = procs.node("boot", learner=False, bootstrap_only=True, announcements=slow,
+                          peers={"ttl_s": 30.0})
         names = [f"n{i}" for i in range(n)]
-        first = procs.config("n0", bootstrap=(boot.addr,), target_peers=4, rollout_mode=mode,
-                             ipc_path=str(procs.root / "n0.sock"), **slow)
+        peers = {"target": 4, "ttl_s": 30.0}
+        first = procs.config("n0", bootstrap=(boot.addr,), peers=peers, rollout_mode=mode,
+                             ipc_path=str(procs.root / "n0.sock"), announcements=slow)
         p0 = SwarmProc(first, "n0", python_args=("-m", "bench.cpu_profile", str(prof_path)))
         p0.start(expect_ready=False)
         procs.procs.append(p0)
-        rest = procs.nodes(names[1:], bootstrap=(boot.addr,), target_peers=4, rollout_mode=mode,
-                           **slow)
+        rest = procs.nodes(names[1:], bootstrap=(boot.addr,), peers=peers, rollout_mode=mode,
+                           announcements=slow)
         p0.wait_ready(timeout_s=120)
         nodes = [p0, *rest]
         bridges = [SocketBridge.connect(p.ready["ipc"], wait_s=60) for p in nodes]

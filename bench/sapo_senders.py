@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--min-senders", type=int, default=3)
-    ap.add_argument("--config", help="TOML passed to every node (e.g. [gossip] feed_sources)")
+    ap.add_argument("--config", help="TOML passed to every node (e.g. [gossip.feeds] sources)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sapo_senders.json"))
     args = ap.parse_args()
     load_before = list(os.getloadavg())

@@ -55,7 +55,7 @@ from node.reachable import check_reachability
 from node.skew import check_clock
 from node.tables import learner_table
 from protocol import PROTOCOL_VERSION
-from swarm.config import GossipConfig
+from swarm.config import LimitsConfig
 
 __all__ = ["check_bootstrap", "check_disk", "check_model", "check_packages", "check_ports",
            "check_python", "check_torch", "preflight", "run_checks"]
@@ -112,8 +112,15 @@ def run_checks(config: NodeConfig) -> Iterator[Check]:
         yield from lines
         yield check_reachability(results, fixed_port=_fixed_port(config), not_asked=why_not)
         if results:
-            yield check_clock(results, max_future_s=float(config.gossip.get(
-                "max_future_s", GossipConfig.max_future_s)))
+            yield check_clock(results, max_future_s=_max_future_s(config.gossip))
+
+
+def _max_future_s(gossip: dict[str, Any]) -> float:
+    """The ``[gossip.limits] max_future_s`` of the node's (checked) ``[gossip]`` table, or
+    of its old flat key (``GossipConfig.MOVED_KEYS``), or the default."""
+    limits = gossip.get("limits", {})
+    return float(limits.get("max_future_s", gossip.get("max_future_s",
+                                                       LimitsConfig.max_future_s)))
 
 
 def _bootstraps(config: NodeConfig, listen: str | None) -> tuple[list[Check], list[dict[str, Any]]]:

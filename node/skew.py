@@ -1,11 +1,11 @@
 """The `clock` line of `swarm-node doctor`: this machine's clock against the bootstrap peers'.
 
 Every signed message carries its creation time. A receiver rejects one created more than
-``max_future_s`` (30 s by default) ahead of its own clock, as ``future``, and one older than
-``replay_window_s`` (300 s) as ``stale``. So a clock off by more than ``max_future_s`` in
-either direction loses messages without an error: ahead, peers drop ours; behind, we drop
-theirs. The probe asks each bootstrap peer its time (``swarm.clock``); the offset is exact to
-within half the question's round trip.
+``[gossip.limits] max_future_s`` (30 s by default) ahead of its own clock, as ``future``, and
+one older than ``replay_window_s`` (300 s) as ``stale``. So a clock off by more than
+``max_future_s`` in either direction loses messages without an error: ahead, peers drop ours;
+behind, we drop theirs. The probe asks each bootstrap peer its time (``swarm.clock``); the
+offset is exact to within half the question's round trip.
 
     |offset| <= WARN_S                                        ok
     WARN_S < |offset|, or off by up to max_future_s           warn: time sync is off

@@ -10,7 +10,7 @@ Modules, bottom up::
     inbox        – bounded per-type queues for the learner (drop oldest, counted)
     peers        – PeerTable of signed announcements, with expiry
     host         – host (Noise only, yamux, TCP) + gossipsub with scoring
-    discovery    – Dialer: bootstrap with backoff, keep target_peers connections
+    discovery    – Dialer: bootstrap with backoff, keep peers.target connections
     reachability – dial-back protocol: can peers dial us? (public / relayed / unreachable)
     clock        – time protocol: a peer's clock offset from ours (doctor's skew check)
     relay        – circuit relay v2: serve as a relay, hold reservations, dial via relays

@@ -1,9 +1,9 @@
 """Clock offset against a peer: ``swarm-node doctor`` asks its bootstrap peer the time.
 
 Every signed message carries its creation time, and a receiver rejects one created more than
-``max_future_s`` ahead of its own clock (``future``) or older than ``replay_window_s``
-(``stale``): a node whose clock is off by that much publishes into the void and is told
-nothing. Doctor measures the offset before that happens.
+``limits.max_future_s`` ahead of its own clock (``future``) or older than
+``limits.replay_window_s`` (``stale``): a node whose clock is off by that much publishes into
+the void and is told nothing. Doctor measures the offset before that happens.
 
 Time protocol ``/swarm-node/time/1.0.0`` (one request per stream, served by every swarm
 process, bootstrap-only ones included):

@@ -1,9 +1,9 @@
 """Bootstrap and connection maintenance.
 
 ``Dialer.bootstrap`` dials the bootstrap peers with exponential backoff until one answers
-(BootstrapError after ``bootstrap_timeout_s``). ``Dialer.maintain`` then runs forever: it
+(BootstrapError after ``peers.bootstrap_timeout_s``). ``Dialer.maintain`` then runs forever: it
 expires peers whose announcements stopped, re-dials lost bootstrap peers, and dials peers
-learned from announcements while fewer than ``target_peers`` are connected.
+learned from announcements while fewer than ``peers.target`` are connected.
 
 Dial rule: of two peers that learned of each other, only the one with the smaller peer id
 dials, and a bootstrap-only peer dials nobody it learned of. Measured with py-libp2p 0.8.1:
@@ -54,14 +54,14 @@ class Dialer:
         return set(self.host.get_connected_peers())
 
     async def dial(self, info: PeerInfo, *, force: bool = False) -> bool:
-        """One dial under dial_timeout_s; failures set a per-peer backoff (``force``: dial
+        """One dial under peers.dial_timeout_s; failures set a per-peer backoff (``force``: dial
         even while backing off)."""
         now = trio.current_time()
         at, delay = self._retry_at.get(info.peer_id, (0.0, BACKOFF_START_S / 2))
         if now < at and not force:
             return False
         try:
-            with trio.fail_after(self.config.dial_timeout_s):
+            with trio.fail_after(self.config.peers.dial_timeout_s):
                 # py-libp2p refuses any dial to a peer for 60 s after one failed (its
                 # negative cache): a restarted relay or bootstrap peer would stay unreachable
                 # that long. Our own per-peer backoff (at most BACKOFF_MAX_S) decides instead.
@@ -85,7 +85,7 @@ class Dialer:
         """Return once a bootstrap peer is connected; raise BootstrapError at the deadline."""
         if not self.bootstrap_peers:
             return
-        deadline = trio.current_time() + self.config.bootstrap_timeout_s
+        deadline = trio.current_time() + self.config.peers.bootstrap_timeout_s
         delay = BACKOFF_START_S
         attempt = 0
         while True:
@@ -99,7 +99,8 @@ class Dialer:
             if left <= 0:
                 addrs = ", ".join(f"{a}/p2p/{i.peer_id}" for i in self.bootstrap_peers for a in i.addrs)
                 raise BootstrapError(f"no bootstrap peer reachable after "
-                                     f"{self.config.bootstrap_timeout_s:g} s ({attempt} attempts): {addrs}")
+                                     f"{self.config.peers.bootstrap_timeout_s:g} s "
+                                     f"({attempt} attempts): {addrs}")
             logger.warning("bootstrap attempt %d failed; retrying in %.1f s (giving up in %.0f s)",
                            attempt, min(delay, left), left)
             await trio.sleep(min(delay, left))
@@ -107,7 +108,7 @@ class Dialer:
 
     async def maintain(self, self_id: ID) -> None:
         while True:
-            await trio.sleep(self.config.maintain_interval_s)
+            await trio.sleep(self.config.peers.maintain_interval_s)
             for pid in self.table.expire(trio.current_time()):
                 logger.info("forgot peer %s: no announcement within its TTL", pid)
             await self._top_up(self_id)
@@ -115,7 +116,7 @@ class Dialer:
     async def _top_up(self, self_id: ID) -> None:
         connected = self.connected()
         wanted: list[PeerInfo] = [i for i in self.bootstrap_peers if i.peer_id not in connected]
-        room = self.config.target_peers - len(connected)  # config: target_peers <= max_peers
+        room = self.config.peers.target - len(connected)  # config: peers.target <= peers.max
         # Only the peer with the smaller id dials: py-libp2p loses gossip silently between two
         # peers that hold two connections to each other (both dialed at once); see
         # tests/swarm/test_swarm.py and the module docstring.

@@ -3,7 +3,7 @@
     SwarmError                 – base: a condition the user can act on
      ├── ConfigError           – a bad multiaddr or setting (exit status 2)
      ├── ListenError           – cannot listen (port in use, address not available)
-     └── BootstrapError        – no bootstrap peer reachable within bootstrap_timeout_s
+     └── BootstrapError        – no bootstrap peer reachable in peers.bootstrap_timeout_s
 
 Rejected network input is never raised out of the service: it is counted (``Rejected``
 in swarm.validation) and logged.

@@ -2,7 +2,7 @@
 
 Flooding rollouts on one gossip topic costs every node O(N · D) messages per round (every
 batch of every peer, plus the mesh's duplicate copies). SAPO needs only a few external groups
-per round, so a node subscribes instead to ``feed_sources`` = k peers of its own choosing:
+per round, so a node subscribes instead to ``feeds.sources`` = k peers of its own choosing:
 
 - **Feed** (``FEED_PROTOCOL``): a libp2p stream the *receiver* opens. It sends one frame, the
   swarm id (with ``/live`` appended when no backfill is wanted); the source answers ``OK`` or
@@ -10,40 +10,40 @@ per round, so a node subscribes instead to ``feed_sources`` = k peers of its own
   signed once) as one varint-framed message. A source never relays: one hop, no duplicates.
 - **Choice** (``FeedClient``): sources are picked uniformly at random among live, announced,
   non-bootstrap, non-banned peers that are neither current sources nor cooling down. Every
-  ``feed_rotate_s`` a replacement source is picked and its feed opened *beside* the oldest;
+  ``feeds.rotate_s`` a replacement source is picked and its feed opened *beside* the oldest;
   the oldest is closed (its source *rests*, i.e. is picked again only when no unrested
   candidate is left) the moment the replacement is open, so the slot has no gap and a rotation
   loses no batch without any backfill. A node samples the whole swarm over time and no source
-  is held longer than about k · ``feed_rotate_s``. Peers never suggest sources, and nothing
+  is held longer than about k · ``feeds.rotate_s``. Peers never suggest sources, and nothing
   arrives on a feed we did not open.
 - **Delivery decides, not keys** (issue 32): a uniform pick over keys gives a farm of fresh
   identities the share of slots it has of the table (measured: ~90 %), and unrested keys
   went first, so one fresh key every 8 s held the slots for good. The learner reports once a
   round how many groups each sender delivered that carried signal after *its own* re-scoring
   (``rate``: the IPC op ``sources``). A source that delivered is *proven*; once the learner
-  reports, ``feed_sources − feed_explore_slots`` slots go to proven sources while there are
+  reports, ``feeds.sources − feeds.explore_slots`` slots go to proven sources while there are
   any, and only the rest to sources that delivered nothing yet (uniformly: never-held keys no
   longer go first); a rotation replaces a proven source only with another proven one, a
   stranger with whoever the slots then need. A feed
-  whose source delivered nothing in ``feed_trial_rounds`` reports (``PROVEN_PATIENCE`` times
+  whose source delivered nothing in ``feeds.trial_rounds`` reports (``PROVEN_PATIENCE`` times
   that for a proven source) while another feed delivered is closed and its source cooled
   (``feed_dropped_idle``; 5 s, doubling) and no longer proven until it delivers again (on an exploration
   slot). So fresh identities hold at most the exploration slots once proven
-  sources are known, and any slot at most ``feed_trial_rounds`` rounds without delivering.
+  sources are known, and any slot at most ``feeds.trial_rounds`` rounds without delivering.
   Before any report (a swarm process without a learner) every pick is uniform, as before.
 - **Backfill**: a subscription asks for the source's newest batch (if younger than
-  ``feed_backfill_s``) only when it fills a gap: at start and after a feed failed. A rotation
+  ``feeds.backfill_s``) only when it fills a gap: at start and after a feed failed. A rotation
   asks for live batches only (``/live`` after the swarm id): its slot had none missing, and a
   backfilled batch is up to a round old when it arrives (in gossip_bench, where a round is
   1 s, those were the whole latency tail: issue 15).
-- **Budgets** (``FeedServer``): at most ``feed_max_subscribers`` feeds served at once, one
-  per peer; subscription requests per peer through a token bucket; a queue of ``feed_queue``
+- **Budgets** (``FeedServer``): at most ``feeds.max_subscribers`` feeds served at once, one
+  per peer; subscription requests per peer through a token bucket; a queue of ``feeds.queue``
   batches per subscriber, dropped from (``dropped_feed_slow``) rather than waited for; a write
-  that stalls ``feed_write_timeout_s`` ends that feed. On the receiving side a frame is read
+  that stalls ``feeds.write_timeout_s`` ends that feed. On the receiving side a frame is read
   with the envelope size limit, then checked by ``swarm.validation`` (signature once, per-
   sender token bucket, replay window) with the stream's authenticated peer as the required
   signer; a frame that is invalid (not merely rate-limited or stale) closes the feed and
-  cools its source down for ``feed_cooldown_s``, as does a refusal or a failure.
+  cools its source down for ``feeds.cooldown_s``, as does a refusal or a failure.
 
 Inbound rollouts per node are therefore at most k feeds × the per-sender rate, whatever the
 swarm size; see ``swarm/SCALING.md`` for the bounds, what is not claimed (the pick is uniform
@@ -92,11 +92,11 @@ OPENS_PER_TICK = 2
 """Feeds started per tick: at start-up, k feeds at once from every node crowd the event loops."""
 RETRY_S = 5.0
 """First cool-down of a source that failed or refused; doubles per failure up to
-``feed_cooldown_s`` (an invalid frame gets the full cool-down at once)."""
+``feeds.cooldown_s`` (an invalid frame gets the full cool-down at once)."""
 
 PROVEN_PATIENCE = 4
 """A feed whose source had delivered when it opened is closed only after this many times
-``feed_trial_rounds`` reports without delivering (a stranger's after one)."""
+``feeds.trial_rounds`` reports without delivering (a stranger's after one)."""
 
 FrameHandler = Callable[[ID, bytes], bool]
 """Called with (source, frame); returns False when the feed must be closed (invalid frame)."""
@@ -124,8 +124,8 @@ class FeedServer:
     _buckets: TokenBuckets | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self._buckets = TokenBuckets(rate=self.config.feed_subscribe_per_s,
-                                     burst=self.config.feed_subscribe_burst)
+        self._buckets = TokenBuckets(rate=self.config.feeds.subscribe_per_s,
+                                     burst=self.config.feeds.subscribe_burst)
 
     def subscribers(self) -> int:
         return len(self._subs)
@@ -174,7 +174,7 @@ class FeedServer:
         old = self._subs.pop(peer, None)
         if old is not None:  # a re-subscription replaces the peer's previous feed
             old.close()
-        if len(self._subs) >= self.config.feed_max_subscribers:
+        if len(self._subs) >= self.config.feeds.max_subscribers:
             self.counters["feed_busy"] += 1
             try:
                 await stream.write(encode_varint_prefixed(BUSY))
@@ -182,7 +182,7 @@ class FeedServer:
                 logger.debug("feed refusal to %s: %s", peer, e)
             await _close(stream)
             return
-        send, recv = trio.open_memory_channel[bytes](self.config.feed_queue)
+        send, recv = trio.open_memory_channel[bytes](self.config.feeds.queue)
         self._subs[peer] = send
         self.counters["feed_subscribers_accepted"] += 1
         try:
@@ -213,12 +213,12 @@ class FeedServer:
 
     async def _push(self, stream: INetStream, recv: trio.MemoryReceiveChannel[bytes],
                     backfill: bool) -> None:
-        timeout = self.config.feed_write_timeout_s
+        timeout = self.config.feeds.write_timeout_s
         with trio.fail_after(timeout):
             await stream.write(encode_varint_prefixed(OK))
         latest = self._latest
         if backfill and latest is not None and \
-                trio.current_time() - latest[0] <= self.config.feed_backfill_s:
+                trio.current_time() - latest[0] <= self.config.feeds.backfill_s:
             with trio.fail_after(timeout):
                 await stream.write(encode_varint_prefixed(latest[1]))
             self.counters["feed_backfilled"] += 1
@@ -247,7 +247,7 @@ class _Feed:
 
 @dataclass(kw_only=True)
 class FeedClient:
-    """Holds ``feed_sources`` feeds to peers it picks from the table, and rotates them."""
+    """Holds ``feeds.sources`` feeds to peers it picks from the table, and rotates them."""
 
     config: GossipConfig
     host: IHost
@@ -284,12 +284,12 @@ class FeedClient:
     def rate(self, delivered: dict[str, int]) -> None:
         """The learner's report of one round (see the module docstring): sender -> groups
         it delivered that carried signal. Ends the trials of the feeds that delivered
-        nothing in ``feed_trial_rounds`` reports while another feed did (when no source
+        nothing in ``feeds.trial_rounds`` reports while another feed did (when no source
         delivers — early rounds of a hard task carry no signal from anyone — nobody is
         judged idle: a slot would only go to another source that delivers nothing)."""
         self._delivered = dict(delivered)
         self._reports += 1
-        trial = self.config.feed_trial_rounds
+        trial = self.config.feeds.trial_rounds
         open_ = [f for f in self._feeds.values() if f.open]
         for feed in open_:
             got = self._delivered.get(str(feed.peer), 0)
@@ -321,12 +321,12 @@ class FeedClient:
 
     def _want_proven(self, held: list[_Feed]) -> bool | None:
         """The kind the next slot needs, beside ``held``: proven while fewer than
-        ``feed_sources − feed_explore_slots`` proven sources are held (None before the
+        ``feeds.sources − feeds.explore_slots`` proven sources are held (None before the
         learner's first report: any)."""
         if not self._reports:
             return None
-        k = self.config.feed_sources
-        return sum(self._proven(f.peer) for f in held) < k - self.config.feed_explore_slots
+        k = self.config.feeds.sources
+        return sum(self._proven(f.peer) for f in held) < k - self.config.feeds.explore_slots
 
     async def run(self, self_id: ID) -> None:
         self._last_rotation = trio.current_time()
@@ -338,14 +338,14 @@ class FeedClient:
     def _maintain(self, self_id: ID, nursery: trio.Nursery) -> None:
         now = trio.current_time()
         self._cooldown = {p: t for p, t in self._cooldown.items() if t > now}
-        k = self.config.feed_sources
+        k = self.config.feeds.sources
         open_ = [f for f in self._feeds.values() if f.open and f.replaces is None]
         rotating = any(f.replaces is not None for f in self._feeds.values())
         # rotate only a full set of open feeds: while opens fail (a loaded box), rotating too
         # would only add dials. The replacement opens beside the oldest (make before break);
         # it is of the kind the slots need without the oldest, or the oldest stays
         if not rotating and len(open_) >= k and \
-                now - self._last_rotation >= self.config.feed_rotate_s:
+                now - self._last_rotation >= self.config.feeds.rotate_s:
             oldest = min(open_, key=lambda f: f.started)
             want = self._want_proven([f for f in self._feeds.values() if f is not oldest])
             # a proven source is replaced only by another proven one; a stranger by anyone
@@ -439,7 +439,7 @@ class FeedClient:
         if self.dial is not None:
             return await self.dial(info)
         try:
-            with trio.fail_after(self.config.dial_timeout_s):
+            with trio.fail_after(self.config.peers.dial_timeout_s):
                 await self.host.connect(info)
         except Exception as e:  # py-libp2p raises many unrelated types for one failed dial
             logger.debug("feed dial to %s failed: %s: %s", info.peer_id, type(e).__name__, e)
@@ -447,14 +447,14 @@ class FeedClient:
         return True
 
     def _cool(self, peer: ID, counter: str, *, full: bool = False) -> None:
-        """Not picked again for a while: the full ``feed_cooldown_s`` after an invalid frame,
-        else ``RETRY_S`` doubled per consecutive failure (capped at ``feed_cooldown_s``)."""
+        """Not picked again for a while: the full ``feeds.cooldown_s`` after an invalid frame,
+        else ``RETRY_S`` doubled per consecutive failure (capped at ``feeds.cooldown_s``)."""
         self.counters[counter] += 1
         if len(self._failures) > self.table.capacity:
             self._failures.clear()  # bounded memory; forgetting only shortens cool-downs
         n = self._failures[peer] = self._failures.get(peer, 0) + 1
-        wait = self.config.feed_cooldown_s if full else \
-            min(self.config.feed_cooldown_s, RETRY_S * 2 ** (n - 1))
+        wait = self.config.feeds.cooldown_s if full else \
+            min(self.config.feeds.cooldown_s, RETRY_S * 2 ** (n - 1))
         self._cooldown[peer] = trio.current_time() + wait
 
     async def _follow(self, info: PeerInfo, feed: _Feed) -> None:
@@ -496,7 +496,7 @@ class FeedClient:
                     self.table.forget(str(info.peer_id))
                     self.counters["feed_forgot_unreachable"] += 1
                 raise ConnectionError(f"could not connect to {info.peer_id}")
-        with trio.fail_after(self.config.dial_timeout_s):
+        with trio.fail_after(self.config.peers.dial_timeout_s):
             stream = await self.host.new_stream(info.peer_id, [FEED_PROTOCOL])
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):

@@ -72,7 +72,7 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         announce_addrs=announce,
         connection_config=connection_config(config),
     )
-    d = config.gossip_degree
+    d = config.pubsub.degree
     counters: collections.Counter[str] = collections.Counter()
     router = CountingGossipSub(
         counters=counters,
@@ -80,7 +80,7 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         # of batches per node in py-libp2p 0.8.1; with 1.1 none (see the report of issue #3)
         protocols=[PROTOCOL_ID_V11],
         degree=d, degree_low=max(2, d - 2), degree_high=2 * d,
-        heartbeat_interval=config.heartbeat_interval_s,
+        heartbeat_interval=config.pubsub.heartbeat_interval_s,
         score_params=score_params(config),
         # our own per-sender token bucket (swarm.validation) is the rate limit; this built-in
         # per-forwarder limit silently drops bursts, own publishes included
@@ -93,7 +93,7 @@ def build_stack(identity: Identity, config: GossipConfig) -> Stack:
         # from its own health estimate; we want the configured, predictable values
         adaptive_gossip_enabled=False,
     )
-    pubsub = GuardedPubsub(host, router, counters=counters, ban_s=config.graylist_ban_s)
+    pubsub = GuardedPubsub(host, router, counters=counters, ban_s=config.scoring.graylist_ban_s)
     # py-libp2p seeds seqno with int(time.time()) and adds 1 per message: a peer restarted
     # seconds after publishing many messages would reuse seqnos still in its peers' seen
     # cache, and its new messages would be dropped as duplicates. Microseconds avoid that.
@@ -106,7 +106,7 @@ def connection_config(config: GossipConfig) -> ConnectionConfig:
     dials every peer it hears of (gossipsub RPCs carry signed peer records) until it holds 100
     connections; peers then dial each other at once and keep duplicate connections, between
     which gossip is lost silently (measured: up to 20 of 35 batches missed by a node)."""
-    high = max(config.max_peers * 2, 8)
+    high = max(config.peers.max * 2, 8)
     return ConnectionConfig(min_connections=0, low_watermark=0, high_watermark=high,
                             max_connections=high * 2)
 
@@ -115,11 +115,12 @@ def score_params(config: GossipConfig) -> ScoreParams:
     """Scoring with only the invalid-message penalty (P4) on: peers whose messages fail our
     validator drop below the graylist threshold and are ignored. P4 must be positive here."""
     return ScoreParams(
-        p4_invalid_messages=TopicScoreParams(weight=config.invalid_message_weight, cap=1000.0,
+        p4_invalid_messages=TopicScoreParams(weight=config.scoring.invalid_message_weight,
+                                             cap=1000.0,
                                              decay=INVALID_DECAY),
-        publish_threshold=config.graylist_threshold,
-        gossip_threshold=config.graylist_threshold,
-        graylist_threshold=config.graylist_threshold,
+        publish_threshold=config.scoring.graylist_threshold,
+        gossip_threshold=config.scoring.graylist_threshold,
+        graylist_threshold=config.scoring.graylist_threshold,
     )
 
 

@@ -2,10 +2,11 @@
 
 Loop (one task, ``run``): ask bootstrap peers (then others) to dial us back
 (swarm.reachability); if they reached us, serve as a relay for others; if not, hold
-reservations on up to ``relay_reservations`` relays (bootstrap peers first) and advertise
+reservations on up to ``relay.reservations`` relays (bootstrap peers first) and advertise
 ``p2p-circuit`` addresses instead of our private ones. Every change of state or addresses is
 logged once with what it means and what to do, and handed to ``on_addrs`` (the service
-re-announces). Re-checks every ``reachability_interval_s``, and at once when a relay is lost.
+re-announces). Re-checks every ``relay.reachability_interval_s``, and at once when a relay is
+lost.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class NatManager:
         self.on_addrs = on_addrs
         self.state = Reachability()
         self.relay = RelayHub(host, config)
-        self.server = DialBackServer(host, dial_timeout_s=config.dial_timeout_s)
+        self.server = DialBackServer(host, dial_timeout_s=config.peers.dial_timeout_s)
         self.direct_addrs: list[str] = []
         self.lost_relays = 0
         self._addrs: list[str] = []
@@ -74,10 +75,10 @@ class NatManager:
                 if now >= next_check:
                     await self.check()
                     decided = self.state.state != "unknown"
-                    next_check = now + (self.config.reachability_interval_s if decided
-                                        else 4 * self.config.maintain_interval_s)
+                    next_check = now + (self.config.relay.reachability_interval_s if decided
+                                        else 4 * self.config.peers.maintain_interval_s)
                 await self._keep_relays()
-                await trio.sleep(self.config.maintain_interval_s)
+                await trio.sleep(self.config.peers.maintain_interval_s)
 
     # -- reachability ----------------------------------------------------------------------
     def _port(self) -> int:
@@ -95,7 +96,7 @@ class NatManager:
         async def one(peer: ID) -> None:
             try:
                 out.append(await ask_dial_back(self.host, peer, port,
-                                               timeout_s=self.config.dial_timeout_s + 5))
+                                               timeout_s=self.config.peers.dial_timeout_s + 5))
             except Exception as e:  # noqa: BLE001 - peer without the protocol, gone, slow
                 logger.debug("dial-back request to %s failed: %s: %s", peer, type(e).__name__, e)
 
@@ -158,7 +159,7 @@ class NatManager:
         candidates += [p for p in connected if p not in held and p not in candidates
                        and not self._relayed(p)][:MAX_ASKED]
         for relay in candidates:
-            if len(held) >= self.config.relay_reservations:
+            if len(held) >= self.config.relay.reservations:
                 break
             if await self.relay.reserve(relay):
                 held.add(relay)

@@ -1,10 +1,10 @@
 """The table of live peers, fed by their signed announcements; entries expire.
 
 How often a peer announces grows with the swarm (``announce_interval``: the peers on schedule
-over ``announce_rate_per_s``, clamped), so each announcement states its period (``interval_s``)
-and an entry lives ``max(ttl_s, TTL_PERIODS x stated period)``: a peer that announces rarely
-because its table is large (a farm of fresh keys can make it so) is kept as long as it keeps
-announcing, whatever size our own table has. The stated period is clamped to
+over ``announcements.rate_per_s``, clamped), so each announcement states its period
+(``interval_s``) and an entry lives ``max(ttl_s, TTL_PERIODS x stated period)``: a peer that
+announces rarely because its table is large (a farm of fresh keys can make it so) is kept as
+long as it keeps announcing, whatever size our own table has. The stated period is clamped to
 ``max_interval_s``, so a departed peer lingers at most ``TTL_PERIODS x max_interval_s``. The
 swarm size that sets our own period counts only peers *on schedule* (last heard within
 ``ON_SCHEDULE`` of their stated period): departed peers stop counting after 1.5 periods, so

@@ -56,8 +56,8 @@ SETTLE_S = 0.3
 """After the first topic of the peer arrived, how long to wait for the rest (one hello RPC
 carries them all; this only covers a slow reader)."""
 DIAL_BACK_S = 15.0
-"""Bound on the dial-back question: the peer's own dial is bounded by its ``dial_timeout_s``
-(10 s by default), as when a node asks (swarm.nat)."""
+"""Bound on the dial-back question: the peer's own dial is bounded by its
+``peers.dial_timeout_s`` (10 s by default), as when a node asks (swarm.nat)."""
 TIME_S = 5.0
 """Bound on the time question (one 8-byte answer)."""
 REACHABILITY = ("public", "relayed", "unreachable")

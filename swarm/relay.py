@@ -14,7 +14,7 @@ What works in 0.8.1 and what we route around (measured on loopback and in tests/
   relayed (README "NAT").
 
 Limits of the relay we serve (``RelayLimits``): reservations, circuits, bytes and seconds per
-circuit (GossipConfig ``relay_*``); beyond them the relay refuses or resets a circuit and the
+circuit (``GossipConfig.relay``); beyond them the relay refuses or resets a circuit and the
 peers' dialers try again later.
 """
 
@@ -61,11 +61,11 @@ class RelayHub:
     hop_enabled: bool = False
 
     def __post_init__(self) -> None:
-        c = self.config
-        limits = RelayLimits(duration=int(c.relay_circuit_s), data=c.relay_circuit_bytes,
-                             max_circuit_conns=c.relay_max_circuits,
-                             max_reservations=c.relay_max_reservations,
-                             reservation_ttl=int(c.relay_reservation_ttl_s))
+        c = self.config.relay
+        limits = RelayLimits(duration=int(c.circuit_s), data=c.circuit_bytes,
+                             max_circuit_conns=c.max_circuits,
+                             max_reservations=c.max_reservations,
+                             reservation_ttl=int(c.reservation_ttl_s))
         self.protocol = CircuitV2Protocol(self.host, limits=limits, allow_hop=False)
         self.transport = CircuitV2Transport(
             self.host, self.protocol,
@@ -80,13 +80,13 @@ class RelayHub:
 
     def enable_hop(self) -> None:
         """Act as a relay for others (bootstrap peers and publicly reachable nodes)."""
-        if self.hop_enabled or not self.config.relay_service:
+        if self.hop_enabled or not self.config.relay.service:
             return
         self.protocol.allow_hop = True
         self.host.set_stream_handler(HOP_PROTOCOL, self.protocol._handle_hop_stream)
         self.hop_enabled = True
         logger.info("serving as a circuit relay (at most %d reservations, %d circuits)",
-                    self.config.relay_max_reservations, self.config.relay_max_circuits)
+                    self.config.relay.max_reservations, self.config.relay.max_circuits)
 
     def serving(self) -> dict[str, int]:
         rm = self.protocol.resource_manager
@@ -111,7 +111,7 @@ class RelayHub:
     async def reserve(self, relay: ID) -> bool:
         """Reserve (or refresh) a slot on ``relay``; False when refused or unreachable."""
         try:
-            with trio.fail_after(self.config.dial_timeout_s):
+            with trio.fail_after(self.config.peers.dial_timeout_s):
                 stream = await self.host.new_stream(relay, [HOP_PROTOCOL])
                 try:
                     # the public reserve() also starts a refresher task in a nursery of its

@@ -17,7 +17,7 @@ Task tree (one nursery, closed on shutdown)::
           ├── announce loop                  (signed PeerAnnouncement; period grows with the
           │                                  peer table, swarm.peers.announce_interval)
           ├── NatManager.run                 (reachability, relay service and reservations)
-          └── Dialer.maintain                (expiry, re-dial, top up to target_peers)
+          └── Dialer.maintain                (expiry, re-dial, top up to peers.target)
 """
 
 from __future__ import annotations
@@ -99,13 +99,14 @@ class GossipService:
         self.stack = stack
         self.self_id = stack.host.get_id()
         self.counters: collections.Counter[str] = stack.counters  # pubsub's drops count here too
-        self.inbox = Inbox(size=config.inbox_size, counters=self.counters)
-        self.table = PeerTable(ttl_s=config.peer_ttl_s, max_interval_s=config.announce_interval_max_s)
+        self.inbox = Inbox(size=config.pubsub.inbox_size, counters=self.counters)
+        self.table = PeerTable(ttl_s=config.peers.ttl_s,
+                               max_interval_s=config.announcements.interval_max_s)
         self.validator = Validator(
             swarm_id=config.swarm_id, counters=self.counters, log_every_s=config.log_every_s,
-            buckets=TokenBuckets(rate=config.rate_per_s, burst=config.rate_burst),
-            guard=ReplayGuard(max_age_ms=int(config.replay_window_s * 1000),
-                              max_future_ms=int(config.max_future_s * 1000)))
+            buckets=TokenBuckets(rate=config.limits.rate_per_s, burst=config.limits.rate_burst),
+            guard=ReplayGuard(max_age_ms=int(config.limits.replay_window_s * 1000),
+                              max_future_ms=int(config.limits.max_future_s * 1000)))
         self.nat = NatManager(host=stack.host, config=config,
                               bootstrap=[i.peer_id for i in bootstrap_peers], on_addrs=self._set_addrs)
         self.clock = TimeServer(stack.host)  # tells peers our time (doctor's skew check)
@@ -130,7 +131,7 @@ class GossipService:
         self.profile: Profile = {"model": config.model, "capabilities": config.capabilities,
                         "collective_addrs": config.collective_addrs}
         self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str, bytes]](
-            config.outbox_size)
+            config.pubsub.outbox_size)
         self._announce_now = trio.Event()
 
     # -- inbound -------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class GossipService:
         return validate
 
     def _check_announce_gap(self, sender: str, data: bytes) -> bytes | dict[str, Any]:
-        """An honest peer spaces its announcements by ``announce_min_gap_s``: one signed less
+        """An honest peer spaces its announcements by ``announcements.min_gap_s``: one signed less
         than half of that after the sender's latest recorded one (by the sender's own clock,
         so network delays do not matter; an older one arriving late included) is ignored, not
         relayed, so one key makes the swarm relay at most one announcement per half gap.
@@ -171,7 +172,7 @@ class GossipService:
         except ProtocolError:
             return data
         created = raw.get("ts")
-        if type(created) is int and created - last < 500 * self.config.announce_min_gap_s:
+        if type(created) is int and created - last < 500 * self.config.announcements.min_gap_s:
             self.counters["ignored_announce_too_soon"] += 1
             raise Rejected("announce_too_soon", "announcement sooner than the minimum gap")
         return raw
@@ -224,14 +225,14 @@ class GossipService:
                 self.feed_server.publish(data)  # queued per subscriber: nothing to space
                 continue
             await self.stack.pubsub.publish(self.topics[type_], data)
-            await trio.sleep(self.config.publish_interval_s)
+            await trio.sleep(self.config.pubsub.publish_interval_s)
 
     def announce_interval(self) -> float:
         """This peer's announcement period now (grows with the live table: swarm.peers)."""
-        c = self.config
+        c = self.config.announcements
         return announce_interval(self.table.on_schedule(trio.current_time()),
-                                 base_s=c.announce_interval_s,
-                                 max_s=c.announce_interval_max_s, rate_per_s=c.announce_rate_per_s)
+                                 base_s=c.interval_s, max_s=c.interval_max_s,
+                                 rate_per_s=c.rate_per_s)
 
     def announcement(self, interval_s: float = 0.0) -> PeerAnnouncement:
         return PeerAnnouncement(
@@ -254,7 +255,7 @@ class GossipService:
 
     async def announce_loop(self) -> None:
         """Announce every ``announce_interval()`` (stated in the announcement), at once when
-        the profile or addresses change, but never twice within ``announce_min_gap_s``."""
+        the profile or addresses change, but never twice within ``announcements.min_gap_s``."""
         while True:
             self._announce_now = trio.Event()  # a change from here on is in the next one
             interval = self.announce_interval()
@@ -262,7 +263,7 @@ class GossipService:
             sent = trio.current_time()
             with trio.move_on_after(interval):
                 await self._announce_now.wait()
-            await trio.sleep_until(sent + self.config.announce_min_gap_s)
+            await trio.sleep_until(sent + self.config.announcements.min_gap_s)
 
     # -- the learner's requests ----------------------------------------------------------
     async def handle(self, request: Request) -> Any:

@@ -102,7 +102,7 @@ class Scheme:
     degree: int = 6
     """Gossipsub D (D_low = D - 2, D_high = 2 D)."""
     connections: int = 8
-    """Peers a node dials (``GossipConfig.target_peers``); it also accepts others' dials."""
+    """Peers a node dials (``GossipConfig.peers.target``); it also accepts others' dials."""
     heartbeat_s: float = 1.0
     """Gossipsub heartbeat: mesh repair and IHAVE emission."""
     gossip_window: int = 3
@@ -120,7 +120,7 @@ class Scheme:
     announcements per second whatever N. 0: a fixed ``announce_interval_s`` (O(N) per node,
     the swarm before this was built)."""
     announce_interval_max_s: float = 600.0
-    """Longest announcement period (``GossipConfig.announce_interval_max_s``)."""
+    """Longest announcement period (``GossipConfig.announcements.interval_max_s``)."""
     peer_ttl_s: float = 30.0
     """A departed peer stays in others' tables (and may be picked as a source) this long, or
     3 announcement periods when longer (swarm/peers.py), unless a failed dial forgets it."""

@@ -45,7 +45,7 @@ from tests.adversary.payloads import steering_batch
 __all__ = ["run_feed_sybils"]
 
 ANNOUNCE_S = 4.0
-"""Between two announcements of one identity (honest peers: ``announce_interval_s`` 5 s)."""
+"""Between two announcements of one identity (honest peers: ``announcements.interval_s`` 5 s)."""
 
 
 class Farm:

@@ -274,3 +274,12 @@ def test_clock_verdict_names_the_offset_and_when_messages_are_dropped(answers, w
     """Peers drop messages more than max_future_s ahead of their clock: the largest offset
     against any bootstrap peer decides, and only an offset certain to be over it fails."""
     assert check_clock(answers, max_future_s=30.0).line() == want
+
+
+def test_the_clock_check_takes_max_future_s_from_the_gossip_table_in_either_form() -> None:
+    """``[gossip.limits] max_future_s``, or its old flat key (GossipConfig.MOVED_KEYS)."""
+    from node.doctor import _max_future_s
+
+    assert _max_future_s({}) == 30.0
+    assert _max_future_s({"limits": {"max_future_s": 5.0}}) == 5.0
+    assert _max_future_s({"max_future_s": 7.0, "limits": {"rate_per_s": 3.0}}) == 7.0

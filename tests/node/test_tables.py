@@ -4,6 +4,7 @@ is checked before `swarm-node join` or `swarm-node local` starts anything (node/
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -21,7 +22,9 @@ start and the config modules' imports)."""
 
 BAD_KEYS = [  # (config file, the one line expected on stderr)
     ('modle = "x"\n', "modle: unknown key (did you mean model?)"),
-    ("[gossip]\ntarget_peer = 4\n", "[gossip] target_peer: unknown key (did you mean target_peers?)"),
+    ('[gossip]\nrollout_mod = "flood"\n',
+     "[gossip] rollout_mod: unknown key (did you mean rollout_mode?)"),
+    ("[gossip.feeds]\nsorces = 3\n", "[gossip.feeds] sorces: unknown key (did you mean sources?)"),
     ("[learner]\nchekpoint_every = 2\n",
      "[learner] chekpoint_every: unknown key (did you mean checkpoint_every?)"),
     ('[learner.policy]\ndtyp = "float32"\n',
@@ -41,6 +44,9 @@ BAD_VALUES = [
     ("stop_timeout_s = -1\n", "stop_timeout_s: must be > 0, got -1"),
     ('[gossip]\nrollout_mode = "gossip"\n',
      "[gossip] rollout_mode: must be one of ['feeds', 'flood'], got 'gossip'"),
+    ("[gossip.feeds]\nsources = 0\n", "[gossip.feeds] sources: must be positive, got 0"),
+    ("[gossip.peers]\nttl_s = 2.0\n",
+     "[gossip.peers] ttl_s: must exceed announcements.interval_s"),
     ("[learner]\ncheckpoint_every = -1\n", "[learner] checkpoint_every: must be >= 0, got -1"),
     ("[learner]\neval_every = -1\n", "[learner] eval_every: must be >= 0, got -1"),
     ('[learner]\neval_every = "often"\n',
@@ -122,7 +128,7 @@ def test_a_valid_config_gives_the_children_the_tables_they_had(tmp_path):
     from node.tables import gossip_table, learner_table
 
     cfg = NodeConfig(data_dir=tmp_path, listen=("/ip4/0.0.0.0/tcp/4001",), model="m",
-                     gossip={"target_peers": 4}, outer={"every_rounds": 2},
+                     gossip={"peers": {"target": 4}}, outer={"every_rounds": 2},
                      learner={"sapo": {"external": 2}, "tasks": {"families": ["tiny_add"]}})
     payload = learner_table(cfg, ipc_path="/s", rounds=3)
     assert payload["learner"] == {"sapo": {"external": 2},
@@ -131,7 +137,7 @@ def test_a_valid_config_gives_the_children_the_tables_they_had(tmp_path):
     assert payload["outer"] == {"swarm_id": "swarm-node-main", "every_rounds": 2,
                                 "transport": {"host_maddrs": ["/ip4/0.0.0.0/tcp/4002"],
                                               "announce_maddrs": []}}
-    assert gossip_table(cfg, ipc_path="/s", bootstrap_only=False)["target_peers"] == 4
+    assert gossip_table(cfg, ipc_path="/s", bootstrap_only=False)["peers"] == {"target": 4}
 
 
 def test_a_node_config_with_a_bad_table_is_never_built():
@@ -142,12 +148,30 @@ def test_a_node_config_with_a_bad_table_is_never_built():
         NodeConfig(learner={"sapo": {"external": 9}})
     with pytest.raises(ConfigError, match=r"^\[outer\] swarm_id: "):  # [outer]'s own wins
         NodeConfig(outer={"swarm_id": ""})
+    with pytest.raises(ConfigError, match=r"^\[gossip.feeds\] sorces: unknown key \(did you "
+                                          r"mean sources\?\)$"):
+        NodeConfig(gossip={"feeds": {"sorces": 3}})
+    with pytest.raises(ConfigError, match=r"^\[gossip\] feed_sources: given twice: as "
+                                          r"feed_sources and as \[feeds\] sources$"):
+        NodeConfig(gossip={"feed_sources": 3, "feeds": {"sources": 3}})
     with pytest.raises(ConfigError, match=r"^\[outer.transport\] host_maddrs: must not"):
         NodeConfig(outer={"transport": {"host_maddrs": []}})
     with pytest.raises(ConfigError, match=r"^\[outer\] host_maddrs: given twice"):
         NodeConfig(outer={"host_maddrs": [], "transport": {"host_maddrs": ["/ip4/1.2.3.4"]}})
     with pytest.raises(ConfigError, match=r"^\[outer.schedule\] deadline_s: must be > 0"):
         NodeConfig(outer={"deadline_s": 0})  # an old flat key, checked at its new place
+
+
+def test_an_old_flat_gossip_key_still_works_and_the_child_gets_it(tmp_path, caplog):
+    from node.tables import gossip_table
+    from swarm.config import GossipConfig
+
+    with caplog.at_level(logging.WARNING, logger="protocol.tables"):
+        cfg = NodeConfig(data_dir=tmp_path, gossip={"feed_sources": 3, "peers": {"target": 5}})
+    assert "key feed_sources is now sources in [feeds]" in caplog.text
+    got = GossipConfig.from_json(json.dumps(gossip_table(cfg, ipc_path=None,
+                                                         bootstrap_only=True)))
+    assert (got.feeds.sources, got.peers.target, got.bootstrap_only) == (3, 5, True)
 
 
 def test_the_outer_tables_own_addresses_win_in_either_form():
@@ -182,5 +206,6 @@ def test_config_modules_import_without_torch_hivemind_trio_or_libp2p(module):
 
 def test_checking_every_table_imports_no_torch_hivemind_trio_or_libp2p():
     assert _heavy_after("from node.config import NodeConfig\n"
-                        "NodeConfig(outer={'compression': 'int8'}, gossip={'target_peers': 4}, "
+                        "NodeConfig(outer={'compression': 'int8'}, "
+                        "gossip={'peers': {'target': 4}}, "
                         "learner={'tasks': {'families': ['tiny_add']}})") == []

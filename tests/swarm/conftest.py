@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,8 +12,11 @@ from swarm.config import GossipConfig
 from tests.swarm.procs import SwarmProc, short_tmpdir
 
 LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)
-FAST = dict(listen=LOOPBACK, announce_interval_s=1.0, peer_ttl_s=6.0, maintain_interval_s=0.5,
-            bootstrap_timeout_s=30.0, log_every_s=0.1)
+FAST: dict[str, Any] = {
+    "listen": LOOPBACK, "log_every_s": 0.1, "announcements": {"interval_s": 1.0},
+    "peers": {"ttl_s": 6.0, "maintain_interval_s": 0.5, "bootstrap_timeout_s": 30.0}}
+"""Every test process's settings, under its own: announcements and maintenance fast enough
+for a test's seconds."""
 
 
 def batch(model: str, round_: int, n: int = 2, text: str = "x") -> RolloutBatch:
@@ -28,9 +32,14 @@ class Procs:
         self.root = root
         self.procs: list[SwarmProc] = []
 
-    def config(self, name: str, **kw: object) -> GossipConfig:
-        values = {**FAST, "data_dir": str(self.root / name), **kw}
-        return GossipConfig(**values)  # type: ignore[arg-type]
+    def config(self, name: str, **kw: Any) -> GossipConfig:
+        """``FAST`` with ``kw`` over it, a sub-table key by key (``peers={"target": 4}``
+        keeps FAST's other ``peers`` settings)."""
+        values = {**FAST, "data_dir": str(self.root / name)}
+        for key, value in kw.items():
+            below = values.get(key)
+            values[key] = {**below, **value} if isinstance(below, dict) else value
+        return GossipConfig.from_dict(values)
 
     def node(self, name: str, *, learner: bool = True, **kw: object) -> SwarmProc:
         return self.nodes([name], learner=learner, **kw)[0]

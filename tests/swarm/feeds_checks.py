@@ -23,7 +23,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed
 
 from protocol import Identity, PeerAnnouncement, seal
-from swarm.config import GossipConfig
+from swarm.config import AnnouncementsConfig, FeedsConfig, GossipConfig
 from swarm.feeds import BUSY, LIVE, OK, FeedClient, FeedServer, _Feed
 from swarm.host import build_stack
 from swarm.peers import PeerTable
@@ -107,7 +107,7 @@ def request(swarm: str = SWARM) -> bytes:
 def server_refuses_beyond_its_budget_and_frees_a_slot_on_hang_up() -> None:
     async def main() -> None:
         counters: collections.Counter[str] = collections.Counter()
-        server = FeedServer(config=config(feed_max_subscribers=2), counters=counters)
+        server = FeedServer(config=config(feeds=FeedsConfig(max_subscribers=2)), counters=counters)
         server.publish(b"old-batch")  # the newest batch, sent to each new subscriber
         streams = [FakeStream(peer()[1], request()) for _ in range(3)]
         async with trio.open_nursery() as nursery:
@@ -133,8 +133,8 @@ def server_refuses_beyond_its_budget_and_frees_a_slot_on_hang_up() -> None:
 def server_budgets_requests_per_peer_and_checks_the_swarm() -> None:
     async def main() -> None:
         counters: collections.Counter[str] = collections.Counter()
-        server = FeedServer(config=config(feed_subscribe_burst=1, feed_subscribe_per_s=0.01),
-                            counters=counters)
+        feeds = FeedsConfig(subscribe_burst=1, subscribe_per_s=0.01)
+        server = FeedServer(config=config(feeds=feeds), counters=counters)
         _, p = peer()
         first = FakeStream(p, request("another-swarm"))
         await server.handle(first)
@@ -154,7 +154,7 @@ def server_budgets_requests_per_peer_and_checks_the_swarm() -> None:
 def a_slow_subscriber_loses_batches_instead_of_blocking_the_source() -> None:
     async def main() -> None:
         counters: collections.Counter[str] = collections.Counter()
-        server = FeedServer(config=config(feed_queue=2), counters=counters)
+        server = FeedServer(config=config(feeds=FeedsConfig(queue=2)), counters=counters)
         server._subs[peer()[1]] = trio.open_memory_channel[bytes](2)[0]  # nobody reads it
         assert [server.publish(b"x") for _ in range(4)] == [1, 1, 0, 0]
         assert counters["dropped_feed_slow"] == 2
@@ -202,7 +202,7 @@ def sources_are_picked_uniformly_and_never_bootstrap_self_banned_or_cooling() ->
 def the_client_holds_k_feeds_and_rotates_the_oldest() -> None:
     async def main() -> None:
         table, ids = table_of(6)
-        c = client(table, feed_sources=3, feed_rotate_s=10.0)
+        c = client(table, feeds=FeedsConfig(sources=3, rotate_s=10.0))
         followed: list[ID] = []
 
         gate = trio.Event()  # a rotation's replacement opens only when the test says so
@@ -353,7 +353,7 @@ def an_invalid_frame_closes_the_feed_and_cools_its_source_down() -> None:
         stream = FakeStream(source_id, b"".join(encode_varint_prefixed(x)
                                                  for x in (OK, good, forged, good)))
         me = Identity.generate()
-        cfg = config(feed_cooldown_s=60.0)
+        cfg = config(feeds=FeedsConfig(cooldown_s=60.0))
         service = GossipService(cfg, me, build_stack(me, cfg), bootstrap_peers=[])
         table, _ = table_of(0)
         c = FeedClient(config=cfg, host=FakeHost(stream), table=table,
@@ -377,7 +377,7 @@ def announcements_signed_closer_than_half_the_min_gap_are_ignored() -> None:
     signed a full gap later is accepted and its stated period recorded."""
     async def main() -> None:
         me, sender = Identity.generate(), Identity.generate()
-        cfg = config(announce_min_gap_s=1.0)
+        cfg = config(announcements=AnnouncementsConfig(min_gap_s=1.0))
         service = GossipService(cfg, me, build_stack(me, cfg), bootstrap_peers=[])
         validate = service.make_validator("announce")
         now = int(time.time() * 1000)
@@ -424,12 +424,12 @@ def following(c: FeedClient) -> list[ID]:
 def sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dropped() -> None:
     """Issue 32: 3 honest sources among 20 fresh keys. Before the learner reports, picks
     are uniform; once it reports who delivered, the honest sources hold k - 1 slots and the
-    keys only the exploration slot, a feed that delivers nothing for feed_trial_rounds
+    keys only the exploration slot, a feed that delivers nothing for feeds.trial_rounds
     reports is closed and cooled, and a rotation never trades a proven slot for a key."""
     async def main() -> None:
         table, ids = table_of(23)
         honest, farm = ids[:3], ids[3:]
-        c = client(table, feed_sources=4, feed_rotate_s=10.0, feed_trial_rounds=3)
+        c = client(table, feeds=FeedsConfig(sources=4, rotate_s=10.0, trial_rounds=3))
         followed = following(c)
         me = ID.from_base58(Identity.generate().peer_id)
         assert c._want_proven([]) is None  # no report yet: any
@@ -477,7 +477,7 @@ def sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dro
         # nobody is judged idle; then a source that stops delivering while another goes on
         # loses its slot too, and is a stranger until it delivers again
         table2, honest = table_of(2)
-        c2 = client(table2, feed_sources=2, feed_trial_rounds=2)
+        c2 = client(table2, feeds=FeedsConfig(sources=2, trial_rounds=2))
         following(c2)
         c2.rate({})
         async with trio.open_nursery() as nursery:

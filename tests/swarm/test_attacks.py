@@ -32,8 +32,9 @@ def run_attacker(procs: Procs, victim_addr: str, **extra: object) -> dict:
 
 
 def test_crafted_messages_are_rejected_by_reason_and_the_node_keeps_serving(procs: Procs) -> None:
-    victim = procs.node("victim", rollout_mode=FLOOD, rate_per_s=1.0, rate_burst=10,
-                        invalid_message_weight=0.5)
+    victim = procs.node("victim", rollout_mode=FLOOD,
+                        limits={"rate_per_s": 1.0, "rate_burst": 10},
+                        scoring={"invalid_message_weight": 0.5})
     bridge = SocketBridge.connect(victim.ready["ipc"])
     result = run_attacker(procs, victim.addr)
     attacker = result["peer_id"]
@@ -66,7 +67,8 @@ def test_rate_limited_replayed_and_stale_messages_cost_no_score(procs: Procs) ->
     know our token bucket or clock): with default scoring (P4 10, graylist -100), about 20
     rate-limited copies plus 6 invalid messages would otherwise get the sender banned; here
     only the 6 invalid ones count (-60) and its good message still arrives."""
-    victim = procs.node("victim", rollout_mode=FLOOD, rate_per_s=1.0, rate_burst=10)
+    victim = procs.node("victim", rollout_mode=FLOOD,
+                        limits={"rate_per_s": 1.0, "rate_burst": 10})
     bridge = SocketBridge.connect(victim.ready["ipc"])
     run_attacker(procs, victim.addr)
     got: list = []
@@ -84,8 +86,9 @@ def test_rate_limited_replayed_and_stale_messages_cost_no_score(procs: Procs) ->
 def test_a_peer_sending_invalid_messages_is_graylisted(procs: Procs) -> None:
     # P4 weight 10, graylist at -50: after about 5 invalid messages the attacker's messages
     # are ignored before validation, so neither its later junk nor its good message counts
-    victim = procs.node("victim", rollout_mode=FLOOD, invalid_message_weight=10.0,
-                        graylist_threshold=-50.0, rate_burst=1000, rate_per_s=1000.0)
+    victim = procs.node("victim", rollout_mode=FLOOD,
+                        scoring={"invalid_message_weight": 10.0, "graylist_threshold": -50.0},
+                        limits={"rate_burst": 1000, "rate_per_s": 1000.0})
     bridge = SocketBridge.connect(victim.ready["ipc"])
     run_attacker(procs, victim.addr, plan="invalid_only", rate_burst=20, pause_s=0.5)
     wait_until(lambda: bridge.stats().get("rejected_malformed", 0) >= 5, timeout_s=10,

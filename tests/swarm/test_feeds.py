@@ -19,8 +19,8 @@ BATCHES = 8
 
 def test_each_node_receives_only_its_sources_batches_and_rotates_them(procs: Procs) -> None:
     boot = procs.node("boot", learner=False, bootstrap_only=True)
-    nodes = procs.nodes([f"n{i}" for i in range(N)], bootstrap=(boot.addr,), target_peers=2,
-                        feed_sources=K, feed_rotate_s=1.5, feed_cooldown_s=5.0)
+    nodes = procs.nodes([f"n{i}" for i in range(N)], bootstrap=(boot.addr,), peers={"target": 2},
+                        feeds={"sources": K, "rotate_s": 1.5, "cooldown_s": 5.0})
     bridges = [SocketBridge.connect(p.ready["ipc"], wait_s=30) for p in nodes]
     wait_until(lambda: all(br.stats().get("feed_sources", 0) == K for br in bridges),
                timeout_s=90, interval_s=0.25, what=f"{K} feeds open at every node")

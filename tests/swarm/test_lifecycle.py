@@ -66,7 +66,7 @@ def test_unreachable_bootstrap_retries_then_exits_nonzero(procs: Procs) -> None:
         port = s.getsockname()[1]
     ghost = load_or_create_identity(procs.root / "ghost").peer_id
     cfg = procs.config("lonely", bootstrap=(f"/ip4/127.0.0.1/tcp/{port}/p2p/{ghost}",),
-                       bootstrap_timeout_s=3.0)
+                       peers={"bootstrap_timeout_s": 3.0})
     out = run_swarm(cfg.to_json())
     assert out.returncode == 4, out.stderr
     assert "no bootstrap peer reachable after 3 s" in error_line(out)

@@ -9,18 +9,22 @@ import sys
 
 import pytest
 
-from swarm.config import GossipConfig
+from swarm.config import GossipConfig, RelayConfig
 
 REACHED, FAILED, REFUSED = 0, 1, 2
 
 
 def test_relay_config_is_validated() -> None:
-    c = GossipConfig.from_json(GossipConfig(data_dir="/d", relay_reservations=1).to_json())
-    assert c.relay_service and c.relay_reservations == 1
-    for bad in (dict(relay_reservation_ttl_s=60), dict(relay_service="yes"),
-                dict(relay_max_circuits=0), dict(reachability_interval_s=0)):
-        with pytest.raises(ValueError):
-            GossipConfig(data_dir="/d", **bad)
+    config = GossipConfig(data_dir="/d", relay=RelayConfig(reservations=1))
+    c = GossipConfig.from_json(config.to_json())
+    assert c.relay.service and c.relay.reservations == 1
+    for bad, key in ((dict(reservation_ttl_s=60), "reservation_ttl_s"),
+                     (dict(service="yes"), "service"), (dict(max_circuits=0), "max_circuits"),
+                     (dict(reachability_interval_s=0), "reachability_interval_s")):
+        with pytest.raises(ValueError, match=f"^{key}: "):
+            RelayConfig(**bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=f"^relay.{key}: "):
+            GossipConfig.from_dict({"data_dir": "/d", "relay": bad})
 
 
 def test_verdict_rule() -> None:

@@ -35,7 +35,7 @@ def test_eight_processes_form_a_swarm_and_every_batch_arrives(procs: Procs) -> N
     """rollout_mode="flood": every batch reaches every node over gossip (the baseline mode;
     feeds mode is tests/swarm/test_feeds.py)."""
     boot = procs.node("boot", learner=False, bootstrap_only=True, rollout_mode="flood")
-    nodes = procs.nodes([f"n{i}" for i in range(N)], bootstrap=(boot.addr,), target_peers=4,
+    nodes = procs.nodes([f"n{i}" for i in range(N)], bootstrap=(boot.addr,), peers={"target": 4},
                         rollout_mode="flood")
     bridges = [SocketBridge.connect(p.ready["ipc"], wait_s=30) for p in nodes]
     try:

@@ -23,7 +23,6 @@ from protocol.ipc import (
 )
 from protocol.limits import packb, unpackb
 from protocol.version import PROTOCOL_VERSION
-from swarm.config import GossipConfig
 from swarm.inbox import Delivery, Inbox
 from swarm.peers import PeerTable, announce_interval
 from swarm.ratelimit import PeerGate, TokenBuckets
@@ -33,27 +32,6 @@ from tests.protocol.conftest import real_model_batch
 from tests.swarm.conftest import batch
 
 SWARM = "unit-swarm"
-
-
-def test_config_round_trips_through_json_and_rejects_bad_values() -> None:
-    c = GossipConfig(data_dir="/d", bootstrap=("/ip4/1.2.3.4/tcp/1/p2p/x",), ipc_path="/s")
-    again = GossipConfig.from_json(json.dumps(c.to_dict()))
-    assert again == c and isinstance(again.listen, tuple)
-    with pytest.raises(ValueError, match=r"lisen: unknown key \(did you mean listen\?\)"):
-        GossipConfig.from_dict({"data_dir": "/d", "lisen": []})
-    with pytest.raises(ValueError, match="listen"):
-        GossipConfig(data_dir="/d", listen="/ip4/0.0.0.0/tcp/1")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="rate_per_s"):
-        GossipConfig(data_dir="/d", rate_per_s=0)
-    with pytest.raises(ValueError, match="bootstrap_only"):
-        GossipConfig(data_dir="/d", bootstrap_only=True, ipc_path="/s")
-    with pytest.raises(ValueError, match="graylist"):
-        GossipConfig(data_dir="/d", graylist_threshold=1.0)
-    with pytest.raises(ValueError, match="rollout_mode"):
-        GossipConfig(data_dir="/d", rollout_mode="gossip")
-    with pytest.raises(ValueError, match="feed_sources"):
-        GossipConfig(data_dir="/d", feed_sources=0)
-    assert GossipConfig(data_dir="/d").rollout_mode == "feeds"
 
 
 def test_topics_are_namespaced_by_version_and_swarm() -> None:

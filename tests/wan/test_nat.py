@@ -44,9 +44,10 @@ every_rounds = 2
 # over tunnels at 80 ms RTT on a loaded 2-core box (1.7-2.7 s measured)
 join_window_s = 8.0
 deadline_s = 90.0
-[gossip]
-announce_interval_s = 1.0
-peer_ttl_s = 6.0
+[gossip.announcements]
+interval_s = 1.0
+[gossip.peers]
+ttl_s = 6.0
 maintain_interval_s = 0.5
 """
 
