@@ -379,8 +379,10 @@ def _ports(config: NodeConfig, *, collective: bool) -> list[tuple[str, int, str,
         if (hp := _host_port(addr)) is not None:
             out.append(("swarm", *hp))
     if collective:
-        outer = learner_table(config, ipc_path="", rounds=None)["outer"]
-        for addr in outer["host_maddrs"]:
+        from collectives.config import OuterConfig
+
+        outer = OuterConfig.from_dict(learner_table(config, ipc_path="", rounds=None)["outer"])
+        for addr in outer.transport.host_maddrs:
             if (hp := _host_port(addr)) is not None:
                 out.append(("collective", *hp))
     if config.metrics_port:
