@@ -76,7 +76,8 @@ def check_table(cls: type, data: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
-            raise TableError(str(key), "unknown key" + _did_you_mean(str(key), names))
+            raise TableError(str(key), "unknown key" + _did_you_mean(
+                str(key), [*names, *(moved or ())]))  # an old name is still a fine one
         hint = hints[key]
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             try:

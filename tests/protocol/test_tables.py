@@ -47,3 +47,8 @@ def test_a_moved_key_is_still_type_checked_at_its_new_place():
         build_table(Outer, {"outer_lr": "fast"})
     with pytest.raises(TableError, match="optimizer: must be a table"):
         build_table(Outer, {"outer_lr": 0.5, "optimizer": 3})
+
+
+def test_a_typo_of_an_old_flat_key_is_told_the_old_name_that_still_works():
+    with pytest.raises(TableError, match=r"outer_l: unknown key \(did you mean outer_lr\?\)"):
+        build_table(Outer, {"outer_l": 0.5})
