@@ -121,6 +121,8 @@ class ExchangeReport:
     nonce: str
     bytes_sent: int
     bytes_received: int
+    gather_sent: int
+    """Of ``bytes_sent``, the means our reducer sent (the all-gather)."""
     witnessed: frozenset[str]
     suspects: frozenset[str]
     excluded: dict[str, str]
@@ -264,6 +266,7 @@ class AllReduce:
         return ExchangeReport(
             nonce=group.nonce if group is not None else "",
             bytes_sent=s.traffic.bytes_sent, bytes_received=s.traffic.bytes_received,
+            gather_sent=s.traffic.gather_sent,
             witnessed=frozenset(shard.witnessed if shard else ()),
             suspects=frozenset(s.suspects),
             excluded=dict(shard.excluded if shard else {}), bad_shards=dict(s.bad_shards),

@@ -34,6 +34,7 @@ from collectives.catchup import Catchup, Fetcher, Plan, Rejected
 from collectives.config import OuterConfig
 from collectives.consistency import Candidate, CommitBook, Lineage
 from collectives.errors import CollectiveError, StepFailed, SyncError
+from collectives.feedback import ErrorFeedback
 from collectives.finish import Farewell, who_steps
 from collectives.group import GroupInfo
 from collectives.leader import Blame, leader_order
@@ -66,11 +67,14 @@ class Attempt:
                  transport: Transport, ar: AllReduce, book: CommitBook, catchup: Catchup,
                  fetcher: Fetcher, rendezvous: Rendezvous, ballot: Ballot, farewell: Farewell,
                  discover: Callable[[], list[str]], now: Callable[[], float],
-                 on_stage: Callable[[str], None]) -> None:
+                 on_stage: Callable[[str], None],
+                 feedback: ErrorFeedback | None = None) -> None:
         self.config, self.peer_id, self.holding, self.clock = config, peer_id, holding, clock
         self.transport, self.ar, self.book, self.catchup = transport, ar, book, catchup
         self.fetcher, self.rendezvous, self.ballot = fetcher, rendezvous, ballot
         self.farewell, self.discover, self.now, self.stage = farewell, discover, now, on_stage
+        self.feedback = feedback
+        """Error feedback of the sparse codec (None for a dense one): feedback.py."""
         self.blame = Blame()
         """Peers we saw stall a group: last in our leader order for a few attempts."""
 
@@ -325,29 +329,33 @@ class Attempt:
             draft.status = Status.ALONE
             return
         self.holding.grouped(members)
-        pre, report = self._exchange(work, draft, start, group, deadlines)
+        pre, report, unsent = self._exchange(work, draft, start, group, deadlines)
         for peer in sorted(report.suspects):  # its shard or its contribution never came
             self.blame.blame(peer, "exchange_missing")
         for peer in report.witnessed - report.suspects:  # it took part: nothing held against it
             self.blame.clear(peer)
         draft.mark("exchange")
-        self._settle(work, draft, start, members, pre, report, deadlines)
+        self._settle(work, draft, start, members, pre, report, deadlines, unsent)
 
     def _exchange(self, work: Work, draft: Draft, start: Start, group: GroupInfo,
-                  deadlines: Deadlines) -> tuple[OuterState | None, ExchangeReport]:
+                  deadlines: Deadlines
+                  ) -> tuple[OuterState | None, ExchangeReport, torch.Tensor | None]:
         """All-reduce our delta with ``group`` and apply the average if the version may
-        advance; the state before it (None: not applied) and what the exchange did."""
+        advance; the state before it (None: not applied), what the exchange did and, with
+        error feedback, what our contribution left out (feedback.py)."""
         cfg = self.config
         t_ar = time.monotonic()
         pre = None
         self.stage("exchange")
         delta, snapshot = start.delta.result(), start.snapshot
-        if work.final and work.rounds == 0:
+        zero = work.final and work.rounds == 0
+        if zero:
             # nothing trained since our delta was last counted: contribute exactly zero
             # (rounding in the rebases must not look like a direction)
             delta.zero_()
         landing = self.holding.landing(delta, lr=cfg.optimizer.lr)
         t_ret: float | None = None
+        avg: torch.Tensor | None = None
         try:
             avg = self.transport.run(
                 self.ar.exchange(delta, group, reduce_deadline=deadlines.reduce,
@@ -357,20 +365,26 @@ class Attempt:
             draft.note(allreduce_seconds=round(t_ret - t_ar, 4))
         except (StepFailed, TimeoutError) as e:
             draft.error = repr(e)[:500]
-            report = self._report(draft, t_ar, t_ret)
-        else:
-            report = self._report(draft, t_ar, t_ret)
-            if not self.holding.may_advance(set(report.witnessed)):
-                draft.status = Status.MINORITY
-                draft.error = "too few of the current version's contributors took part"
-            else:
-                pre = self.holding.apply(landing, avg, snapshot, work, lr=cfg.optimizer.lr,
-                                         out=delta)
-                draft.status = Status.OK
-        return pre, report
+        report = self._report(draft, t_ar, t_ret)
+        unsent = None
+        if self.feedback is not None and not zero:
+            # before the apply (it reuses delta's buffer); also when our exchange failed: the
+            # others' average may hold our contribution, and we may adopt it
+            t = time.monotonic()
+            unsent = self.feedback.unsent(delta, group.wire_chunks(delta.numel()))
+            draft.note(feedback_s=round(time.monotonic() - t, 4))
+        if avg is not None and not self.holding.may_advance(set(report.witnessed)):
+            draft.status = Status.MINORITY
+            draft.error = "too few of the current version's contributors took part"
+        elif avg is not None:
+            pre = self.holding.apply(landing, avg, snapshot, work, lr=cfg.optimizer.lr,
+                                     out=delta)
+            draft.status = Status.OK
+        return pre, report, unsent
 
     def _settle(self, work: Work, draft: Draft, start: Start, members: list[str],
-                pre: OuterState | None, report: ExchangeReport, deadlines: Deadlines) -> None:
+                pre: OuterState | None, report: ExchangeReport, deadlines: Deadlines,
+                unsent: torch.Tensor | None = None) -> None:
         """Vote and follow the group's decision: keep our step, roll it back, or adopt the
         contributors' state; commit the version if it advanced (``pre``: the state before
         we applied, None if we did not)."""
@@ -417,12 +431,16 @@ class Attempt:
                                 members=tuple(sorted(witnesses)),
                                 period_code=self.clock.agreed_code())
             draft.mark("commit")
+            if unsent is not None:  # our params keep what our contribution left out
+                assert self.feedback is not None
+                self.feedback.keep(work, unsent)
 
     def _report(self, draft: Draft, t_ar: float, t_ret: float | None) -> ExchangeReport:
         """What the exchange did (also when it failed), into the draft."""
         report = self.transport.run(self.ar.report(), 30)  # a read on the loop: at once
         assert report is not None  # the session was opened by this attempt
         draft.bytes_sent, draft.bytes_received = report.bytes_sent, report.bytes_received
+        draft.note(bytes_sent_gather=report.gather_sent)
         if "start" in report.marks:  # where the exchange's time went: s since its start
             # (the last of each phase's events); the start on the wall clock lines up the
             # peers' timelines (and a link trace) in a bench

@@ -19,7 +19,8 @@ import abc
 import numpy as np
 import torch
 
-__all__ = ["Codec", "CODECS", "get_codec", "CodecError", "CHUNK_VALUES", "chunk_bounds"]
+__all__ = ["Codec", "CODECS", "CODEC_NAMES", "get_codec", "CodecError", "CHUNK_VALUES",
+           "chunk_bounds"]
 
 CHUNK_VALUES = 1 << 18
 """Values per wire chunk of a shard (1 MiB as fp32; a multiple of every codec's block)."""
@@ -55,6 +56,11 @@ class Codec(abc.ABC):
         """``out[:] = decode(data, out.numel())`` without an intermediate tensor where the
         codec allows; ``out`` is a contiguous 1-D fp32 CPU tensor (a view is fine)."""
         out.copy_(self.decode(data, out.numel()))
+
+    def for_mean(self, members: int) -> Codec:
+        """The codec of the mean a reducer returns for ``members`` contributions in this one
+        (a dense codec: itself; ``sparse``: the support of n top-k selections)."""
+        return self
 
     def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(x), x.numel())
@@ -158,13 +164,21 @@ class BlockwiseInt8(Codec):
 
 
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (NoCompression, Float16, BlockwiseInt8)}
+"""The dense codecs: one byte string per value count, decode(encode(x)) close to x."""
+CODEC_NAMES = (*CODECS, "sparse")
+"""Every codec ``get_codec`` builds: the dense ones and ``sparse`` (collectives/sparse.py)."""
 
 
-def get_codec(name: str) -> Codec:
-    """The codec registered under ``name`` (ValueError if unknown)."""
+def get_codec(name: str, *, k: int = 64) -> Codec:
+    """The codec registered under ``name`` (ValueError if unknown); ``k``: the values per
+    4096 that ``sparse`` keeps."""
+    if name == "sparse":
+        from collectives.sparse import SparseTopK  # it builds on this module
+
+        return SparseTopK(k)
     try:
         return CODECS[name]()
     except KeyError:
-        raise ValueError(f"unknown compression {name!r}; known: {sorted(CODECS)}") from None
+        raise ValueError(f"unknown compression {name!r}; known: {list(CODEC_NAMES)}") from None
 
 

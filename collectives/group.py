@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from collectives.codec import chunk_bounds
 from collectives.reduce import shard_bounds
 
 __all__ = ["GroupInfo", "members_digest"]
@@ -42,3 +43,9 @@ class GroupInfo:
     def shards(self, numel: int) -> list[tuple[int, int]]:
         """Member i reduces ``[lo, hi)`` of a flat vector of ``numel`` values."""
         return shard_bounds(numel, len(self.members))
+
+    def wire_chunks(self, numel: int) -> list[tuple[int, int]]:
+        """Every chunk a codec encodes in this group's exchange of a ``numel`` vector: each
+        shard's chunks (``codec.chunk_bounds``), as global [a, b) ranges."""
+        return [(lo + a, lo + b) for lo, hi in self.shards(numel)
+                for a, b in chunk_bounds(hi - lo) if b > a]

@@ -75,6 +75,7 @@ from collectives.allreduce import AllReduce
 from collectives.attempt import Attempt
 from collectives.catchup import Catchup, Fetcher
 from collectives.codec import get_codec
+from collectives.feedback import ErrorFeedback
 from collectives.config import OuterConfig
 from collectives.consistency import CommitBook
 from collectives.finish import Farewell
@@ -171,7 +172,8 @@ class OuterLoop:
         self._transport = Transport(config, identity=identity, data_dir=data_dir,
                                     initial_peers=self._safe_discover(), abort=abort)
         try:
-            self._ar = AllReduce(self._transport.p2p, config, get_codec(config.compression),
+            codec = get_codec(config.compression, k=config.sparse.k)
+            self._ar = AllReduce(self._transport.p2p, config, codec,
                                  peer_id=self.peer_id, gid=gid,
                                  state_provider=self._holding.serve)
             self._transport.run(self._ar.start(), 10)
@@ -193,6 +195,8 @@ class OuterLoop:
                                   transport=transport, clock=self.clock, now=now),
             ballot=Ballot(config=config, peer_id=self.peer_id, book=book, transport=transport),
             farewell=self._farewell, discover=self._safe_discover, now=now,
+            feedback=ErrorFeedback(codec, decay=config.sparse.error_decay)
+            if config.compression == "sparse" else None,
             on_stage=self._stage)
         self._maddrs: list[str] | None = None
 

@@ -101,8 +101,9 @@ class Member:
             out = torch.empty(s.numel, dtype=torch.float32)
         elif out.shape != (s.numel,) or out.dtype != torch.float32 or not out.is_contiguous():
             raise ValueError("out must be a contiguous fp32 vector of the delta's size")
+        down = self.codec.for_mean(group.size)
         tasks = {j: asyncio.ensure_future(self._exchange_with(
-            s, peer, delta[slice(*bounds[j])], group.digest, out=out[slice(*bounds[j])],
+            s, peer, delta[slice(*bounds[j])], group.digest, down, out=out[slice(*bounds[j])],
             landed=_shifted(on_landed, bounds[j][0])))
                  for j, peer in enumerate(group.members) if j != me}
         # the norms of our own parts (the check's reference) while the wire is busy, not
@@ -115,7 +116,7 @@ class Member:
         try:
             await shard.put_own(delta[lo:hi])
             traffic.marks["own"] = loop.time()
-            tasks[me] = asyncio.ensure_future(self._own_result(s, shard, out[lo:hi],
+            tasks[me] = asyncio.ensure_future(self._own_result(s, shard, out[lo:hi], down,
                                                                _shifted(on_landed, lo)))
             for j, task in tasks.items():
                 try:
@@ -149,30 +150,25 @@ class Member:
         return Exchanged(mean=out, rms=math.sqrt(squares / checked) if checked else None)
 
     async def _own_result(self, s: Session, shard: ShardReducer, mine: torch.Tensor,
-                          landed: Landed | None) -> None:
+                          down: Codec, landed: Landed | None) -> None:
         """Our reducer's mean of our shard, from the same bytes the members receive."""
         loop = asyncio.get_running_loop()
         async for c, data in shard.mean_of(list(range(len(shard.chunks)))):
-            await loop.run_in_executor(work_pool(), self._decode, data, mine,
+            await loop.run_in_executor(work_pool(), _decode, down, data, mine,
                                        *shard.chunks[c], landed)
         s.traffic.mark("own_result")
 
-    def _decode(self, data: bytes | memoryview, out: torch.Tensor, a: int, b: int,
-                landed: Landed | None) -> None:
-        """``out[a:b]`` = decode(data), then ``landed(a, b)`` (codec pool)."""
-        self.codec.decode_into(data, out[a:b])
-        if landed is not None:
-            landed(a, b)
-
-    async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor, digest: str, *,
-                             out: torch.Tensor, landed: Landed | None = None) -> None:
+    async def _exchange_with(self, s: Session, peer: str, part: torch.Tensor, digest: str,
+                             down: Codec, *, out: torch.Tensor,
+                             landed: Landed | None = None) -> None:
         """Send ``part`` to its reducer ``peer`` and receive the mean of that shard into
         ``out`` on the same streams (``stripes`` of them): the chunks of both directions
         overlap."""
         chunks = chunk_bounds(part.numel())
         n = stripes(len(chunks))
-        jobs = [asyncio.ensure_future(self._stripe(s, peer, part, digest, out, chunks[k::n],
-                                                   k, n, landed)) for k in range(n)]
+        jobs = [asyncio.ensure_future(self._stripe(s, peer, part, digest, down, out,
+                                                   chunks[k::n], k, n, landed))
+                for k in range(n)]
         try:
             for job in asyncio.as_completed(jobs):
                 await job  # the first error fails the exchange with this reducer
@@ -180,8 +176,8 @@ class Member:
             await cancel_all(jobs)
 
     async def _stripe(self, s: Session, peer: str, part: torch.Tensor, digest: str,
-                      out: torch.Tensor, chunks: list[tuple[int, int]], k: int, n: int,
-                      landed: Landed | None) -> None:
+                      down: Codec, out: torch.Tensor, chunks: list[tuple[int, int]], k: int,
+                      n: int, landed: Landed | None) -> None:
         """Stripe ``k`` of ``n``: these ``chunks`` of ``part`` to ``peer``, the same chunks of
         its mean back into ``out``."""
         reader, writer = await open_stream(self.p2p, PeerID.from_base58(peer), self.protocol)
@@ -203,9 +199,11 @@ class Member:
             if not head.get("ok"):
                 raise StepFailed(f"reducer {peer} refused: {head.get('reason')}")
             s.traffic.marks.setdefault("first_reply", asyncio.get_running_loop().time())
-            verdict = await self._recv_chunks(s, reader, chunks, out, landed, verdict_ends=True)
+            verdict = await self._recv_chunks(s, reader, chunks, down, out, landed,
+                                              verdict_ends=True)
             if verdict == "redo":
-                await self._recv_chunks(s, reader, chunks, out, landed, verdict_ends=False)
+                await self._recv_chunks(s, reader, chunks, down, out, landed,
+                                        verdict_ends=False)
             elif verdict != "ok":
                 raise StepFailed(f"reducer {peer} has no result ({verdict})")
             await sender  # its errors too
@@ -214,7 +212,7 @@ class Member:
             writer.close()
 
     async def _recv_chunks(self, s: Session, reader: asyncio.StreamReader,
-                           chunks: list[tuple[int, int]], out: torch.Tensor,
+                           chunks: list[tuple[int, int]], down: Codec, out: torch.Tensor,
                            landed: Landed | None, *, verdict_ends: bool) -> str:
         """Decode chunk frames into ``out`` (in the pool, while the next frame arrives).
         ``verdict_ends``: up to len(chunks) chunks, then a verdict frame (returned); else
@@ -224,7 +222,7 @@ class Member:
         verdict = ""
         try:
             for c in range(len(chunks) + verdict_ends):
-                size = self.codec.encoded_size(chunks[c][1] - chunks[c][0]) \
+                size = down.encoded_size(chunks[c][1] - chunks[c][0]) \
                     if c < len(chunks) else 0
                 tag, body = await asyncio.wait_for(
                     recv_tagged(reader, max(size, MAX_HEADER_BYTES if verdict_ends else 0)),
@@ -232,7 +230,7 @@ class Member:
                 s.traffic.bytes_received += len(body) + 9
                 if tag == CHUNK and c < len(chunks):
                     decoding.append(loop.run_in_executor(
-                        work_pool(), self._decode, body, out, *chunks[c], landed))
+                        work_pool(), _decode, down, body, out, *chunks[c], landed))
                     continue
                 if tag != VERDICT or not verdict_ends:
                     raise FrameError(f"unexpected frame {tag!r} at chunk {c}")
@@ -253,3 +251,11 @@ class Member:
             for fut in decoding:
                 fut.cancel()
         return verdict
+
+
+def _decode(codec: Codec, data: bytes | memoryview, out: torch.Tensor, a: int, b: int,
+            landed: Landed | None) -> None:
+    """``out[a:b]`` = decode(data), then ``landed(a, b)`` (codec pool)."""
+    codec.decode_into(data, out[a:b])
+    if landed is not None:
+        landed(a, b)

@@ -99,6 +99,8 @@ class ShardReducer:
     def __init__(self, config: OuterConfig, codec: Codec, *, me: str, session: Session,
                  group: GroupInfo, ref_rms: float) -> None:
         self.config, self.codec, self.me, self.ref_rms = config, codec, me, ref_rms
+        self.mean_codec = codec.for_mean(group.size)
+        """What the mean goes back in (the members' contributions come in ``codec``)."""
         self.session, self.group = session, group
         self.traffic = session.traffic
         lo, hi = group.shards(session.numel)[group.members.index(me)]
@@ -279,7 +281,7 @@ class ShardReducer:
 
     def encode_mean(self, mean: torch.Tensor) -> bytes:
         """The wire bytes of (a chunk of) our shard's mean: encoded once, sent to all."""
-        return self.codec.encode(mean)
+        return self.mean_codec.encode(mean)
 
     def _chunk_out(self, c: int, job: asyncio.Future) -> None:  # type: ignore[type-arg]
         if job.cancelled() or job.exception() is not None or not self.streaming:
@@ -293,7 +295,9 @@ class ShardReducer:
         self.traffic.mark("mean_ready")
         if not self.stream[c].done():
             self.stream[c].set_result(data)
-            self.traffic.bytes_sent += (len(data) + 9) * (len(self.parts) - 1)
+            sent = (len(data) + 9) * (len(self.parts) - 1)
+            self.traffic.bytes_sent += sent
+            self.traffic.gather_sent += sent
         if all(st is not None for st in self.stats):
             self._maybe_finish()
 
@@ -379,9 +383,12 @@ class ShardReducer:
             for fut in self.result:  # a cancelled attempt must not log "never retrieved"
                 _quiet(fut)
             self.traffic.marks["reduced"] = loop.time()
-            # counted here: our own exchange may end before the sends
-            wire = sum(self.codec.encoded_size(b - a) + 9 for a, b in bounds)
-            self.traffic.bytes_sent += (wire + 32) * len([p for p in contribs if p != self.me])
+            # counted here: our own exchange may end before the sends (a sparse mean's size
+            # is bounded by, not equal to, this)
+            wire = sum(self.mean_codec.encoded_size(b - a) + 9 for a, b in bounds)
+            sent = (wire + 32) * len([p for p in contribs if p != self.me])
+            self.traffic.bytes_sent += sent
+            self.traffic.gather_sent += sent
         self.verdict = "redo" if mean is not None else "none"
         self.done.set()
 

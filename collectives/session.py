@@ -27,6 +27,9 @@ class Traffic:
 
     bytes_sent: int = 0
     bytes_received: int = 0
+    gather_sent: int = 0
+    """Of ``bytes_sent``, our reducer's means to the other members (the all-gather; the
+    rest is our contribution to their reducers, the reduce-scatter)."""
     marks: dict[str, float] = field(default_factory=dict)
 
     def mark(self, phase: str) -> None:

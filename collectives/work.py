@@ -54,6 +54,10 @@ class Work:
         step = onto - base if out is None else torch.sub(onto, base, out=out)
         self.shift = step if self.shift is None else self.shift + step
 
+    def add(self, step: torch.Tensor) -> None:
+        """params <- params + step when collected (``step`` is ours to keep)."""
+        self.shift = step if self.shift is None else self.shift + step
+
 
 def finite(t: torch.Tensor) -> bool:
     """Whether every value of ``t`` is finite: its max and min are (``aminmax`` propagates

@@ -18,6 +18,7 @@ from collectives._hivemind import P2P, PeerID, open_stream
 from collectives.allreduce import AllReduce
 from collectives.group import GroupInfo, members_digest
 from collectives.codec import CHUNK_VALUES
+from collectives.errors import StepFailed
 from collectives.streams import recv_header, send_frame, send_header
 
 TOL = {"none": 1e-6, "fp16": 2e-3, "int8": 2e-2}
@@ -82,6 +83,160 @@ def test_multi_chunk_exchange_gives_every_member_the_same_reference_mean(
                 assert set(s.witnessed) == set(members) - {bad}
                 sent = ar.session.traffic.bytes_sent
                 assert sent >= 2 * get_codec(codec).encoded_size(numel) * 2 // 3 // 1.1
+        finally:
+            for p in reversed(p2ps):
+                await p.shutdown()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("hostile", [False, True])
+def test_sparse_exchange_gives_every_member_the_same_mean_of_what_was_sent(
+        hostile: bool) -> None:
+    """``compression = "sparse"``: each member sends the top-k of each 4096 of its part, the
+    reducers return the (robust) mean of those in the sparse-mean format, and every member
+    ends with the same bytes: the mean of the members' decoded top-k contributions within
+    int8 precision, on their union's support only. Hostile: one member's values are 100x;
+    every reducer excludes it ("norm") and the others still agree. Upload stays a few
+    hundredths of a byte per value (int8 moves ~1.3 here)."""
+    numel = 3 * CHUNK_VALUES + 4321
+
+    async def main() -> None:
+        p2ps = await _group(3)
+        try:
+            ars, group = await _members(p2ps, "sparse", numel, OuterConfig())
+            members = list(group.members)
+            g = torch.Generator().manual_seed(7)
+            deltas = {ar.peer_id: torch.randn(numel, generator=g) for ar in ars}
+            bad = members[2] if hostile else None
+            if bad:
+                deltas[bad] *= 100
+            loop = asyncio.get_running_loop()
+            outs = await asyncio.gather(*(ar.exchange(deltas[ar.peer_id], group,
+                                                      reduce_deadline=loop.time() + 50)
+                                          for ar in ars))
+            for out in outs[1:]:
+                assert torch.equal(out, outs[0])
+            codec = get_codec("sparse")
+            sent = {}
+            for p, d in deltas.items():
+                sent[p] = torch.zeros(numel)
+                for a, b in group.wire_chunks(numel):
+                    sent[p][a:b] = codec.decode(codec.encode(d[a:b]), b - a)
+            ref = torch.stack([x for p, x in sent.items() if p != bad]).double().mean(0)
+            # on the union of what counted (a value int8 rounds to 0 decodes to 0)
+            assert not bool(((outs[0] != 0) & (ref == 0)).any())
+            err = float((outs[0].double() - ref).norm() / ref.norm())
+            assert err < 2e-2, err
+            for ar in ars:
+                s = ar.session.shard
+                assert s.verdict == ("redo" if bad else "ok")
+                assert s.excluded == ({bad: "norm"} if bad else {})
+                if not bad:
+                    up = ar.session.traffic.bytes_sent / numel
+                    assert up < 0.12, up
+        finally:
+            for p in reversed(p2ps):
+                await p.shutdown()
+
+    asyncio.run(main())
+
+
+class _DuplicateIndex:
+    """A hostile member's codec: the right length, its first two indices made equal."""
+
+    def __init__(self, codec) -> None:
+        self.codec = codec
+
+    def __getattr__(self, name: str):
+        return getattr(self.codec, name)
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        data = bytearray(self.codec.encode(x))
+        i0 = data[16] | (data[17] & 0x0F) << 8  # 12-bit indices after the 16-byte lookup
+        data[17] = i0 >> 8 | (i0 & 0x0F) << 4  # i1 := i0
+        data[18] = i0 >> 4
+        return bytes(data)
+
+
+def test_a_malformed_sparse_contribution_is_excluded_and_the_others_agree() -> None:
+    """Duplicate indices in one member's frames (a valid length): every reducer refuses its
+    contribution ("decode", counted in the report), and the honest members end with the same
+    mean of their own two contributions."""
+    numel = 2 * CHUNK_VALUES + 999
+    from collectives.sparse import SparseTopK
+
+    async def main() -> None:
+        p2ps = await _group(3)
+        try:
+            ars, group = await _members(p2ps, "sparse", numel, OuterConfig())
+            members = list(group.members)
+            bad = members[0]
+            hostile = next(ar for ar in ars if ar.peer_id == bad)
+            hostile.member.codec = _DuplicateIndex(SparseTopK())
+            with pytest.raises(Exception):  # the bad bytes really are refused by the format
+                SparseTopK().decode(hostile.member.codec.encode(torch.randn(5000)), 5000)
+            g = torch.Generator().manual_seed(9)
+            deltas = {ar.peer_id: torch.randn(numel, generator=g) for ar in ars}
+            loop = asyncio.get_running_loop()
+            # the hostile member still reduces its own shard honestly
+            outs = await asyncio.gather(*(ar.exchange(deltas[ar.peer_id], group,
+                                                      reduce_deadline=loop.time() + 30)
+                                          for ar in ars), return_exceptions=True)
+            honest = [o for ar, o in zip(ars, outs) if ar.peer_id != bad]
+            assert not any(isinstance(o, BaseException) for o in honest), honest
+            assert torch.equal(honest[0], honest[1])
+            for ar in ars:
+                if ar.peer_id != bad:
+                    report = await ar.report()
+                    assert report is not None and report.excluded == {bad: "decode"}, report
+                    assert bad not in report.witnessed
+        finally:
+            for p in reversed(p2ps):
+                await p.shutdown()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("alter", ["inflate", "garble"])
+def test_a_hostile_reducers_altered_sparse_mean_fails_the_step_for_every_member(
+        alter: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reducer that sends its members other bytes than its shard's mean: values 1000x
+    (valid format: the members' norm check rejects the shard) or a count past what n
+    top-k contributions can hold (the format refuses it). Every honest member fails the
+    step and names that reducer; none applies anything from it."""
+    numel = 2 * CHUNK_VALUES + 999
+    from collectives.sparse import SparseMean
+
+    async def main() -> None:
+        p2ps = await _group(3)
+        try:
+            ars, group = await _members(p2ps, "sparse", numel, OuterConfig())
+            members = list(group.members)
+            bad = members[1]
+            honest_encode = reducer_mod.ShardReducer.encode_mean
+
+            def encode_mean(self, mean: torch.Tensor) -> bytes:
+                if self.me != bad:
+                    return honest_encode(self, mean)
+                if alter == "inflate":
+                    return honest_encode(self, mean * 1000)
+                return SparseMean(4096).encode(torch.ones(mean.numel()))  # all non-zero
+
+            monkeypatch.setattr(reducer_mod.ShardReducer, "encode_mean", encode_mean)
+            g = torch.Generator().manual_seed(10)
+            deltas = {ar.peer_id: torch.randn(numel, generator=g) for ar in ars}
+            loop = asyncio.get_running_loop()
+            outs = await asyncio.gather(*(ar.exchange(deltas[ar.peer_id], group,
+                                                      reduce_deadline=loop.time() + 30)
+                                          for ar in ars), return_exceptions=True)
+            for ar, out in zip(ars, outs):
+                if ar.peer_id == bad:
+                    continue
+                assert isinstance(out, StepFailed), out
+                assert bad in str(out)
+                if alter == "inflate":
+                    assert ar.session.bad_shards == {bad: "norm"}
         finally:
             for p in reversed(p2ps):
                 await p.shutdown()

@@ -64,7 +64,7 @@ BAD_VALUES = [
     ("[outer]\nevery_rounds = 0\n", "[outer] every_rounds: must be >= 1"),
     ("[outer]\nevery_rounds = true\n", "[outer] every_rounds: expected an integer, got true"),
     ('[outer]\ncompression = "zip"\n',
-     "[outer] compression: must be one of ['none', 'fp16', 'int8'], got 'zip'"),
+     "[outer] compression: must be one of ['none', 'fp16', 'int8', 'sparse'], got 'zip'"),
 ]
 BAD_FLAGS = [  # flags that feed a child's table, checked by the child's config
     (["--device", "tpu"], "--device: unknown device 'tpu'"),
