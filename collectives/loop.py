@@ -89,7 +89,7 @@ from collectives.vote import Ballot
 from collectives.work import Progress, Work
 from protocol import Identity
 
-__all__ = ["OuterLoop"]
+__all__ = ["OuterLoop", "group_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,15 @@ def _dht_time() -> float:
     from hivemind.utils import get_dht_time  # the DHT's clock (wall clock)
 
     return float(get_dht_time())
+
+
+def group_id(group: str, config: OuterConfig) -> str:
+    """The namespace of a model's outer steps (DHT keys, stream protocols): the model's
+    fingerprint and the wire format, so that peers average only with peers whose frames
+    they can read (a node with another codec, or another sparse k, meets its own kind)."""
+    wire = config.compression + (f":k{config.sparse.k}" if config.compression == "sparse"
+                                 else "")
+    return hashlib.sha256(f"{group}\n{wire}".encode()).hexdigest()[:24]
 
 
 class OuterLoop:
@@ -168,7 +177,7 @@ class OuterLoop:
         """The read of the agreed period before our first attempt (``_period_known``)."""
         self._last_round_end: float | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-step")
-        gid = hashlib.sha256(group.encode()).hexdigest()[:24]
+        gid = group_id(group, config)
         self._transport = Transport(config, identity=identity, data_dir=data_dir,
                                     initial_peers=self._safe_discover(), abort=abort)
         try:

@@ -11,7 +11,6 @@ changes. The group is the public model's fingerprint, computed like any node doe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ import torch
 from collectives.allreduce import AllReduce
 from collectives.codec import get_codec
 from collectives.config import OuterConfig, ScheduleConfig
+from collectives.loop import group_id
 from collectives.consistency import CommitBook
 from collectives.state import OuterState
 from collectives.transport import Transport
@@ -67,7 +67,7 @@ def run_takeover(args: dict[str, Any]) -> dict[str, Any]:
     sys.stdout.flush()
     config = OuterConfig(swarm_id=args["swarm_id"],
                          schedule=ScheduleConfig(deadline_s=60.0, join_window_s=3.0))
-    gid = hashlib.sha256(group.encode()).hexdigest()[:24]
+    gid = group_id(group, config)  # the victims' namespace
     transport = Transport(config, identity=me, data_dir=data_dir,
                           initial_peers=list(args["collective"]))
     served: list[str] = []

@@ -406,3 +406,17 @@ def test_dht_calls_go_back_to_back_in_a_burst_then_one_per_interval(monkeypatch)
     for _ in range(DHT_BURST):
         t._dht_throttle()
     assert now[0] - start < 0.04 and not waits
+
+
+def test_peers_with_another_wire_format_meet_in_another_namespace() -> None:
+    """Frames of one codec do not decode in another: a node with another compression (or
+    another sparse k) must not be grouped with ours, so its namespace differs."""
+    from collectives.config import SparseConfig
+    from collectives.loop import group_id
+
+    ids = {group_id("model", OuterConfig(compression=c)) for c in ("none", "fp16", "int8")}
+    ids |= {group_id("model", OuterConfig(compression="sparse", sparse=SparseConfig(k=k)))
+            for k in (64, 128)}
+    assert len(ids) == 5
+    assert group_id("model", OuterConfig()) == group_id("model", OuterConfig())
+    assert group_id("other", OuterConfig()) != group_id("model", OuterConfig())
