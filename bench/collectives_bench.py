@@ -224,7 +224,53 @@ TRAINING_MODEL = (
     "finished attempt).")
 """What the clock mode's simulated training stands for (in every clock row of the JSON)."""
 
-BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "int8": 1.004}
+BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "int8": 1.004, "sparse": 0.06}
+
+
+def codec_cpu_seconds(size: int, peers: int, codec: str) -> dict[str, float]:
+    """CPU seconds one member spends in the codec per step (one thread, a random vector of
+    ``size``), by part: encoding its contribution (every chunk), decoding the ``peers``
+    contributions to its shard, encoding its shard's mean, decoding every shard's mean and,
+    for ``sparse``, the error feedback's encode + decode of its payload."""
+    import torch
+
+    from collectives.codec import get_codec
+    from collectives.group import GroupInfo
+
+    torch.set_num_threads(1)
+    c = get_codec(codec)
+    down = c.for_mean(peers)
+    group = GroupInfo(step=0, members=tuple(f"{i:03d}" for i in range(peers)), nonce="")
+    chunks = group.wire_chunks(size)
+    lo, hi = group.shards(size)[0]
+    x = torch.randn(size, generator=torch.Generator().manual_seed(0)) * 1e-3
+    out: dict[str, float] = {}
+    t = time.process_time()
+    sent = [c.encode(x[a:b]) for a, b in chunks]
+    out["encode_contribution"] = time.process_time() - t
+    t = time.process_time()
+    mine = [(a, b, d) for (a, b), d in zip(chunks, sent) if lo <= a < hi]
+    parts = torch.empty(hi - lo)
+    for _ in range(peers):
+        for a, b, d in mine:
+            c.decode_into(d, parts[a - lo:b - lo])
+    out["decode_contributions"] = time.process_time() - t
+    t = time.process_time()
+    means = [down.encode(parts[a - lo:b - lo]) for a, b, _ in mine]
+    out["encode_mean"] = time.process_time() - t
+    t = time.process_time()
+    dst = torch.empty(size)
+    for _ in range(peers):
+        for (a, b, _), d in zip(mine, means):
+            down.decode_into(d, dst[a - lo:b - lo])
+    out["decode_means"] = time.process_time() - t
+    if codec == "sparse":
+        t = time.process_time()
+        for a, b in chunks:
+            x[a:b].sub_(c.decode(c.encode(x[a:b]), b - a))
+        out["error_feedback"] = time.process_time() - t
+    out["total"] = sum(out.values())
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def fixed_period(size: int, peers: int, codec: str, netns: bool) -> float:
@@ -292,6 +338,7 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
         step_of = (lambda r: r["step_s"]) if clock else (lambda r: r["seconds"])
         ar = [r["allreduce_seconds"] for r in ok]
         sent = statistics.median(r["bytes_sent"] for r in ok)
+        gather = statistics.median(r.get("bytes_sent_gather", 0) for r in ok)
         raw = raw_tcp_seconds(int(sent), netns=netns)
         raw_bidir = raw_tcp_bidir_seconds(int(sent), netns=netns)
         step = statistics.median(step_of(r) for r in ok)
@@ -300,6 +347,11 @@ def run_config(size: int, peers: int, codec: str, steps: int, netns: list[str] |
         out.update(allreduce_s_median=statistics.median(ar), allreduce_s_all=ar,
                    step_s_median=step, step_s_all=[step_of(r) for r in ok],
                    step_s_later_median=_median(later), bytes_sent_per_peer=sent,
+                   bytes_per_param_up=round(sent / size, 4),
+                   scatter_bytes_per_param=round((sent - gather) / size, 4),
+                   gather_bytes_per_param=round(gather / size, 4),
+                   bytes_received_per_peer=statistics.median(r["bytes_received"] for r in ok),
+                   codec_cpu_s=codec_cpu_seconds(size, peers, codec),
                    achieved_bytes_per_s=sent / statistics.median(ar), raw_tcp_s=raw,
                    raw_tcp_bytes_per_s=sent / raw,
                    fraction_of_raw=round(raw / statistics.median(ar), 3),
@@ -353,6 +405,7 @@ def main() -> None:
     ap.add_argument("--churn-trials", type=int, default=0,
                     help="SIGKILL trials on the clock path (tests/collectives/harness.py)")
     ap.add_argument("--churn-peers", type=int, default=4)
+    ap.add_argument("--churn-codec", default="int8", help="the churn trials' codec")
     ap.add_argument("--out", default="bench/results/collectives.json")
     ap.add_argument("--append", action="store_true", help="add to an existing --out file")
     args = ap.parse_args()
@@ -400,13 +453,15 @@ def main() -> None:
         load = [round(x, 2) for x in os.getloadavg()]
         try:
             trials = run_churn(swarm, trials=args.churn_trials, seed=int(time.time()),
-                               peers=args.churn_peers)
+                               peers=args.churn_peers,
+                               opts={"compression": args.churn_codec})
         finally:
             swarm.close()
         done = [r for r in trials if "error" not in r]
         results["churn"] = {
             "path": "clock (peer_worker --clock: after_round/collect, as nodes)",
             "trials": args.churn_trials, "completed": len(done), "peers": args.churn_peers,
+            "codec": args.churn_codec,
             "wall_s": round(time.monotonic() - t, 1),
             "kill_step_equal_hashes": sum(r["kill_ok"] for r in done),
             "retry_equal_hashes": sum(r["retry_hashes"] == 1 for r in done),

@@ -14,6 +14,14 @@ spec ``lr=0.7,mu=0.9,H=2`` (a spec starts with ``lr=``) with optional ``delay=D`
 trained meanwhile rebased onto it, as a background step does), ``inner=keep|reset`` (the
 inner AdamW moments at an applied step: kept, or cleared) and ``inner_lr=X`` (the trainer's
 lr; with no averaging, a control for how far an amplified step moves the model).
+Learners mode also takes ``codec=none|fp16|int8|sparse`` (every contribution and mean goes
+through the wire codec per chunk, as between nodes), ``k=`` and ``beta=`` (sparse: values
+per 4096, error-feedback decay) and ``ef=params|state`` (sparse: the unsent part kept in the
+params, as nodes do, or in SparseLoCo's separate accumulator); the named arms ``fp32``,
+``int8`` and ``sparse`` are ``plain`` through those codecs. Issue 31's parity run:
+
+    PYTHONPATH=$PWD python bench/outer_learning.py --nodes 4 --rounds 80 --seeds 5 \\
+        --arms none,plain,int8,sparse,... --name outer_parity_4n
 
 Two modes:
 
@@ -83,6 +91,18 @@ class Arm:
     delay: int = 0
     inner: str = "keep"
     inner_lr: float | None = None
+    codec: str = ""
+    """Learners: the wire codec every contribution and mean goes through ("" = exact fp32
+    means, as before issue 31; "none", "fp16", "int8" or "sparse" as OuterConfig.compression)."""
+    k: int = 64
+    """``sparse``: values kept per 4096."""
+    beta: float = 0.95
+    """``sparse``: error-feedback decay."""
+    ef: str = "params"
+    """``sparse``: where what the codec left out waits for the next step: ``params`` (what
+    nodes do, collectives/feedback.py: the params are rebased onto θ_new − beta x the unsent
+    part, so the next delta holds it) or ``state`` (SparseLoCo: an accumulator
+    e <- beta e + delta is sent, e <- e − sent, the params go to θ_new)."""
 
     def toml(self, *, slowdown: float, seed: int) -> str:
         """The node config of this arm (nodes mode: no ``delay``, no ``inner=reset``)."""
@@ -114,6 +134,9 @@ def parse_arms(text: str) -> list[Arm]:
              "join": Arm(name="join", every=j.every_rounds, lr=j.optimizer.lr,
                          mu=j.optimizer.momentum),
              "plain": Arm(name="plain", every=d.every_rounds),
+             "fp32": Arm(name="fp32", every=d.every_rounds, codec="none"),
+             "int8": Arm(name="int8", every=d.every_rounds, codec="int8"),
+             "sparse": Arm(name="sparse", every=d.every_rounds, codec="sparse"),
              "diloco": Arm(name="diloco", every=d.every_rounds, lr=0.7, mu=0.9)}
     arms: list[Arm] = []
     spec: dict[str, str] = {}
@@ -124,7 +147,9 @@ def parse_arms(text: str) -> list[Arm]:
             arms.append(Arm(name=name, every=int(spec.get("H", d.every_rounds)),
                             lr=float(spec.get("lr", 1.0)), mu=float(spec.get("mu", 0.0)),
                             delay=int(spec.get("delay", 0)), inner=spec.get("inner", "keep"),
-                            inner_lr=float(spec["inner_lr"]) if "inner_lr" in spec else None))
+                            inner_lr=float(spec["inner_lr"]) if "inner_lr" in spec else None,
+                            codec=spec.get("codec", ""), k=int(spec.get("k", 64)),
+                            beta=float(spec.get("beta", 0.95)), ef=spec.get("ef", "params")))
             spec.clear()
 
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -135,14 +160,15 @@ def parse_arms(text: str) -> list[Arm]:
             arms.append(named[part])
             continue
         k, v = part.split("=", 1)
-        if k not in ("lr", "mu", "H", "delay", "inner", "inner_lr"):
+        if k not in ("lr", "mu", "H", "delay", "inner", "inner_lr", "codec", "k", "beta", "ef"):
             raise SystemExit(f"unknown arm key {k!r}")
         if k in spec or (k == "lr" and spec):
             flush()
         spec[k] = v
     flush()
     for a in arms:
-        if a.inner not in ("keep", "reset") or a.every < 0 or a.delay < 0:
+        if a.inner not in ("keep", "reset") or a.ef not in ("state", "params") \
+                or a.every < 0 or a.delay < 0:
             raise SystemExit(f"bad arm {a.name!r}")
     return arms
 
@@ -166,6 +192,14 @@ class SyncOuter:
         self.state = OuterState(theta=theta, momentum=torch.zeros_like(theta))
         self.pending: tuple[int, Any, list[Any]] | None = None
         self.prev_avg: Any = None
+        self.codec: Any = None
+        self.accumulators: list[Any] = []
+        """``ef=state``: SparseLoCo's error-feedback accumulator e per node (None: empty)."""
+        if arm.codec:
+            from collectives.codec import get_codec
+            self.codec = get_codec(arm.codec, k=arm.k)
+            if arm.codec == "sparse" and arm.ef == "state":
+                self.accumulators = [None] * len(learners)
         self.steps: list[dict[str, Any]] = []
 
     def after_round(self, r: int) -> None:
@@ -182,19 +216,53 @@ class SyncOuter:
 
         snaps = [flatten(p) for p in self.params]
         deltas = [self.state.theta - s for s in snaps]
+        n = len(deltas)
+        sent = deltas
+        up = down = 0
+        if self.codec is not None:  # what the wire carries: each chunk through the codec
+            from collectives.group import GroupInfo
+
+            chunks = GroupInfo(step=0, members=tuple(f"{i:03d}" for i in range(n)),
+                               nonce="").wire_chunks(deltas[0].numel())
+            payloads = deltas
+            if self.accumulators:  # e <- beta e + delta: the accumulator is what is sent
+                payloads = [d if e is None else torch.add(d, e, alpha=self.arm.beta)
+                            for d, e in zip(deltas, self.accumulators)]
+            sent = [torch.empty_like(d) for d in deltas]
+            for x, out in zip(payloads, sent):
+                for a, b in chunks:
+                    data = self.codec.encode(x[a:b])
+                    up += len(data) * (n - 1) / n  # the others' shards go out
+                    self.codec.decode_into(data, out[a:b])
         avg = torch.empty_like(deltas[0])
-        for lo, hi in shard_bounds(avg.numel(), len(deltas)):
+        for lo, hi in shard_bounds(avg.numel(), n):
             res = reduce_shard([Contribution(peer=f"{i:03d}", weight=1.0, values=d[lo:hi])
-                                for i, d in enumerate(deltas)], own="000", ref_rms=0.0,
+                                for i, d in enumerate(sent)], own="000", ref_rms=0.0,
                                max_weight=1000.0, max_norm=math.inf, max_norm_ratio=10.0)
             assert res.mean is not None
             avg[lo:hi] = res.mean
+        if self.codec is not None:  # the reducers' means, encoded once, as every member has it
+            down_codec = self.codec.for_mean(n)
+            for a, b in chunks:
+                data = down_codec.encode(avg[a:b])
+                down += len(data) * (n - 1) / n
+                down_codec.decode_into(data, avg[a:b])
+            if self.accumulators:  # e <- e - decode(sent); the params go to θ_new
+                self.accumulators = [p - x for p, x in zip(payloads, sent)]
+            elif self.arm.codec == "sparse":  # ef=params: the params keep what was not sent
+                # (collectives/feedback.py: params <- θ_new + since − beta (Δ − sent))
+                snaps = [snap + self.arm.beta * (d - x) for snap, d, x in zip(snaps, deltas, sent)]
         new = self.state.stepped(avg, lr=self.arm.lr, momentum=self.arm.mu)
         gain = float((new.theta - self.state.theta).norm() / avg.norm().clamp_min(1e-12))
         cos = None if self.prev_avg is None else float(
             torch.nn.functional.cosine_similarity(avg, self.prev_avg, dim=0))
         self.prev_avg = avg
+        numel = avg.numel()
         self.steps.append({"round": r, "gain": gain, "cos_prev": cos,
+                           "up_bytes_per_param": up / n / numel,
+                           "down_bytes_per_param": down / numel,
+                           "feedback_norm": sum(float(e.norm()) for e in self.accumulators
+                                                if e is not None) / n,
                            "avg_norm": float(avg.norm()),
                            "delta_norm": sum(float(d.norm()) for d in deltas) / len(deltas),
                            "update_norm": float((new.theta - self.state.theta).norm())})
@@ -314,6 +382,18 @@ def summarize(runs: list[dict[str, Any]], arms: list[Arm], seeds: list[int]) -> 
             row["outer_gain_max"] = max(gains)
         if coss:
             row["cos_consecutive_mean"] = sum(coss) / len(coss)
+        ups = [s["up_bytes_per_param"] for r in mine for s in r.get("outer_steps", [])
+               if s.get("up_bytes_per_param")]
+        if ups:  # a codec arm: what one member uploads per step, per parameter: its part of
+            # the others' shards (reduce-scatter) and its shard's mean to them (all-gather)
+            row["scatter_bytes_per_param"] = sum(ups) / len(ups)
+            row["gather_bytes_per_param"] = sum(
+                s["down_bytes_per_param"] for r in mine for s in r["outer_steps"]) / len(ups)
+            row["upload_bytes_per_param"] = (row["scatter_bytes_per_param"]
+                                             + row["gather_bytes_per_param"])
+        row["last20_per_seed"] = [
+            sum(sum(a[-20:]) / len(a[-20:]) for a in r["accuracy_per_node"])
+            / len(r["accuracy_per_node"]) for r in mine]
         if arm.name != "none" and "none" in out:
             base = out["none"]["cumulative_accuracy"]
             row["ratio_vs_none"] = sum(cum) / max(sum(base), 1e-9)
