@@ -38,7 +38,9 @@ def main() -> None:
     (root / "addrs").mkdir(parents=True, exist_ok=True)
     (root / "out").mkdir(parents=True, exist_ok=True)
     model = make_model(None)
-    cfg = OuterConfig(every_rounds=2, schedule=ScheduleConfig(deadline_s=14.0, join_window_s=2.0))
+    # the victims' codec: the wire format is part of the outer steps' namespace (loop.group_id)
+    cfg = OuterConfig(every_rounds=2, compression="none",
+                      schedule=ScheduleConfig(deadline_s=14.0, join_window_s=2.0))
     loop = OuterLoop(cfg,
                      identity=Identity.from_seed(args.seed.to_bytes(32, "little")),
                      group="test-model", params=model, data_dir=str(root / "data" / "attacker"),

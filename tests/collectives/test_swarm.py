@@ -100,8 +100,9 @@ def test_sparse_steps_stay_bit_identical_and_exclude_a_poisoned_peer(swarm: Swar
         assert len({r["param_hash"] for r in recs}) == 1, recs
         for r in recs:
             assert r["status"] == "ok" and r["peers"] >= 3, r
-            if r["peers"] == 4:
-                assert set(r["excluded"].values()) == {"norm"}, r
+            if r["peers"] == 4:  # x1e6 per round: huge, then past fp32's range
+                assert set(r["excluded"].values()) <= {"norm", "non_finite"}, r
+                assert r["excluded"], r
             # the excluded peer costs a "redo" (the robust mean sent again, counted at its
             # bound): still a fraction of int8's ~2.3 bytes per value at 4 peers with a redo
             assert 0 < r["bytes_sent"] < 0.4 * numel, r
