@@ -65,7 +65,7 @@ from typing import Any, Awaitable, Callable
 
 import torch
 
-from collectives._hivemind import P2P, PeerID, open_stream
+from collectives._hivemind import P2P, PeerID, list_peers, open_stream
 from collectives.codec import Codec
 from collectives.config import OuterConfig
 from collectives.errors import StepFailed
@@ -217,7 +217,7 @@ class AllReduce:
         """The peers p2pd holds a connection to (None if it did not answer in time)."""
         try:
             return {p.peer_id.to_base58() for p in await asyncio.wait_for(
-                self.p2p.list_peers(), timeout)}
+                list_peers(self.p2p), timeout)}
         except Exception as e:  # noqa: BLE001
             logger.debug("p2pd's peers not listed: %r", e)
             return None

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from multiaddr import Multiaddr
 
-from collectives._hivemind import DHT, P2P, PeerID, get_dht_time
+from collectives._hivemind import DHT, P2P, PeerID, get_dht_time, list_peers
 from collectives.config import OuterConfig
 from collectives.errors import StartCancelled, TransportError
 from protocol import Identity, atomic_write_bytes
@@ -320,7 +320,7 @@ class Transport:
     async def _reachable(self, maddrs: list[str]) -> list[str]:
         """The maddrs of peers we could dial (p2pd refuses to start on dead bootstraps)."""
         await self.connect(maddrs)
-        connected = {p.peer_id.to_base58() for p in await self.p2p.list_peers()}
+        connected = {p.peer_id.to_base58() for p in await list_peers(self.p2p)}
         return [m for m in maddrs if Multiaddr(m).value_for_protocol("p2p") in connected]
 
     # --- DHT ------------------------------------------------------------------------------
@@ -361,7 +361,7 @@ class Transport:
         self.dht_restarts += 1
         try:
             peers = [str(p.addrs[0].encapsulate(Multiaddr(f"/p2p/{p.peer_id.to_base58()}")))
-                     for p in self.run(self.p2p.list_peers(), 5) if p.addrs]
+                     for p in self.run(list_peers(self.p2p), 5) if p.addrs]
             self._start_dht(peers)
             self._dht_known.clear()
         except Exception as e:  # noqa: BLE001
