@@ -186,7 +186,27 @@ def _read_bitmaps(buf: np.ndarray, rows: np.ndarray, lengths: np.ndarray,
     return np.concatenate(out)
 
 
-class SparseTopK(Codec):
+class _Support(Codec):
+    """A codec whose bytes name positions and their values (zero elsewhere): ``_parse``
+    checks the bytes and gives both; decoding scatters them."""
+
+    def _parse(self, data: bytes | memoryview, numel: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
+        pos, vals = self._parse(data, numel)
+        out = np.zeros(numel, dtype=np.float32)
+        out[pos] = vals
+        return torch.from_numpy(out)
+
+    def decode_into(self, data: bytes | memoryview, out: torch.Tensor) -> None:
+        pos, vals = self._parse(data, out.numel())
+        dst = out.numpy()
+        dst.fill(0.0)
+        dst[pos] = vals
+
+
+class SparseTopK(_Support):
     """Top-k per 4096-value sub-chunk, 12-bit indices and 2-bit values (module docstring).
 
     ``k``: coordinates kept per sub-chunk, even, in [2, 4096]. ``max_abs``: the decoder
@@ -268,20 +288,9 @@ class SparseTopK(Codec):
         pos[full:] = last + rows * SUB
         return pos, lookup[codes]
 
-    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
-        pos, vals = self._parse(data, numel)
-        out = np.zeros(numel, dtype=np.float32)
-        out[pos] = vals
-        return torch.from_numpy(out)
-
-    def decode_into(self, data: bytes | memoryview, out: torch.Tensor) -> None:
-        pos, vals = self._parse(data, out.numel())
-        dst = out.numpy()
-        dst.fill(0.0)
-        dst[pos] = vals
 
 
-class SparseMean(Codec):
+class SparseMean(_Support):
     """The support of any fp32 tensor, positions exact and values int8 (module docstring).
 
     ``max_support``: the most non-zeros a sub-chunk may hold, in [1, 4096]; with n members'
@@ -376,14 +385,3 @@ class SparseMean(Codec):
         pos[~in_list] = mapped
         return pos, self._values.decode(buf[off:].tobytes(), s).numpy()
 
-    def decode(self, data: bytes | memoryview, numel: int) -> torch.Tensor:
-        pos, vals = self._parse(data, numel)
-        out = np.zeros(numel, dtype=np.float32)
-        out[pos] = vals
-        return torch.from_numpy(out)
-
-    def decode_into(self, data: bytes | memoryview, out: torch.Tensor) -> None:
-        pos, vals = self._parse(data, out.numel())
-        dst = out.numpy()
-        dst.fill(0.0)
-        dst[pos] = vals

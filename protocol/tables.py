@@ -29,7 +29,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-__all__ = ["TableError", "build_table", "check_table"]
+__all__ = ["TableError", "build_table", "check_table", "non_negative", "positive"]
 
 T = TypeVar("T")
 
@@ -90,6 +90,22 @@ def check_table(cls: type, data: Any) -> dict[str, Any]:
         except _Mismatch:
             raise TableError(key, f"expected {_describe(hint)}, got {_kind(value)}") from None
     return out
+
+
+def positive(obj: object, *names: str) -> None:
+    """``TableError`` for the first of ``obj``'s fields ``names`` that is not > 0."""
+    for name in names:
+        value = getattr(obj, name)
+        if not value > 0:
+            raise TableError(name, f"must be positive, got {value!r}")
+
+
+def non_negative(obj: object, *names: str) -> None:
+    """``TableError`` for the first of ``obj``'s fields ``names`` that is not >= 0."""
+    for name in names:
+        value = getattr(obj, name)
+        if not value >= 0:
+            raise TableError(name, f"must be >= 0, got {value!r}")
 
 
 def _nest_moved(data: Mapping[str, Any], moved: Mapping[str, str], name: str) -> dict[str, Any]:

@@ -22,27 +22,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from protocol.tables import TableError, build_table
+from protocol.tables import TableError, build_table, non_negative, positive
 
 __all__ = ["ROLLOUT_MODES", "AnnouncementsConfig", "FeedsConfig", "GossipConfig", "LimitsConfig",
            "PeersConfig", "PubsubConfig", "RelayConfig", "ScoringConfig"]
 
 ROLLOUT_MODES = ("feeds", "flood")
 _TUPLES = ("listen", "announce", "bootstrap", "capabilities", "collective_addrs")
-
-
-def _positive(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value > 0:
-            raise TableError(name, f"must be positive, got {value!r}")
-
-
-def _non_negative(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value >= 0:
-            raise TableError(name, f"must be >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +51,7 @@ class PeersConfig:
     """Period of the connection-maintenance loop (dial up to ``target``)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "target", "max", "bootstrap_timeout_s", "dial_timeout_s", "ttl_s",
+        positive(self, "target", "max", "bootstrap_timeout_s", "dial_timeout_s", "ttl_s",
                   "maintain_interval_s")
         if self.max < self.target:
             raise TableError("max", "must be >= target")
@@ -90,7 +76,7 @@ class AnnouncementsConfig:
     peer less than half of this after its previous one is ignored, not relayed."""
 
     def __post_init__(self) -> None:
-        _positive(self, "interval_s", "rate_per_s", "interval_max_s", "min_gap_s")
+        positive(self, "interval_s", "rate_per_s", "interval_max_s", "min_gap_s")
         if not self.interval_s <= self.interval_max_s <= 86_400:
             raise TableError("interval_max_s", "must be in [interval_s, 86400]")
         if self.min_gap_s > self.interval_s:
@@ -113,8 +99,8 @@ class PubsubConfig:
     """Validated messages held per type for the learner; beyond, the oldest are dropped."""
 
     def __post_init__(self) -> None:
-        _positive(self, "heartbeat_interval_s", "degree", "outbox_size", "inbox_size")
-        _non_negative(self, "publish_interval_s")
+        positive(self, "heartbeat_interval_s", "degree", "outbox_size", "inbox_size")
+        non_negative(self, "publish_interval_s")
         if self.degree < 3:
             raise TableError("degree", "must be at least 3")
 
@@ -134,8 +120,8 @@ class LimitsConfig:
     doctor`` checks the node's clock against it)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "rate_per_s", "rate_burst", "replay_window_s")
-        _non_negative(self, "max_future_s")
+        positive(self, "rate_per_s", "rate_burst", "replay_window_s")
+        non_negative(self, "max_future_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +141,7 @@ class ScoringConfig:
             raise TableError("invalid_message_weight", "must be >= 0 (it is subtracted)")
         if self.graylist_threshold >= 0:
             raise TableError("graylist_threshold", "must be negative")
-        _positive(self, "graylist_ban_s")
+        positive(self, "graylist_ban_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,10 +177,10 @@ class FeedsConfig:
     """A feed whose write stalls this long is ended (the subscriber stopped reading)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "sources", "rotate_s", "max_subscribers", "queue", "backfill_s",
+        positive(self, "sources", "rotate_s", "max_subscribers", "queue", "backfill_s",
                   "cooldown_s", "explore_slots", "subscribe_per_s", "subscribe_burst",
                   "write_timeout_s")
-        _non_negative(self, "trial_rounds")
+        non_negative(self, "trial_rounds")
         if self.explore_slots > self.sources:
             raise TableError("explore_slots", "must be <= sources")
 
@@ -225,7 +211,7 @@ class RelayConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.service, bool):
             raise TableError("service", "must be a bool")
-        _positive(self, "reachability_interval_s", "reservations", "max_reservations",
+        positive(self, "reachability_interval_s", "reservations", "max_reservations",
                   "max_circuits", "circuit_s", "circuit_bytes", "reservation_ttl_s")
         if self.reservation_ttl_s < 120:
             raise TableError("reservation_ttl_s", "must be >= 120 (refreshed 60 s before expiry)")

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.tables import TableError, build_table
+from protocol.tables import TableError, build_table, non_negative, positive
 
 __all__ = [
     "ENGINE_BACKENDS",
@@ -27,20 +27,6 @@ __all__ = [
     "TrainerConfig",
     "VerifyConfig",
 ]
-
-
-def _positive(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value > 0:
-            raise TableError(name, f"must be positive, got {value!r}")
-
-
-def _non_negative(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not value >= 0:
-            raise TableError(name, f"must be >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +56,7 @@ class PolicyConfig:
             raise TableError("dtype", f"must be auto/float32/bfloat16/float16, got {self.dtype!r}")
         if not (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")):
             raise TableError("device", f"unknown device {self.device!r}")
-        _non_negative(self, "threads")
+        non_negative(self, "threads")
 
 
 ENGINE_BACKENDS = ("transformers", "vllm")
@@ -114,8 +100,8 @@ class EngineConfig:
             if any(not s for s in self.stop):
                 raise TableError("stop", "must not contain empty strings")
         if self.max_new_tokens is not None:
-            _positive(self, "max_new_tokens")
-        _positive(self, "temperature", "top_p")
+            positive(self, "max_new_tokens")
+        positive(self, "temperature", "top_p")
         if self.top_p > 1:
             raise TableError("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.backend not in ENGINE_BACKENDS:
@@ -222,10 +208,10 @@ class TrainerConfig:
     backward (gradient checkpointing: ~1/3 more compute, activations / layers); 0: always."""
 
     def __post_init__(self) -> None:
-        _positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens",
+        positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens",
                   "microbatch_tokens", "logits_chunk_mb")
-        _non_negative(self, "grad_checkpoint_min_params")
-        _non_negative(self, "clip_low", "clip_high", "kl_coef", "entropy_coef", "grad_clip",
+        non_negative(self, "grad_checkpoint_min_params")
+        non_negative(self, "clip_low", "clip_high", "kl_coef", "entropy_coef", "grad_clip",
                       "weight_decay")
         if self.clip_low >= 1:
             raise TableError("clip_low", f"must be < 1, got {self.clip_low}")
@@ -280,9 +266,9 @@ class SapoConfig:
     """Lower bound of the adaptive J (only with ``adaptive_external``)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "questions_per_round", "completions_per_question", "pool_capacity",
+        positive(self, "questions_per_round", "completions_per_question", "pool_capacity",
                   "max_receive", "per_sender_round", "max_senders", "dedupe_window")
-        _non_negative(self, "external", "max_age_rounds", "newcomer_round",
+        non_negative(self, "external", "max_age_rounds", "newcomer_round",
                       "trust_after", "trust_min", "min_external", "baseline_momentum")
         if self.external > self.questions_per_round:
             raise TableError("external", f"must be <= questions_per_round "
@@ -322,8 +308,8 @@ class VerifyConfig:
     rejected (``verify_unavailable``)."""
 
     def __post_init__(self) -> None:
-        _non_negative(self, "memory_mb", "max_restarts")
-        _positive(self, "cpu_s", "rollout_timeout_s", "call_timeout_s", "start_timeout_s")
+        non_negative(self, "memory_mb", "max_restarts")
+        positive(self, "cpu_s", "rollout_timeout_s", "call_timeout_s", "start_timeout_s")
         if 0 < self.memory_mb < 256:
             raise TableError("memory_mb", f"must be 0 or >= 256, got {self.memory_mb}")
 
@@ -375,8 +361,8 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if not self.data_dir:
             raise TableError("data_dir", "must be non-empty")
-        _non_negative(self, "checkpoint_every", "checkpoint_every_s", "seed", "eval_every")
-        _positive(self, "keep_checkpoints", "eval_questions", "eval_samples")
+        non_negative(self, "checkpoint_every", "checkpoint_every_s", "seed", "eval_every")
+        positive(self, "keep_checkpoints", "eval_questions", "eval_samples")
         if self.eval_questions > 10_000:
             raise TableError("eval_questions", f"must be <= 10000, got {self.eval_questions}")
         if self.eval_samples > 64:
