@@ -156,6 +156,7 @@ def test_state_roundtrip_hash_and_nesterov_matches_torch_sgd() -> None:
     ("group.min_peers", 1, "group.min_peers"), ("bounds.weight", 0.0, "bounds.weight"),
     ("bounds.max_norm_ratio", 1.0, "bounds.max_norm_ratio"),
     ("transport.host_maddrs", [], "transport.host_maddrs"), ("swarm_id", "", "swarm_id"),
+    ("sparse.k", 63, "sparse.k"), ("sparse.error_decay", 1.5, "sparse.error_decay"),
     ("outer_lr", -1.0, "optimizer.lr"),  # an old flat key: checked at its new place
     ("deadline_s", 0.0, "schedule.deadline_s"),
 ])
