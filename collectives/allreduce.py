@@ -225,7 +225,8 @@ class AllReduce:
     # --- the phases -----------------------------------------------------------------------
     async def form_group(self, order: list[str], *, freeze_at: float, latest: float,
                          reply_by: float | None = None, deadline: float | None = None,
-                         no_wait: frozenset[str] = frozenset()) -> GroupInfo:
+                         no_wait: frozenset[str] = frozenset(),
+                         refuse: frozenset[str] = frozenset()) -> GroupInfo:
         """This attempt's group (``Matchmaker.form_group``; ``reply_by`` defaults to the
         session's end) or StepFailed. ``deadline``: the attempt's new end (a meeting on the
         clock counts it from the read)."""
@@ -235,7 +236,8 @@ class AllReduce:
             s.deadline = deadline
         return await self.matchmaker.form_group(
             s, order, freeze_at=freeze_at, latest=latest,
-            reply_by=s.deadline if reply_by is None else reply_by, no_wait=no_wait)
+            reply_by=s.deadline if reply_by is None else reply_by, no_wait=no_wait,
+            refuse=refuse)
 
     async def exchange(self, delta: torch.Tensor, group: GroupInfo, *, reduce_deadline: float,
                        out: torch.Tensor | None = None,

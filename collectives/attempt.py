@@ -55,6 +55,9 @@ logger = logging.getLogger(__name__)
 REPLY_GRACE_S = 1.0
 """A member waits for its leader's answer until the leader's latest freeze (as far as the
 member can tell: its own, plus a window) and this much more; then the leader stalled."""
+ADOPT_RUNGS_UP = 4
+"""A newcomer takes the period of the meeting it moves to up to this multiple of its own
+proposal (two rungs of the ladder)."""
 FREEZE_GRACE_S = 0.5
 """On the clock, the leader freezes the group at most this long after its read ended (for
 JOINs already on their way)."""
@@ -198,9 +201,9 @@ class Attempt:
         if work.meet is not None:
             # a blamed peer's clock code does not stretch our window (seen: a staller's
             # proposal made the honest peers' window 8 s for a meeting)
-            blamed = self.blame.blamed()
+            unwaited = self.blame.unwaited()
             window = self.clock.window(self.clock.longest(
-                [c for p, c in holders.items() if p not in blamed] or list(holders.values())))
+                [c for p, c in holders.items() if p not in unwaited] or list(holders.values())))
             draft.note(window=round(window, 3))
         else:
             window = min(cfg.schedule.deadline_s / 2, work.window or cfg.schedule.join_window_s)
@@ -217,9 +220,11 @@ class Attempt:
         # the leader's freeze is over by its latest join, counted from its read, which
         # may come up to a window after ours
         reply_by = deadlines.latest_join + window + REPLY_GRACE_S
-        self._group_step(work, draft, start, order, holders, deadlines, freeze_at, reply_by,
-                         wait_joins=roster.late is None)
-        return read_at
+        # a leader's wait for no-shows does not recur (they are marked): not a step's length
+        # that the next periods must hold (seen: one such wait made the period 8 s)
+        waited = self._group_step(work, draft, start, order, holders, deadlines, freeze_at,
+                                  reply_by, wait_joins=roster.late is None)
+        return read_at + waited
 
     # --- catch-up -------------------------------------------------------------------------
     def _catch_up(self, work: Work, draft: Draft, rejected: Rejected, deadline: float) -> bool:
@@ -253,13 +258,17 @@ class Attempt:
         """Move ``work`` to the open meeting where peers at our state joined (with
         ``among``: one of those) and take their period; False if there is none."""
         found = self.rendezvous.find_meeting(self.holding.version(), self.holding.hash(),
-                                             but=but, among=among)
+                                             but=but, among=among,
+                                             ignore=self.blame.unwaited())
         if found is None:
             return False
         work.meet, codes = found
         work.met = tuple(codes)
         draft.note(meet=work.meet)
-        self.clock.adopt(codes)
+        # a period in a join record is its peer's word: at most two rungs past our own
+        # proposal (a staller claiming the longest, 600 s, kept three honest peers from
+        # ever meeting); the group we then meet agrees on its members' proposals (heard)
+        self.clock.adopt(codes, at_most=ADOPT_RUNGS_UP * self.clock.proposal())
         logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
                     work.meet, len(codes))
         return True
@@ -269,12 +278,13 @@ class Attempt:
         """Join ``work``'s meeting and read who came; once more at another meeting when
         peers at our state went there instead."""
         v, my_hash, expected = start.version, start.state_hash, start.expected
-        roster = self.rendezvous.join(work, v, my_hash, expected, discovered)
+        ignore = self.blame.unwaited()
+        roster = self.rendezvous.join(work, v, my_hash, expected, discovered, ignore=ignore)
         if len(roster.holders) < self.config.group.min_peers and self._unagreed(work) \
                 and self._meet_others(work, draft, but=work.meet):
             # alone where our own period led us; peers at our state are at another meeting
             # (they joined after our first look): there, once
-            return self.rendezvous.join(work, v, my_hash, expected, discovered)
+            return self.rendezvous.join(work, v, my_hash, expected, discovered, ignore=ignore)
         if work.final and work.meet is not None and not roster.early:
             # finished (finish.py), and a peer we expect is not at our meeting: one still
             # training may be at one of its own period's, which opened earlier and is read
@@ -283,17 +293,18 @@ class Attempt:
             # left 4 s before they stepped, and the swarm ended at two states)
             missing = (expected | discovered) - set(roster.holders) - {self.peer_id}
             if missing and self._meet_others(work, draft, but=work.meet, among=missing):
-                return self.rendezvous.join(work, v, my_hash, expected, discovered)
+                return self.rendezvous.join(work, v, my_hash, expected, discovered, ignore=ignore)
         return roster
 
     # --- group, exchange, apply, vote, commit ---------------------------------------------
     def _group_step(self, work: Work, draft: Draft, start: Start, order: list[str],
                     seen: dict[str, int], deadlines: Deadlines, freeze_at: float,
-                    reply_by: float, *, wait_joins: bool) -> None:
+                    reply_by: float, *, wait_joins: bool) -> float:
         """Form the group, all-reduce, apply, vote, commit. ``order``: the peers whose join
         records claim our hash, in the order they lead; ``seen``: those peers -> their clock
         code (``wait_joins``: as leader, wait past ``freeze_at`` for those that did not JOIN
-        yet)."""
+        yet). Returns how long the leader waited past the freeze for holders that never
+        came (0 if none)."""
         cfg = self.config
         v, my_hash = start.version, start.state_hash
         try:
@@ -301,7 +312,8 @@ class Attempt:
                 self.ar.form_group(order, freeze_at=freeze_at,
                                    latest=deadlines.latest_join if wait_joins else freeze_at,
                                    reply_by=reply_by, deadline=deadlines.exchange,
-                                   no_wait=self.blame.blamed()),
+                                   no_wait=self.blame.unwaited(),
+                                   refuse=self.blame.blamed()),
                 deadlines.exchange - time.monotonic())
         except LeaderFailed as e:
             # a leader that stalled us, or refused a JOIN we sent in time, ranks last in our
@@ -310,24 +322,30 @@ class Attempt:
                 self.blame.blame(e.leader, f"leader_{e.why}")
             draft.error = f"group did not form: {e!r}"[:500]
             logger.info("outer step at version %d: %s", v, draft.error)
-            return
+            return 0.0
         except (StepFailed, TimeoutError) as e:
             # left out (late JOIN, dead leader): if the others step, their version commits
             # extend ours and our next catch-up adopts them (rule 2)
             draft.error = f"group did not form: {e!r}"[:500]
             logger.info("outer step at version %d: %s", v, draft.error)
-            return
+            return 0.0
         draft.mark("group")
         members = list(group.members)
-        # not blamed: a holder that never sent its JOIN (its record may be an earlier
-        # attempt's at this version: test_lineage's lone peers then disagreed on the leader)
+        # a holder of our state outside the group did not JOIN by the freeze: not blamed
+        # (its record may be an earlier attempt's at this version: test_lineage's lone
+        # peers then disagreed on the leader), but not waited for again (leader.py no_show;
+        # every member got the same group, so every one of them marks it)
+        no_shows = set(seen) - set(members) - {self.peer_id}
+        for peer in sorted(no_shows):
+            self.blame.no_show(peer)
+        waited = max(0.0, time.monotonic() - freeze_at) if no_shows else 0.0
         draft.peers = len(members)
         # the next period: the largest proposal of this group's members (every member read
         # their records, so every member takes the same)
         self.clock.heard([seen[m] for m in members if m in seen])
         if len(members) < cfg.group.min_peers:
             draft.status = Status.ALONE
-            return
+            return waited
         self.holding.grouped(members)
         pre, report, unsent = self._exchange(work, draft, start, group, deadlines)
         for peer in sorted(report.suspects):  # its shard or its contribution never came
@@ -336,6 +354,7 @@ class Attempt:
             self.blame.clear(peer)
         draft.mark("exchange")
         self._settle(work, draft, start, members, pre, report, deadlines, unsent)
+        return waited
 
     def _exchange(self, work: Work, draft: Draft, start: Start, group: GroupInfo,
                   deadlines: Deadlines

@@ -17,10 +17,22 @@ meetings are known in advance, so a ground key can rank first there; a witness l
 
 Blame is local, never voted: a leader that refused our timely JOIN or did not answer it
 in time and a member whose shard or contribution never came rank last in our order, and a
-leader does not wait for them past its freeze, for the next ``BLAME_ATTEMPTS`` attempts, twice as many for each
-blame again (up to ``MAX_BLAME_ATTEMPTS``). Every member that saw a stall blames the same
-peer, so they pick the same next leader. A peer whose contribution we accepted since is
-cleared (a slow honest peer that missed a JOIN is not held to it).
+leader neither admits them to its group (a member that JOINs and never reduces failed every
+group it was admitted to) nor waits for them, for the next ``BLAME_ATTEMPTS`` attempts
+(``STRANGER_BLAME_ATTEMPTS`` for a peer that never took part in a step with us), twice as
+many for each blame again (up to ``MAX_BLAME_ATTEMPTS``). Every member that saw a stall
+blames the same peer, so they pick the same next leader. A peer whose contribution we
+accepted since is cleared (a slow honest peer that missed a JOIN is not held to it).
+
+A holder of our state that never JOINs (its record claims our hash; issue 32's staller)
+cost each leader a wait until its latest freeze at every meeting, and the slower steps
+lengthened everyone's period (measured: 0.35x the no-attack rate of `ok` steps). Every
+member sees it outside the group formed (``Blame.no_show``): no leader waits for it past
+the freeze for the next attempts (as long as a blame), its clock code stretches neither our
+read nor our window, and a newcomer does not move to its meetings; it never enters the
+order. The period a newcomer adopts from the records at a meeting it moves to is capped at
+two rungs past its own proposal (a staller re-storing records that claim the longest
+period, 600 s, kept three honest peers from ever meeting).
 """
 
 from __future__ import annotations
@@ -28,10 +40,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-__all__ = ["BLAME_ATTEMPTS", "MAX_BLAME_ATTEMPTS", "Blame", "leader_order"]
+__all__ = ["BLAME_ATTEMPTS", "MAX_BLAME_ATTEMPTS", "STRANGER_BLAME_ATTEMPTS", "Blame",
+           "leader_order"]
 
 BLAME_ATTEMPTS = 3
-"""Attempts a peer blamed once ranks last in our leader order."""
+"""Attempts a peer blamed once ranks last in our leader order (one that took part in a step
+with us before; ``STRANGER_BLAME_ATTEMPTS`` for one that never did)."""
+STRANGER_BLAME_ATTEMPTS = 24
+"""The same for a peer that never took part in a step with us: fresh identities are free,
+and one that JOINs and never reduces failed a group each time its blame ran out (3 of 18
+meetings lost per failure at 3 attempts). An honest newcomer whose first step failed waits
+longer to be admitted; it keeps its rounds and adopts the versions meanwhile."""
 MAX_BLAME_ATTEMPTS = 96
 """The longest blame (a peer blamed again and again)."""
 
@@ -46,39 +65,100 @@ def leader_order(holders: Iterable[str], *, state_hash: str, meeting: str,
     return sorted(set(holders), key=rank)
 
 
-class Blame:
-    """Peers we saw stall a group, each for a number of attempts (the outer thread only)."""
+class _Spans:
+    """Peers marked for a number of attempts, doubled for each mark again (bounded: fresh
+    identities are free, so the older marks stay when it is full)."""
 
-    def __init__(self, attempts: int = BLAME_ATTEMPTS, max_peers: int = 256) -> None:
+    def __init__(self, attempts: int, max_peers: int) -> None:
         self._attempts, self._max = attempts, max_peers
-        self._ended = 0
         self._until: dict[str, int] = {}
-        """Peer -> blamed while fewer attempts than this have ended."""
+        """Peer -> marked while fewer attempts than this have ended."""
         self._times: dict[str, int] = {}
-        """Peer -> how often we blamed it (bounded like ``_until``)."""
-        self.counts: dict[str, int] = {}
-        """Blames by reason, since the start (for the step record)."""
+        """Peer -> how often we marked it (bounded like ``_until``)."""
 
-    def blame(self, peer: str, why: str) -> None:
-        """``peer`` ranks last in the next attempts' leader order: ``attempts`` of them,
-        doubled for each time it was blamed before."""
+    def mark(self, peer: str, ended: int, *, attempts: int | None = None) -> bool:
         if peer not in self._until and len(self._until) >= self._max:
-            return  # fresh identities are free: the list is bounded, the older blames stay
+            return False
         if peer not in self._times and len(self._times) >= self._max:
             self._times.pop(next(iter(self._times)))
         times = self._times[peer] = self._times.get(peer, 0) + 1
-        span = min(MAX_BLAME_ATTEMPTS, self._attempts << min(times - 1, 16))
-        self._until[peer] = max(self._until.get(peer, 0), self._ended + 1 + span)
-        self.counts[why] = self.counts.get(why, 0) + 1
+        base = self._attempts if attempts is None else attempts
+        span = min(MAX_BLAME_ATTEMPTS, base << min(times - 1, 16))
+        self._until[peer] = max(self._until.get(peer, 0), ended + 1 + span)
+        return True
+
+    def clear(self, peer: str) -> None:
+        self._until.pop(peer, None)
+
+    def peers(self) -> frozenset[str]:
+        return frozenset(self._until)
+
+    def expire(self, ended: int) -> None:
+        self._until = {p: n for p, n in self._until.items() if n > ended}
+
+
+class Blame:
+    """What we saw peers do to our groups, each held against them for a number of attempts
+    (the outer thread only):
+
+    - **blamed** (a leader that stalled us, a member whose shard or contribution never
+      came): last in our leader order, and not waited for;
+    - **no-shows** (a holder of our state that was not in the group formed: its JOIN did
+      not come by the leader's freeze): not waited for past the freeze again. Never in the
+      leader order, which every member must compute alike (a record of an earlier attempt
+      at our version made such blame one-sided: test_lineage). A slow honest peer that
+      JOINs before the freeze is admitted as before, and cleared once it contributes.
+    """
+
+    def __init__(self, attempts: int = BLAME_ATTEMPTS, max_peers: int = 256,
+                 stranger_attempts: int = STRANGER_BLAME_ATTEMPTS) -> None:
+        self._ended, self._max, self._stranger = 0, max_peers, stranger_attempts
+        self._blamed = _Spans(attempts, max_peers)
+        self._absent = _Spans(attempts, max_peers)
+        self._known: dict[str, None] = {}
+        """Peers that took part in a step with us (the latest ``max_peers``)."""
+        self.counts: dict[str, int] = {}
+        """Marks by reason, since the start (for the step record)."""
+
+    def _span(self, peer: str) -> int | None:
+        return None if peer in self._known else self._stranger
+
+    def blame(self, peer: str, why: str) -> None:
+        """``peer`` ranks last in the next attempts' leader order: ``attempts`` of them
+        (``stranger_attempts`` if it never took part in a step with us), doubled for each
+        time it was blamed before."""
+        if self._blamed.mark(peer, self._ended, attempts=self._span(peer)):
+            self.counts[why] = self.counts.get(why, 0) + 1
+
+    def no_show(self, peer: str) -> None:
+        """``peer`` claimed our state but was not in the group formed: the next attempts do
+        not wait for its JOIN past the freeze (as long as ``blame``). A peer blamed already
+        is not counted again."""
+        if peer in self._blamed.peers():
+            return
+        if self._absent.mark(peer, self._ended, attempts=self._span(peer)):
+            self.counts["no_show"] = self.counts.get("no_show", 0) + 1
 
     def clear(self, peer: str) -> None:
         """``peer`` took part in a step with us (its contribution was accepted): a slow
-        honest peer blamed for a missed JOIN is waited for again at once."""
-        self._until.pop(peer, None)
+        honest peer blamed for a missed JOIN is waited for again at once, and a blame
+        again lasts as long as a known peer's."""
+        self._blamed.clear(peer)
+        self._absent.clear(peer)
+        self._known.pop(peer, None)
+        self._known[peer] = None
+        if len(self._known) > self._max:
+            self._known.pop(next(iter(self._known)))
 
     def blamed(self) -> frozenset[str]:
-        return frozenset(self._until)
+        """Last in our leader order."""
+        return self._blamed.peers()
+
+    def unwaited(self) -> frozenset[str]:
+        """Not waited for past a freeze, and their clock codes do not stretch our window."""
+        return self._blamed.peers() | self._absent.peers()
 
     def attempt_ended(self) -> None:
         self._ended += 1
-        self._until = {p: n for p, n in self._until.items() if n > self._ended}
+        self._blamed.expire(self._ended)
+        self._absent.expire(self._ended)

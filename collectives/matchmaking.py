@@ -72,13 +72,15 @@ class Matchmaker:
 
     async def form_group(self, s: Session, order: list[str], *, freeze_at: float,
                          latest: float, reply_by: float,
-                         no_wait: frozenset[str] = frozenset()) -> GroupInfo:
+                         no_wait: frozenset[str] = frozenset(),
+                         refuse: frozenset[str] = frozenset()) -> GroupInfo:
         """This attempt's group (or StepFailed); sets ``s.group`` either way. ``order``: the
         peers whose join records claim our hash, in the order they lead (leader.py; its
         first is the leader). As leader we freeze at ``freeze_at``, or later (up to
         ``latest``) while one of them has not sent its JOIN yet: slow peers (a large model to
         hash) are not dropped for being a second late, unless we blamed them (``no_wait``:
-        leader.py). As member we wait for the leader's
+        leader.py); and we admit none of ``refuse`` (peers we blamed: a member whose shard
+        never came would fail every group it is admitted to). As member we wait for the leader's
         answer until ``reply_by`` (its freeze is over by then): no answer is a stall
         (``LeaderFailed``), as is a refusal.
 
@@ -93,7 +95,8 @@ class Matchmaker:
         dead: set[str] = set()
         for cand in order:
             if cand == self.peer_id:
-                return await self._lead(s, freeze_at, expected - dead - no_wait, latest)
+                return await self._lead(s, freeze_at, expected - dead - no_wait - refuse,
+                                        latest, refuse)
             try:
                 return await self._join(s, cand, reply_by)
             except _Unreachable as e:
@@ -105,12 +108,12 @@ class Matchmaker:
         raise err
 
     async def _lead(self, s: Session, freeze_at: float, expected: set[str],
-                    latest: float) -> GroupInfo:
+                    latest: float, refuse: frozenset[str]) -> GroupInfo:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(max(0.0, freeze_at - loop.time()))
         while not expected <= s.joins | {self.peer_id} and loop.time() < latest:
             await asyncio.sleep(0.01)  # a JOIN that arrives now is on the critical path
-        members = sorted({self.peer_id} | s.joins)
+        members = sorted({self.peer_id} | (s.joins - refuse))
         if len(members) > self.config.group.max_peers:
             others = [m for m in members if m != self.peer_id][: self.config.group.max_peers - 1]
             members = sorted([self.peer_id, *others])

@@ -55,10 +55,12 @@ class Rendezvous:
 
     def find_meeting(self, v: int, my_hash: str, *, but: float | None = None,
                       among: frozenset[str] | None = None,
+                      ignore: frozenset[str] = frozenset(),
                       ) -> tuple[float, list[int]] | None:
         """The open meeting (schedule.py ``open_meetings``; not ``but``) where the most
         other peers claiming ``my_hash`` at version ``v`` joined, and their clock codes;
-        None if there is none (with ``among``: none where one of those peers joined). At
+        None if there is none (with ``among``: none where one of those peers joined;
+        ``ignore``'s records count for nothing: leader.py). At
         most one DHT read per rung of the ladder (a newcomer's first attempts, a finished
         peer missing someone)."""
         best: tuple[float, list[int]] | None = None
@@ -70,7 +72,7 @@ class Rendezvous:
                 self._book.join_key(v, meet=meet),
                 timeout=min(2.0, self.config.transport.dht_timeout_s)), OuterJoin, step=v)
             there = {p: join_code(c) for p, c in signed.items()
-                     if p != self.peer_id and c.state_hash == my_hash}
+                     if p != self.peer_id and p not in ignore and c.state_hash == my_hash}
             codes = list(there.values())
             if among is not None and not among & set(there):
                 continue
@@ -96,8 +98,11 @@ class Rendezvous:
         return bool(set(signed) & (lineage.witnesses - {self.peer_id}))
 
     def join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
-             discovered: frozenset[str]) -> Roster:
-        """Store our join record for ``work``'s meeting and read who joined."""
+             discovered: frozenset[str], *, ignore: frozenset[str] = frozenset()) -> Roster:
+        """Store our join record for ``work``'s meeting and read who joined. The clock codes
+        of ``ignore`` (peers we blamed or saw not come: leader.py) do not lengthen the read:
+        a code is the peer's own claim (a staller claiming the longest period stretched
+        every read to the longest window)."""
         cfg = self.config
         if work.meet is None:
             window = min(cfg.schedule.deadline_s / 2, work.window or cfg.schedule.join_window_s)
@@ -124,7 +129,7 @@ class Rendezvous:
         # know it waits for the next meeting), else at the window's end: on the clock the
         # meeting + the window of the longest period among them, the same time for everyone
         holders, early = self._read_group(join_key, v, my_hash, expected, discovered, read_at,
-                                          code, meet_at=meet_at)
+                                          code, meet_at=meet_at, ignore=ignore)
         late = None
         if meet_at is not None:
             # the peers already there stopped reading at the meeting + the window of the
@@ -133,14 +138,15 @@ class Rendezvous:
             # peers behind NAT take seconds at 80 ms RTT). Their records are all we read,
             # yet none of them will JOIN us
             closed = self.clock.closes(
-                meet_at, [c for p, c in holders.items() if p != self.peer_id])
+                meet_at, [c for p, c in holders.items() if p != self.peer_id and p not in ignore])
             if t_store > closed:  # even the store began after their read
                 late = round(t_store - closed, 3)
         return Roster(holders, early, late)
 
     def _read_group(self, join_key: str, v: int, my_hash: str, expected: frozenset[str],
                     discovered: frozenset[str], read_at: float, code: int, *,
-                    meet_at: float | None = None) -> tuple[dict[str, int], bool]:
+                    meet_at: float | None = None, ignore: frozenset[str] = frozenset()
+                    ) -> tuple[dict[str, int], bool]:
         """Peer -> clock code (schedule.py) of the peers that claim our hash (us included),
         read until ``read_at``, or until every ``expected`` peer claims our hash and every
         ``discovered`` one has joined at all (if there is anyone to wait for); and whether
@@ -163,8 +169,8 @@ class Rendezvous:
             holders = {p: join_code(c) for p, c in signed.items()
                        if c.state_hash == my_hash} | mine
             if meet_at is not None:
-                read_at = max(read_at, meet_at + self.clock.window(
-                    self.clock.longest(list(holders.values()))))
+                read_at = max(read_at, meet_at + self.clock.window(self.clock.longest(
+                    [c for p, c in holders.items() if p not in ignore])))
             early = bool(anyone) and expected <= set(holders) \
                 and anyone <= set(signed) | set(holders)
             if early and meet_at is not None and time.monotonic() < meet_at:

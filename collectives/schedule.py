@@ -106,14 +106,16 @@ class Clock:
             self._heard = min(max(ok, default=0.0), self.max_period_s)
             self._agreed |= len(ok) >= 2
 
-    def adopt(self, codes: list[int]) -> None:
+    def adopt(self, codes: list[int], *, at_most: float | None = None) -> None:
         """The ``agreed_code()`` of the version we just adopted from peers we did not meet
-        (the longest, capped): their period becomes ours until our next meeting, so we go to
-        their meetings, not to ones nobody else attends."""
+        (the longest, capped at ``max_period_s`` and ``at_most``): their period becomes ours
+        until our next meeting, so we go to their meetings, not to ones nobody else
+        attends."""
         ok = [self._decode(c)[1] for c in codes if isinstance(c, int) and c > 0]
         if ok:
             with self._lock:
-                self._heard = min(max(ok), self.max_period_s)
+                self._heard = min(max(ok), self.max_period_s,
+                                  math.inf if at_most is None else at_most)
                 self._agreed = True
 
     def finish(self) -> None:

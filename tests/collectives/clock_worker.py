@@ -14,7 +14,10 @@ seconds of the round loop (and of ``--finish``: then ``OuterLoop.finish``, its s
 like the others, and exit); ``--leave``: exit right away without it (close() says we left). ``--stall hold|refuse``: a
 hostile leader (issue 32) that never joins a group and, asked to lead one, holds every JOIN
 until its session's end or refuses it at once; otherwise a real outer loop (it holds and
-claims the group's state, so it is among the peers a leader is chosen from).
+claims the group's state, so it is among the peers a leader is chosen from). ``--stall
+restore``: ``hold``, and it re-stores a join record claiming the longest period every
+0.5 s. ``--stall member``: it JOINs like an honest peer and, admitted, never reduces its
+shard nor sends its contribution.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,8 +36,11 @@ import numpy as np
 import torch
 
 from collectives import OuterConfig, OuterLoop, StepFailed
+from collectives.allreduce import AllReduce
 from collectives.config import ScheduleConfig
 from collectives.matchmaking import Matchmaker
+from collectives.member import Member
+from collectives.schedule import RUNGS
 from collectives.streams import send_header
 from protocol import Identity, atomic_write_bytes
 from tests.collectives.peer_worker import discover, make_model
@@ -43,12 +51,24 @@ def flat(model: torch.nn.ParameterList) -> np.ndarray:
 
 
 def install_stall(mode: str) -> None:
-    """Make this process the hostile leader of ``--stall`` (see the module docstring)."""
+    """Make this process the hostile of ``--stall`` (see the module docstring)."""
     if mode == "none":
+        return
+    if mode == "member":  # JOINs like anyone; admitted, it never reduces nor contributes
+        async def never_reduce(self, peer, reader, writer):  # type: ignore[no-untyped-def]
+            s = self.session
+            await asyncio.sleep(s.remaining() if s is not None else 10.0)
+
+        async def never_send(self, s, *args, **kwargs):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(s.remaining())
+            raise StepFailed("a hostile member sends nothing")
+
+        AllReduce._on_reduce = never_reduce  # type: ignore[method-assign]
+        Member.exchange = never_send  # type: ignore[method-assign]
         return
 
     async def on_join(self, s, peer, req, writer):  # type: ignore[no-untyped-def]
-        if mode == "hold" and s is not None:
+        if mode in ("hold", "restore") and s is not None:
             await asyncio.sleep(s.remaining())
         await send_header(writer, {"ok": False, "reason": "no"})
 
@@ -57,6 +77,29 @@ def install_stall(mode: str) -> None:
 
     Matchmaker.on_join = on_join  # type: ignore[method-assign]
     Matchmaker._join = never_join  # type: ignore[method-assign]
+
+
+def keep_restoring(loop: OuterLoop, every_s: float = 0.5) -> None:
+    """``--stall restore``: besides its own attempts, store a join record claiming the state
+    it holds and the longest period at the open and the next meeting, every ``every_s``
+    (issue 32's hostile that was 0 of 32: always a holder, its code stretching reads)."""
+    att = loop._attempt
+    book, transport, holding = att.rendezvous._book, att.transport, att.holding
+    longest = 1 + (RUNGS - 1) + RUNGS * (RUNGS - 1)
+
+    def run() -> None:
+        while True:
+            try:
+                v, h, p = holding.version(), holding.hash(), loop.clock.period()
+                meet = math.floor(loop._now() / p) * p
+                transport.dht_store_many(
+                    [(book.join_key(v, meet=m), loop.peer_id, book.join(v, h, longest))
+                     for m in (meet, meet + p)], ttl=2 * p + 2, timeout=2.0)
+            except Exception:  # noqa: BLE001 - a hostile keeps trying
+                pass
+            time.sleep(every_s)
+
+    threading.Thread(target=run, daemon=True).start()
 
 
 def main() -> None:
@@ -79,7 +122,8 @@ def main() -> None:
     ap.add_argument("--finish", action="store_true", help="end with OuterLoop.finish()")
     ap.add_argument("--leave", action="store_true", help="end with close() right away")
     ap.add_argument("--final-wait", type=float, default=30.0)
-    ap.add_argument("--stall", choices=["none", "hold", "refuse"], default="none")
+    ap.add_argument("--stall", choices=["none", "hold", "refuse", "restore", "member"],
+                    default="none")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s")
@@ -97,6 +141,8 @@ def main() -> None:
                      group="test-model", params=model, data_dir=str(root / "data" / args.name),
                      discover=lambda: discover(root, args.name),
                      **({"trust": lambda p: True} if args.trust else {}))
+    if args.stall == "restore":
+        keep_restoring(loop)
     atomic_write_bytes(root / "addrs" / f"{args.name}.txt",
                        "\n".join(loop.collective_addrs()).encode())
     while len(list((root / "addrs").glob("*.txt"))) < args.peers:

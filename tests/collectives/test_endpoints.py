@@ -67,6 +67,40 @@ def test_join_reply_lost_once_is_asked_again_and_answered_the_same() -> None:
     asyncio.run(main())
 
 
+def test_a_leader_admits_no_peer_it_blamed() -> None:
+    """A member whose shard never came is blamed (leader.py); as leader we then refuse its
+    JOIN at our freeze, so it cannot fail our next groups (issue 32: a hostile member that
+    JOINs and never reduces failed every group it was admitted to)."""
+    async def main() -> None:
+        a, b = await _pair()
+        try:
+            cfg = OuterConfig(schedule=ScheduleConfig(join_window_s=0.5, deadline_s=10.0))
+            ids = [p.peer_id.to_base58() for p in (a, b)]
+            ars = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
+                             state_provider=lambda h: None) for p, i in zip((a, b), ids)]
+            for ar in ars:
+                await ar.start()
+            loop = asyncio.get_running_loop()
+            for ar in ars:
+                await ar.open_session(step=3, state_hash="h", numel=8, weight=1.0,
+                                      deadline=loop.time() + 8)
+            leader, member = (ars[0], ars[1]) if ids[0] < ids[1] else (ars[1], ars[0])
+            t = loop.time()
+            got = await asyncio.gather(
+                leader.form_group([leader.peer_id, member.peer_id], freeze_at=t + 0.5,
+                                  latest=t + 3, refuse=frozenset({member.peer_id})),
+                member.form_group([leader.peer_id], freeze_at=t + 0.5, latest=t + 3),
+                return_exceptions=True)
+            assert got[0].members == (leader.peer_id,)  # it froze at once: nobody to wait for
+            assert loop.time() - t < 2.5
+            assert isinstance(got[1], StepFailed) and "refused" in str(got[1])
+        finally:
+            await b.shutdown()
+            await a.shutdown()
+
+    asyncio.run(main())
+
+
 def test_state_endpoint_chunks_bounds_and_rate_limits_per_peer() -> None:
     data = bytes(range(256)) * (STATE_CHUNK // 256 * 2 + 7)  # three chunks
     calls = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import string
 
-from collectives.leader import BLAME_ATTEMPTS, Blame, leader_order
+from collectives.leader import BLAME_ATTEMPTS, STRANGER_BLAME_ATTEMPTS, Blame, leader_order
 
 WITNESSES = frozenset({"Qm-honest-a", "Qm-honest-b", "Qm-honest-c"})
 
@@ -51,6 +51,7 @@ def test_a_blamed_peer_ranks_last_for_the_next_attempts_only() -> None:
     holders = set(WITNESSES)
     order = leader_order(holders, state_hash="ab" * 32, meeting="7", witnesses=WITNESSES)
     staller = order[0]
+    blame.clear(staller)  # a witness: it took part in a step with us
     blame.blame(staller, "leader_stalled")  # during an attempt
     blame.attempt_ended()
     for _ in range(BLAME_ATTEMPTS):
@@ -71,6 +72,7 @@ def test_the_blame_list_is_bounded() -> None:
 
 def test_a_peer_blamed_again_is_skipped_longer_and_cleared_when_it_takes_part() -> None:
     blame = Blame()
+    blame.clear("p")  # known: it took part in a step with us
     spans = []
     for _ in range(3):
         blame.blame("p", "join_missing")
@@ -83,3 +85,45 @@ def test_a_peer_blamed_again_is_skipped_longer_and_cleared_when_it_takes_part() 
     blame.blame("p", "join_missing")
     blame.clear("p")  # it contributed to a step with us
     assert blame.blamed() == frozenset()
+
+
+def test_a_no_show_is_not_waited_for_but_keeps_its_rank() -> None:
+    """A holder whose JOIN we waited for in vain: no wait past the freeze next time, but
+    the leader order (which every member must compute alike) does not move."""
+    blame = Blame()
+    holders = set(WITNESSES)
+    order = leader_order(holders, state_hash="ab" * 32, meeting="7", witnesses=WITNESSES)
+    for peer in holders:  # witnesses: they took part in steps with us
+        blame.clear(peer)
+    blame.no_show(order[0])
+    blame.attempt_ended()
+    assert blame.unwaited() == {order[0]} and blame.blamed() == frozenset()
+    assert leader_order(holders, state_hash="ab" * 32, meeting="7", witnesses=WITNESSES,
+                        blamed=blame.blamed()) == order
+    blame.no_show(order[1])
+    blame.clear(order[1])  # it JOINed and contributed since
+    assert blame.unwaited() == {order[0]}
+    for _ in range(BLAME_ATTEMPTS):
+        blame.attempt_ended()
+    assert blame.unwaited() == frozenset()
+    assert blame.counts == {"no_show": 2}
+
+
+def test_a_stranger_is_held_to_its_blame_longer_than_a_peer_that_took_part() -> None:
+    """Fresh identities are free: one that never took part in a step with us and failed
+    one (JOINed, never reduced) is not admitted again for ``STRANGER_BLAME_ATTEMPTS``."""
+    blame = Blame()
+    blame.clear("known")
+    blame.blame("known", "exchange_missing")
+    blame.blame("stranger", "exchange_missing")
+    blame.no_show("stranger")  # refused while blamed: not counted twice
+    spans = {}
+    n = 0
+    while blame.blamed():
+        blame.attempt_ended()
+        n += 1
+        for peer in ("known", "stranger"):
+            if peer not in blame.blamed():
+                spans.setdefault(peer, n)
+    assert spans == {"known": BLAME_ATTEMPTS + 1, "stranger": STRANGER_BLAME_ATTEMPTS + 1}
+    assert blame.counts == {"exchange_missing": 2}

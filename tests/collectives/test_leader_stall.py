@@ -4,8 +4,9 @@ their averaging by leading and stalling. Before leader.py the smallest id led: i
 meeting it came to, held the JOINs (or refused them) and 1 of 9-38 honest steps was `ok`.
 
 The hostile process (clock_worker ``--stall``) runs a real outer loop, so it holds the
-group's state and claims it in its join records, but never joins a group and, chosen to
-lead, holds every JOIN to its session's end or refuses it."""
+group's state and claims it in its join records; the variants are in the test's docstring.
+Before the no-show marks (leader.py) the honest rate was 0.26-0.72 of the no-attack one with
+``hold``."""
 
 from __future__ import annotations
 
@@ -52,44 +53,49 @@ def test_the_ground_key_sorts_first() -> None:
     assert _peer_id(GROUND_SEED) < min(_peer_id(s) for s in HONEST.values())
 
 
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> tuple[dict[str, int], dict[str, list[dict]]]:
+    """The same honest peers without the hostile."""
+    swarm = Swarm(tmp_path_factory.mktemp("none"))
+    try:
+        return _run(swarm, None)
+    finally:
+        swarm.close()
+
+
 @pytest.mark.slow
-def test_a_ground_leader_that_stalls_does_not_stop_honest_averaging(tmp_path) -> None:
-    """No attack, then the hostile holding JOINs (the worse: each JOIN held to the bound;
-    a refusal is the same path at once, test_endpoints.py): each a fresh swarm."""
-    runs = {}
-    for stall in (None, "hold"):
-        root = tmp_path / (stall or "none")
-        root.mkdir()
-        swarm = Swarm(root)
-        try:
-            runs[stall] = _run(swarm, stall)
-        finally:
-            swarm.close()
-    ok_none = runs[None][0]
+@pytest.mark.parametrize("stall", ["hold", "restore", "member"])
+def test_one_hostile_identity_does_not_slow_honest_averaging(stall, baseline, tmp_path) -> None:
+    """Issue 32's bound: with one hostile identity (its key ground to sort first) the honest
+    peers average at >= 0.8 of the rate they do without it. ``hold``: it holds every JOIN it
+    gets and never JOINs (a leader waited for it until its latest freeze at every meeting,
+    and the slow steps lengthened everyone's period); ``restore``: the same, re-storing a
+    record that claims the longest period every 0.5 s (it stretched every read); ``member``:
+    it JOINs, then never reduces nor contributes (it failed every group it was admitted to)."""
+    swarm = Swarm(tmp_path)
+    try:
+        ok_attack, records = _run(swarm, stall)
+    finally:
+        swarm.close()
+    ok_none, base = baseline
     assert min(ok_none.values()) >= 4, ok_none  # the baseline itself averaged
     hostile = _peer_id(GROUND_SEED)
-    for stall in ("hold",):
-        ok_attack, records = runs[stall]
-        led = {n: sum(r.get("leader") == hostile for r in recs) for n, recs in records.items()}
-        blames = {n: max((r.get("blames_total", {}) for r in recs), key=len, default={})
-                  for n, recs in records.items()}
-        print(f"{stall}: honest ok steps {ok_attack} (no attack {ok_none}); led by the "
-              f"hostile {led}; blames {blames}")
-        for n in HONEST:
-            # the rate of `ok` steps once the honest peers averaged (after the stall the
-            # draw at genesis may give it: a one-time cost of ~2 meetings that a 36 s run
-            # would weigh like a permanent one)
-            rate = {k: _ok_rate(runs[k][1][n]) for k in (None, stall)}
-            print(f"{stall}: {n} ok steps per second {rate}")
-            # Not asserted: issue 32's 0.8 of the no-attack rate. Measured 0.26-0.72 here
-            # (6 of 15-16 in the last run):
-            # the hostile no longer leads (before leader.py: 4-5 times, 0 honest steps
-            # `ok`), but as a holder that never JOINs it still costs each leader a wait
-            # until its latest freeze, and its clock code stretches the honest window
-            # (8 s) until it is blamed: the next defence to build.
-            assert ok_attack[n] >= 3, (stall, n, rate, ok_attack, ok_none, led)
-            # at genesis (no witnesses yet) the draw may pick it; blamed, it is skipped, and
-            # it never becomes a witness
-            assert all(r["step"] == 0 for r in records[n] if r.get("leader") == hostile), \
-                (stall, n, led)
-            assert led[n] <= 1, (stall, n, led)
+    led = {n: sum(r.get("leader") == hostile for r in recs) for n, recs in records.items()}
+    blames = {n: max((r.get("blames_total", {}) for r in recs), key=len, default={})
+              for n, recs in records.items()}
+    rate = {n: (_ok_rate(records[n]), _ok_rate(base[n])) for n in HONEST}
+    print(f"{stall}: honest ok steps {ok_attack} (no attack {ok_none}); ok steps per second "
+          f"(attack, none) {rate}; led by the hostile {led}; blames {blames}")
+    for n in HONEST:
+        # the rate of `ok` steps between the first and the last `ok` meeting (at genesis,
+        # before any witness, the draw may pick the hostile: a one-time cost of ~2
+        # meetings that a 36 s run would weigh like a permanent one)
+        assert rate[n][0] >= 0.8 * rate[n][1], (stall, n, rate, ok_attack, ok_none, blames)
+        # at genesis (no witnesses yet) the draw may pick it; blamed, it is skipped, and
+        # it never becomes a witness
+        assert all(r["step"] == 0 for r in records[n] if r.get("leader") == hostile), \
+            (stall, n, led)
+        assert led[n] <= 1, (stall, n, led)
+    # every honest peer saw the hostile and says so by reason (the step records)
+    seen = "exchange_missing" if stall == "member" else "no_show"
+    assert all(blames[n].get(seen, 0) >= 1 for n in HONEST), (stall, blames)
