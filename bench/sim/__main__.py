@@ -5,11 +5,19 @@ against real runs, write ``bench/results/sim.json`` and ``bench/results/sim.png`
         --quiet bench/results/gossip_quiet_16.json bench/results/gossip_quiet_8_32.json
                                                  # -> bench/results/sim_calibration.json
     PYTHONPATH=$PWD python -m bench.sim grid     # -> bench/results/sim.json, sim.png
+    PYTHONPATH=$PWD python -m bench.sim sybil    # -> bench/results/sim_sybil.json, sim_sybil.png
 
 ``--real`` / ``--quiet`` files are ``bench/gossip_bench.py`` outputs (rows of both modes, e.g.
 from ``bench/sim/realbench.py``; ``--quiet``: measured with the machine to themselves); each row's cost unit is fitted by replaying it
 (``bench/sim/calibrate.py``), the replay states the simulation's error, and the flood rows
 measured on a quiet box price the WAN grid.
+
+``sybil`` (issue 32): a farm of F Sybil identities against the feed-source picker, before
+issue 32 (uniform over keys) and now (by what sources deliver), at N = 16, 100, 1,000 and F = 0,
+N/4, N, 4N (and 50 where it is at least N/4): the honest share of a node's feed slots at steady
+state and over time, and the honest groups it receives per round against no farm; mean and
+range over 4 seeds, 3 at N = 1,000 (``bench/sim/sybil.py``, ``sybil_grid.py``; ~4 min of a
+core).
 """
 
 from __future__ import annotations
@@ -24,10 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.sim import sybil_grid
 from bench.sim.calibrate import costs_from_unit, fit_by_sim, fit_unit, replay
 from bench.sim.config import Scenario, Scheme
 from bench.sim.engine import Sim
 from bench.sim.metrics import summarize
+from bench.sim.sybil import FARMS, SybilScenario
 from protocol.files import atomic_write_bytes
 
 log = logging.getLogger("bench.sim")
@@ -190,6 +200,29 @@ def calibrate(paths: list[str], quiet_paths: list[str]) -> dict[str, Any]:
             "loadavg": list(os.getloadavg())}
 
 
+def sybil(args: argparse.Namespace, t0: float) -> None:
+    """The ``sybil`` subcommand: ``sybil_grid``'s runs, rows, JSON and PNG."""
+    if min(args.seeds, args.large_seeds) < 1 or args.rounds < 2:
+        raise SystemExit("--seeds and --large-seeds must be >= 1, --rounds >= 2")
+    runs = sybil_grid.grid(sizes=args.sizes, seeds=args.seeds, large_seeds=args.large_seeds,
+                           rounds=args.rounds)
+    sc = SybilScenario(n=2, farm_size=0)  # the defaults every run used
+    rows = sybil_grid.summarize(runs, round_s=sc.round_s)
+    result = {"command": "python -m bench.sim " + " ".join(sys.argv[1:]),
+              "wall_s": round(time.monotonic() - t0, 1), "loadavg": list(os.getloadavg()),
+              "model": {"feeds": vars(sc.feeds), "round_s": sc.round_s, "open_s": sc.open_s,
+                        "groups_per_batch": sc.sapo.groups_per_batch, "p_pass": sc.sapo.p_pass,
+                        "p_useful": sc.sapo.p_useful, "external": sc.sapo.external,
+                        "per_sender_round": sc.sapo.per_sender_round,
+                        "farms": {name: vars(f) for name, f in FARMS.items()},
+                        "steady_state": f"rounds {args.rounds // 2 + 1}..{args.rounds}"},
+              "rows": rows,
+              "runs": [{k: v for k, v in r.items() if k != "honest_slots_per_round"} for r in runs]}
+    atomic_write_bytes(Path(args.out), json.dumps(result, indent=1).encode())
+    sybil_grid.plot(rows, Path(args.png), k=sc.feeds.sources, explore=sc.feeds.explore_slots)
+    log.info("wrote %s in %.0f s", args.out, result["wall_s"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -215,9 +248,19 @@ def main() -> None:
     co.add_argument("--inputs", nargs="+", required=True)
     co.add_argument("--out", default=str(RESULTS / "sim.json"))
     co.add_argument("--png", default=str(RESULTS / "sim.png"))
+    sy = sub.add_parser("sybil", help="a Sybil farm against the feed-source picker: JSON and PNG")
+    sy.add_argument("--sizes", type=int, nargs="+", default=[16, 100, 1000])
+    sy.add_argument("--seeds", type=int, default=4, help="seeds 0 .. seeds-1 per cell")
+    sy.add_argument("--large-seeds", type=int, default=3, help="--seeds from N = 1,000 on")
+    sy.add_argument("--rounds", type=int, default=120, help="learner rounds (10 s) per run")
+    sy.add_argument("--out", default=str(RESULTS / "sim_sybil.json"))
+    sy.add_argument("--png", default=str(RESULTS / "sim_sybil.png"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     t0 = time.monotonic()
+    if args.command == "sybil":
+        sybil(args, t0)
+        return
     if args.command == "calibrate":
         result = calibrate(args.real, args.quiet)
     elif args.command == "combine":
