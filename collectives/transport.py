@@ -127,6 +127,18 @@ def sanitize_maddrs(maddrs: list[str]) -> list[str]:
     return out
 
 
+def _dial_target(m: Multiaddr) -> tuple[str, Multiaddr]:
+    """The peer a full multiaddr names and the address to dial it at: the *last* ``/p2p/``
+    id, and the multiaddr without it. For a circuit address
+    ``/ip4/R/tcp/P/p2p/RELAY/p2p-circuit/p2p/TARGET`` that is TARGET at
+    ``/ip4/R/tcp/P/p2p/RELAY/p2p-circuit`` (the first id, which ``value_for_protocol``
+    returns, is the relay's: dialling it only reconnected the relay, issue 33 item 4)."""
+    ids = [value for proto, value in m.items() if proto.name == "p2p"]
+    if not ids or not isinstance(ids[-1], str):
+        raise ValueError(f"{m} names no /p2p/ peer")
+    return ids[-1], m.decapsulate(Multiaddr(f"/p2p/{ids[-1]}"))
+
+
 class Transport:
     """Owns the asyncio thread, the P2P daemon and the DHT of one node."""
 
@@ -283,13 +295,14 @@ class Transport:
         return [str(m) for m in self.run(self.p2p.get_visible_maddrs(), 10)]
 
     async def connect(self, maddrs: list[str]) -> None:
-        """Dial peers by full multiaddr (``.../p2p/<id>``); unreachable ones are skipped."""
+        """Dial peers by full multiaddr (``.../p2p/<id>``); unreachable ones are skipped.
+        A circuit address (``.../p2p/<relay>/p2p-circuit/p2p/<target>``) dials its target
+        through the relay: the peer is the *last* ``/p2p/`` id (``_dial_target``)."""
         by_peer: dict[str, list[Multiaddr]] = {}
         for text in maddrs:
             try:
-                m = Multiaddr(text)
-                pid = m.value_for_protocol("p2p")
-                by_peer.setdefault(pid, []).append(m.decapsulate(Multiaddr(f"/p2p/{pid}")))
+                pid, addr = _dial_target(Multiaddr(text))
+                by_peer.setdefault(pid, []).append(addr)
             except Exception:  # noqa: BLE001 - bad input from announcements: skip, log
                 logger.warning("ignoring malformed collective maddr %r", text[:200])
         for pid, addrs in by_peer.items():
@@ -321,7 +334,7 @@ class Transport:
         """The maddrs of peers we could dial (p2pd refuses to start on dead bootstraps)."""
         await self.connect(maddrs)
         connected = {p.peer_id.to_base58() for p in await list_peers(self.p2p)}
-        return [m for m in maddrs if Multiaddr(m).value_for_protocol("p2p") in connected]
+        return [m for m in maddrs if _dial_target(Multiaddr(m))[0] in connected]
 
     # --- DHT ------------------------------------------------------------------------------
     def _dht_call(self, name: str, call: Callable[[DHT], Any], timeout: float) -> Any:
