@@ -77,7 +77,8 @@ class StepRecord:
     read_after_meet_s, wait_seconds, window, allreduce_seconds, exchange_start_wall,
     exchange_marks, bad_shards, clipped, votes, settled_without, made_by; the outer loop's
     counters (dht_restarts, dht_failures, invalid_commits, rejected_streams,
-    state_requests_refused, rejected_commits_total); and, once the attempt was applied to
+    state_requests_refused, rejected_commits_total, blames_total: what peers did to our
+    groups by reason, collectives/leader.py); and, once the attempt was applied to
     the params, rounds_pending, discarded_rounds, overlap_rounds."""
 
     def with_observed(self, **more: Any) -> StepRecord:
