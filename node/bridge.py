@@ -45,9 +45,10 @@ class Bridge(Protocol):
     def stats(self) -> dict[str, int]:
         """Counters: published, received, rejected by reason, dropped, ..."""
 
-    def sources(self, delivered: dict[str, int]) -> None:
-        """Once a round: how many groups each sender delivered that passed our re-scoring
-        (the swarm process keeps the feeds of sources that deliver: swarm.feeds)."""
+    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
+        """Once a round, per sender: groups it delivered that passed our re-scoring with
+        signal (``delivered``) and that passed it at all (``valid``); the swarm process
+        keeps the feeds of sources that deliver (swarm.feed_standing)."""
 
     def close(self) -> None: ...
 
@@ -78,7 +79,9 @@ class LoopbackBridge:
     announcement: PeerAnnouncement | None = None
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     delivered: dict[str, int] = field(default_factory=dict)
-    """The learner's last ``sources`` report."""
+    """The learner's last ``sources`` report: groups with signal per sender."""
+    valid: dict[str, int] = field(default_factory=dict)
+    """The same report: groups that passed re-scoring per sender."""
     _queues: dict[str, collections.deque[Received]] = field(default_factory=dict)
     _guard: ReplayGuard = field(default_factory=ReplayGuard)
 
@@ -122,8 +125,9 @@ class LoopbackBridge:
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
 
-    def sources(self, delivered: dict[str, int]) -> None:
+    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
         self.delivered = dict(delivered)  # no feeds in process: kept for tests to read
+        self.valid = dict(valid or {})
 
     def close(self) -> None:
         self.hub.bridges.pop(self.identity.peer_id, None)

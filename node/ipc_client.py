@@ -121,8 +121,13 @@ class SocketBridge:
             raise BridgeError("stats: the swarm process sent something else than {str: int}")
         return d
 
-    def sources(self, delivered: dict[str, int]) -> None:
-        self._call("sources", {"delivered": dict(delivered)})
+    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
+        """Per sender, groups that carried signal (``delivered``) and groups that passed
+        re-scoring (``valid``): what the feeds keep their sources by (swarm.feed_standing)."""
+        args: dict[str, Any] = {"delivered": dict(delivered)}
+        if valid is not None:
+            args["valid"] = dict(valid)
+        self._call("sources", args)
 
     def tunnel(self, peer_id: str) -> tuple[str, int]:
         """(host, port) of a local TCP listener the swarm process tunnels to ``peer_id``'s

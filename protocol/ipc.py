@@ -14,8 +14,8 @@ Ops (``OPS``) and their args / results:
     peers     {}                                      -> [PeerAnnouncement wire map]
     stats     {}                                      -> {name: int}
     tunnel    {peer_id}                               -> {host, port}  (swarm.tunnel)
-    sources   {delivered: {peer_id: int}}             -> None   (swarm.feeds ``rate``; at
-                                                                 most MAX_SOURCES senders)
+    sources   {delivered: {peer_id: int},             -> None   (swarm.feeds ``rate``; at
+               valid?: {peer_id: int}}                           most MAX_SOURCES senders each)
 
 Messages travel as ``{"type": Message.TYPE, "body": message.to_wire()}`` and are checked on
 both sides with the same strict schema as the network (``Message.from_wire``). Decoding errors

@@ -163,9 +163,20 @@ class FeedsConfig:
     """A source that sent an invalid frame is not picked for this long (one that refused,
     failed or delivered nothing (below): 5 s, doubling per consecutive time, up to this)."""
     trial_rounds: int = 8
-    """A feed whose source delivered no group that carried signal in this many of the
-    learner's rounds (its reports, swarm.feeds) while another feed delivered is closed and
-    its source cooled (5 s, doubling); 0 = never."""
+    """A feed that delivered no group passing re-scoring in this many of the learner's
+    rounds (its reports, swarm.feed_standing) is closed and its source cooled (5 s, doubling
+    per time): a new source's at once, a known source's while another feed delivered. One
+    that delivered such groups but none with signal is closed after 2x this (a proven
+    source's 4x) while another feed delivered signal. 0 = no feed is judged."""
+    probe_rounds: int = 2
+    """A feed from a source that has delivered nothing yet and that brings no frame at all
+    in this many of the learner's rounds (and ``probe_s``) is closed (an honest source
+    answers a new subscription with its newest batch, or publishes within its round);
+    0 = never."""
+    probe_s: float = 10.0
+    """The least time before a feed is closed for bringing nothing (no frame, or no group
+    passing re-scoring): a learner whose rounds skip training reports several times a second,
+    faster than honest sources publish (swarm.feed_standing)."""
     explore_slots: int = 1
     """Of ``sources``, the slots left to sources that have delivered nothing yet once enough
     sources that did are known (swarm.feeds: a farm of fresh keys gets these only)."""
@@ -178,9 +189,9 @@ class FeedsConfig:
 
     def __post_init__(self) -> None:
         positive(self, "sources", "rotate_s", "max_subscribers", "queue", "backfill_s",
-                  "cooldown_s", "explore_slots", "subscribe_per_s", "subscribe_burst",
-                  "write_timeout_s")
-        non_negative(self, "trial_rounds")
+                  "cooldown_s", "probe_s", "explore_slots", "subscribe_per_s",
+                  "subscribe_burst", "write_timeout_s")
+        non_negative(self, "trial_rounds", "probe_rounds")
         if self.explore_slots > self.sources:
             raise TableError("explore_slots", "must be <= sources")
 

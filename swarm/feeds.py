@@ -17,19 +17,21 @@ per round, so a node subscribes instead to ``feeds.sources`` = k peers of its ow
   is held longer than about k · ``feeds.rotate_s``. Peers never suggest sources, and nothing
   arrives on a feed we did not open.
 - **Delivery decides, not keys** (issue 32): a uniform pick over keys gives a farm of fresh
-  identities the share of slots it has of the table (measured: ~90 %), and unrested keys
-  went first, so one fresh key every 8 s held the slots for good. The learner reports once a
-  round how many groups each sender delivered that carried signal after *its own* re-scoring
-  (``rate``: the IPC op ``sources``). A source that delivered is *proven*; once the learner
-  reports, ``feeds.sources − feeds.explore_slots`` slots go to proven sources while there are
-  any, and only the rest to sources that delivered nothing yet (uniformly: never-held keys no
-  longer go first); a rotation replaces a proven source only with another proven one, a
-  stranger with whoever the slots then need. A feed
-  whose source delivered nothing in ``feeds.trial_rounds`` reports (``PROVEN_PATIENCE`` times
-  that for a proven source) while another feed delivered is closed and its source cooled
-  (``feed_dropped_idle``; 5 s, doubling) and no longer proven until it delivers again (on an exploration
-  slot). So fresh identities hold at most the exploration slots once proven
-  sources are known, and any slot at most ``feeds.trial_rounds`` rounds without delivering.
+  identities the share of slots it has of the table (measured: ~90 %). The learner reports
+  once a round what each sender delivered after *its own* re-scoring (``rate``: the IPC op
+  ``sources``), and ``swarm.feed_standing`` makes each source proven (it delivered groups
+  with signal), live (valid groups, no signal yet: an honest node whose model has not taken
+  off) or a stranger, and closes the feeds that hold a slot for nothing. Once the learner
+  reports, ``feeds.sources − feeds.explore_slots`` slots go to the best sources known
+  (proven, then live) and the rest to strangers, uniformly (never-held keys do not go
+  first). A rotation replaces a stranger with whoever the slots need, a live or proven
+  source only with a proven one. A stranger's feed that brings no frame in
+  ``feeds.probe_rounds`` reports, or no valid group in ``feeds.trial_rounds`` (either never
+  within ``feeds.probe_s``), is closed at once and its source cooled longer each time; a
+  known source's only while another feed delivers. So keys that deliver nothing hold only
+  the slots nobody better fills, each for a few seconds, and an honest source is kept from
+  its first valid group, before its groups carry signal (what made it lose its slot to
+  rotation or to an 8-round trial before).
   Before any report (a swarm process without a learner) every pick is uniform, as before.
 - **Backfill**: a subscription asks for the source's newest batch (if younger than
   ``feeds.backfill_s``) only when it fills a gap: at start and after a feed failed. A rotation
@@ -68,6 +70,7 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 
 from protocol import Limits
 from swarm.config import GossipConfig
+from swarm.feed_standing import Kind, Standing, Trial
 from swarm.peers import PeerTable
 from swarm.ratelimit import TokenBuckets
 from swarm.relay import is_circuit
@@ -93,10 +96,6 @@ OPENS_PER_TICK = 2
 RETRY_S = 5.0
 """First cool-down of a source that failed or refused; doubles per failure up to
 ``feeds.cooldown_s`` (an invalid frame gets the full cool-down at once)."""
-
-PROVEN_PATIENCE = 4
-"""A feed whose source had delivered when it opened is closed only after this many times
-``feeds.trial_rounds`` reports without delivering (a stranger's after one)."""
 
 FrameHandler = Callable[[ID, bytes], bool]
 """Called with (source, frame); returns False when the feed must be closed (invalid frame)."""
@@ -235,14 +234,8 @@ class _Feed:
     open: bool = False
     replaces: ID | None = None
     """A rotation's new feed: the feed it closes once open (it asks for no backfill)."""
-    delivered: int = 0
-    """Its source's delivered count (the learner's report) when it last grew, or at open."""
-    since: int = 0
-    """The report from which ``delivered`` holds (the trial counts reports from here)."""
-    grew: int = -(10**9)
-    """The last report in which its source's count grew while this feed was open."""
-    stranger: bool = True
-    """Its source had delivered nothing (or was idle) when the feed opened."""
+    trial: Trial | None = None
+    """Its record since it opened (``swarm.feed_standing``); None until open."""
 
 
 @dataclass(kw_only=True)
@@ -266,67 +259,60 @@ class FeedClient:
     _rested: dict[ID, float] = field(default_factory=dict, repr=False)
     _failures: dict[ID, int] = field(default_factory=dict, repr=False)
     _last_rotation: float = field(default=0.0, repr=False)
-    _delivered: dict[str, int] = field(default_factory=dict, repr=False)
-    """The learner's last report: sender -> groups it delivered that carried signal."""
-    _idle: set[str] = field(default_factory=set, repr=False)
-    """Sources whose last feed delivered nothing in its trial: not proven until they do."""
-    _reports: int = field(default=0, repr=False)
+    standing: Standing = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        feeds = self.config.feeds
+        self.standing = Standing(trial_rounds=feeds.trial_rounds,
+                                 probe_rounds=feeds.probe_rounds, probe_s=feeds.probe_s,
+                                 capacity=self.table.capacity)
 
     def sources(self) -> list[str]:
         """Peer ids of the feeds open now."""
         return [str(f.peer) for f in self._feeds.values() if f.open]
 
     def kinds(self) -> dict[str, int]:
-        """Open feeds by kind: ``proven`` (their source delivered) and ``trial`` (not yet)."""
-        proven = sum(self._proven(f.peer) for f in self._feeds.values() if f.open)
-        return {"proven": proven, "trial": len(self.sources()) - proven}
+        """Open feeds by their source's kind (``proven``, ``live``, ``trial``: see
+        swarm.feed_standing), and ``idle``: those among them holding the slot for nothing
+        now (no valid group in the last reports)."""
+        out = {kind.label: 0 for kind in Kind}
+        for f in self._feeds.values():
+            if f.open:
+                out[self._kind(f.peer).label] += 1
+        out["idle"] = sum(self.standing.idle(f.trial) for f in self._feeds.values()
+                          if f.open and f.trial is not None) if self.standing.reports else 0
+        return out
 
-    def rate(self, delivered: dict[str, int]) -> None:
+    def rate(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
         """The learner's report of one round (see the module docstring): sender -> groups
-        it delivered that carried signal. Ends the trials of the feeds that delivered
-        nothing in ``feeds.trial_rounds`` reports while another feed did (when no source
-        delivers — early rounds of a hard task carry no signal from anyone — nobody is
-        judged idle: a slot would only go to another source that delivers nothing)."""
-        self._delivered = dict(delivered)
-        self._reports += 1
-        trial = self.config.feeds.trial_rounds
-        open_ = [f for f in self._feeds.values() if f.open]
-        for feed in open_:
-            got = self._delivered.get(str(feed.peer), 0)
-            if got > feed.delivered:
-                feed.delivered, feed.since, feed.grew = got, self._reports, self._reports
-                self._idle.discard(str(feed.peer))
-        if not trial:
-            return
-        for feed in open_:
-            # a source that had delivered when its feed opened gets longer (a hard task's
-            # honest groups carry signal now and then); a stranger's trial is short
-            patience = trial if feed.stranger else PROVEN_PATIENCE * trial
-            if self._reports - feed.since < patience or not any(
-                    f.grew > self._reports - trial for f in open_ if f is not feed):
-                continue
-            self._idle.add(str(feed.peer))
-            if len(self._idle) > self.table.capacity:
-                self._idle.pop()  # bounded; forgetting one only makes it "proven" again
-            # cooled like a failed feed (5 s, doubling): an honest source whose groups
-            # carried no signal for a while comes back soon, as a stranger
-            self._cool(feed.peer, "feed_dropped_idle")
-            logger.info("feed from %s closed: nothing delivered in %d rounds", feed.peer,
-                        patience)
+        it delivered that carried signal (``delivered``) and that passed re-scoring
+        (``valid``; None from a learner that does not report it: the signal counts).
+        Closes the feeds ``Standing.judge`` finds idle or without signal."""
+        self.standing.report(delivered, delivered if valid is None else valid)
+        trials = {str(f.peer): f.trial for f in self._feeds.values()
+                  if f.open and f.trial is not None}
+        self.counters["feed_idle_slot_rounds"] += sum(map(self.standing.idle, trials.values()))
+        feeds = {str(f.peer): f for f in self._feeds.values()}
+        for key, verdict in self.standing.judge(trials, trio.current_time()).items():
+            feed = feeds[key]
+            strikes = self.standing.dropped(key, verdict)
+            self._cool(feed.peer, verdict.value, strikes=strikes)
+            logger.info("feed from %s closed (%s) after %d rounds", key, verdict.name.lower(),
+                        self.standing.reports - trials[key].opened)
             feed.scope.cancel()
 
-    def _proven(self, peer: ID) -> bool:
-        key = str(peer)
-        return self._delivered.get(key, 0) > 0 and key not in self._idle
+    def _kind(self, peer: ID) -> Kind:
+        return self.standing.kind(str(peer))
 
-    def _want_proven(self, held: list[_Feed]) -> bool | None:
-        """The kind the next slot needs, beside ``held``: proven while fewer than
-        ``feeds.sources − feeds.explore_slots`` proven sources are held (None before the
-        learner's first report: any)."""
-        if not self._reports:
+    def _want(self, held: list[_Feed]) -> Kind | None:
+        """The kind the next slot needs, beside ``held``: ``LIVE`` (the best known source)
+        while fewer than ``feeds.sources − feeds.explore_slots`` live or proven sources are
+        held, else ``STRANGER`` (exploration); None before the learner's first report: any."""
+        if not self.standing.reports:
             return None
-        k = self.config.feeds.sources
-        return sum(self._proven(f.peer) for f in held) < k - self.config.feeds.explore_slots
+        reserved = self.config.feeds.sources - self.config.feeds.explore_slots
+        known = sum(self._kind(f.peer) >= Kind.LIVE for f in held)
+        return Kind.LIVE if known < reserved else Kind.STRANGER
 
     async def run(self, self_id: ID) -> None:
         self._last_rotation = trio.current_time()
@@ -342,27 +328,42 @@ class FeedClient:
         open_ = [f for f in self._feeds.values() if f.open and f.replaces is None]
         rotating = any(f.replaces is not None for f in self._feeds.values())
         # rotate only a full set of open feeds: while opens fail (a loaded box), rotating too
-        # would only add dials. The replacement opens beside the oldest (make before break);
-        # it is of the kind the slots need without the oldest, or the oldest stays
+        # would only add dials. The replacement opens beside the feed it replaces (make
+        # before break)
         if not rotating and len(open_) >= k and \
                 now - self._last_rotation >= self.config.feeds.rotate_s:
-            oldest = min(open_, key=lambda f: f.started)
-            want = self._want_proven([f for f in self._feeds.values() if f is not oldest])
-            # a proven source is replaced only by another proven one; a stranger by anyone
-            # (while no source has delivered, rotation is how an honest one is found)
-            info = self._pick(self_id, proven=want,
-                              strict=want is not None and self._proven(oldest.peer))
-            if info is not None:
-                self._start(info, nursery, now, replaces=oldest.peer)
+            rotation = self._rotation(self_id, open_)
+            if rotation is not None:
+                old, info = rotation
+                self._start(info, nursery, now, replaces=old.peer)
             self._last_rotation = now  # a failed replacement is retried next period
         # a replacement whose old feed already ended holds that slot itself
         slots = sum(f.replaces is None or f.replaces not in self._feeds
                     for f in self._feeds.values())
         for _ in range(min(OPENS_PER_TICK, k - slots)):
-            info = self._pick(self_id, proven=self._want_proven(list(self._feeds.values())))
+            info = self._pick(self_id, want=self._want(list(self._feeds.values())))
             if info is None:
                 break
             self._start(info, nursery, now)
+
+    def _rotation(self, self_id: ID, open_: list[_Feed]) -> tuple[_Feed, PeerInfo] | None:
+        """The feed a rotation replaces, and by whom: the oldest that can be replaced. A
+        stranger's by the kind the slots need without it; a live or proven source's only by
+        a proven one (a source that delivers is not traded for one that may not). Before the
+        learner reports: the oldest, by anyone."""
+        by_age = sorted(open_, key=lambda f: f.started)
+        if not self.standing.reports:
+            info = self._pick(self_id)
+            return (by_age[0], info) if info is not None else None
+        for feed in by_age:
+            if self._kind(feed.peer) is Kind.STRANGER:
+                held = [f for f in self._feeds.values() if f is not feed]
+                info = self._pick(self_id, want=self._want(held))
+            else:
+                info = self._pick(self_id, want=Kind.PROVEN, at_least=Kind.PROVEN)
+            if info is not None:
+                return feed, info
+        return None
 
     def _start(self, info: PeerInfo, nursery: trio.Nursery, now: float, *,
                replaces: ID | None = None) -> None:
@@ -374,11 +375,11 @@ class FeedClient:
         """``feed`` is open (its trial starts): if it is a rotation's, close the feed it
         replaces now."""
         feed.open = True
-        feed.delivered, feed.since = self._delivered.get(str(feed.peer), 0), self._reports
-        feed.stranger = not self._proven(feed.peer)
+        feed.trial = self.standing.open(str(feed.peer), trio.current_time())
         self._failures.pop(feed.peer, None)
         self.counters["feed_opened"] += 1
-        logger.debug("feed from %s open (%d open)", feed.peer, len(self.sources()))
+        logger.debug("feed from %s open (%d open, %s)", feed.peer, len(self.sources()),
+                     feed.trial.kind.label)
         old_peer, feed.replaces = feed.replaces, None
         old = self._feeds.get(old_peer) if old_peer is not None else None
         if old is None or old_peer is None:
@@ -391,23 +392,30 @@ class FeedClient:
             del self._rested[min(self._rested, key=self._rested.__getitem__)]
         self.counters["feed_rotated"] += 1
 
-    def _pick(self, self_id: ID, *, proven: bool | None = None,
-              strict: bool = False) -> PeerInfo | None:
-        """A uniform pick. ``proven`` None (the learner never reported): among unrested
-        candidates, else among rested ones (least recent first is not used: uniform keeps
-        the choice unpredictable). Else among the candidates of that kind (sources that
-        delivered, or not), whether they rested or not: never-held keys first would hand
-        the slots to a farm that mints them; with none of that kind, one of the other (an
-        empty slot helps nobody) unless ``strict``."""
-        fresh: list[PeerInfo] = []
-        rested: list[PeerInfo] = []
-        other: list[PeerInfo] = []
-        for info in self._candidates(self_id):
-            if proven is None:
+    def _pick(self, self_id: ID, *, want: Kind | None = None,
+              at_least: Kind | None = None) -> PeerInfo | None:
+        """A uniform pick. ``want`` None (the learner never reported): among unrested
+        candidates, else among rested ones. ``STRANGER``: among the sources that showed
+        nothing yet (never-held keys do not go first: that handed the slots to a farm that
+        mints them), else as ``LIVE``. ``LIVE`` or ``PROVEN``: among the candidates of the
+        best kind there is, at least ``at_least`` (else None: an empty slot helps nobody,
+        but a rotation keeps what it has)."""
+        if want is None:
+            fresh: list[PeerInfo] = []
+            rested: list[PeerInfo] = []
+            for info in self._candidates(self_id):
                 (rested if info.peer_id in self._rested else fresh).append(info)
-            else:
-                (fresh if self._proven(info.peer_id) == proven else other).append(info)
-        pool = fresh or rested or ([] if strict else other)
+            pool = fresh or rested
+        else:
+            by_kind: dict[Kind, list[PeerInfo]] = collections.defaultdict(list)
+            for info in self._candidates(self_id):
+                by_kind[self._kind(info.peer_id)].append(info)
+            floor = Kind.STRANGER if at_least is None else at_least
+            best = max((k for k in by_kind if k >= floor), default=None)
+            pool = by_kind[Kind.STRANGER] if want is Kind.STRANGER and at_least is None \
+                else []
+            if not pool and best is not None:
+                pool = by_kind[best]
         if not pool:
             return None
         return pool[self.rng.randrange(len(pool))]
@@ -446,15 +454,17 @@ class FeedClient:
             return False
         return True
 
-    def _cool(self, peer: ID, counter: str, *, full: bool = False) -> None:
+    def _cool(self, peer: ID, counter: str, *, full: bool = False, strikes: int = 0) -> None:
         """Not picked again for a while: the full ``feeds.cooldown_s`` after an invalid frame,
-        else ``RETRY_S`` doubled per consecutive failure (capped at ``feeds.cooldown_s``)."""
+        else ``RETRY_S`` doubled per consecutive failure, or per idle strike (``strikes``:
+        consecutive idle drops, which a reopened feed does not reset), capped at
+        ``feeds.cooldown_s``."""
         self.counters[counter] += 1
         if len(self._failures) > self.table.capacity:
             self._failures.clear()  # bounded memory; forgetting only shortens cool-downs
         n = self._failures[peer] = self._failures.get(peer, 0) + 1
         wait = self.config.feeds.cooldown_s if full else \
-            min(self.config.feeds.cooldown_s, RETRY_S * 2 ** (n - 1))
+            min(self.config.feeds.cooldown_s, RETRY_S * 2 ** (max(n, strikes) - 1))
         self._cooldown[peer] = trio.current_time() + wait
 
     async def _follow(self, info: PeerInfo, feed: _Feed) -> None:
@@ -462,7 +472,10 @@ class FeedClient:
         stream: INetStream | None = None
         try:
             with feed.scope:
-                stream = await self._open(info, backfill=feed.replaces is None)
+                # a stranger is asked for its newest batch even on a rotation: an honest
+                # source answers at once, which is what its probe looks for
+                stream = await self._open(info, backfill=feed.replaces is None or (
+                    self.standing.reports > 0 and self._kind(peer) is Kind.STRANGER))
                 if stream is None:
                     return
                 self._opened(feed)
@@ -470,6 +483,8 @@ class FeedClient:
                     data = await read_varint_prefixed_bytes_limited(
                         stream, self.limits.max_message_bytes)
                     self.counters["feed_frames"] += 1
+                    if feed.trial is not None:
+                        feed.trial.frames += 1
                     if not self.on_frame(peer, data):
                         self._cool(peer, "feed_closed_invalid", full=True)
                         return

@@ -298,14 +298,13 @@ class GossipService:
                 raise RequestError(f"tunnel: {e}") from None
             return {"host": self.tunnels.bind_host, "port": port}
         if request.op == "sources":
-            delivered = args.get("delivered")
-            if not isinstance(delivered, dict) or len(delivered) > MAX_SOURCES or not all(
-                    isinstance(p, str) and 1 <= len(p) <= 128 and type(n) is int and n >= 0
-                    for p, n in delivered.items()):
-                raise RequestError(f"sources needs delivered: {{peer_id: int >= 0}}, at most "
-                                   f"{MAX_SOURCES}")
+            delivered, valid = args.get("delivered"), args.get("valid", None)
+            if not isinstance(delivered, dict) or not _sender_counts(delivered) or \
+                    not (valid is None or _sender_counts(valid)):
+                raise RequestError(f"sources needs delivered (and optionally valid): "
+                                   f"{{peer_id: int >= 0}}, at most {MAX_SOURCES}")
             if self.feeds:
-                self.feed_client.rate(delivered)
+                self.feed_client.rate(delivered, valid)
             return None
         raise RequestError(f"unknown op {request.op!r}")
 
@@ -336,6 +335,13 @@ class GossipService:
             out.update({f"feed_sources_{k}": n for k, n in self.feed_client.kinds().items()})
             out["feed_subscribers"] = self.feed_server.subscribers()
         return out
+
+
+def _sender_counts(value: Any) -> bool:
+    """A ``sources`` report's map: at most MAX_SOURCES peer ids to counts >= 0."""
+    return isinstance(value, dict) and len(value) <= MAX_SOURCES and all(
+        isinstance(p, str) and 1 <= len(p) <= 128 and type(n) is int and n >= 0
+        for p, n in value.items())
 
 
 async def serve(config: GossipConfig, *,

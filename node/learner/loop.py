@@ -172,7 +172,8 @@ class Learner:
         received_at = time.time()
         ingest = self.rescorer.rescore(received)
         self.pool.add(ingest.groups, now=self.round)
-        bridge.sources(self.pool.book.delivered(MAX_SOURCES))  # feeds keep who delivers
+        book = self.pool.book  # the feeds keep who delivers (swarm.feed_standing)
+        bridge.sources(book.delivered(MAX_SOURCES), book.valid(MAX_SOURCES))
         available = self.pool.available(self.round, baseline=self.baseline)
         n_local, n_external = plan_round(cfg.sapo, available, self.signals.signals())
         seconds["receive"] = time.perf_counter() - t

@@ -125,6 +125,14 @@ class SenderBook:
                                      if r.passed > 0))
         return {s: n for n, s in top}
 
+    def valid(self, limit: int) -> dict[str, int]:
+        """Sender -> groups it sent that passed our re-scoring with the rewards it claimed
+        (``agreed``), signal or not, for the ``limit`` senders with most (an honest source
+        delivers these every round before its groups carry signal: swarm.feed_standing)."""
+        top = heapq.nlargest(limit, ((r.agreed, s) for s, r in self._records.items()
+                                     if r.agreed > 0))
+        return {s: n for n, s in top}
+
     def newest_round(self, sender: str) -> int | None:
         rec = self._records.get(sender)
         return rec.newest_round if rec is not None else None

@@ -51,6 +51,10 @@ def _at(config: GossipConfig, dotted: str) -> object:
     return value
 
 
+ADDED_SINCE = {"feeds.probe_rounds", "feeds.probe_s"}
+"""Sub-table keys added after the split (issue 32): they never had a flat name."""
+
+
 def test_every_moved_key_names_a_field_of_its_sub_table_and_every_old_key_has_a_place():
     top = {f.name for f in dataclasses.fields(GossipConfig)} - set(SECTIONS)
     assert set(GossipConfig.MOVED_KEYS) == set(OLD_FLAT) - top
@@ -61,7 +65,7 @@ def test_every_moved_key_names_a_field_of_its_sub_table_and_every_old_key_has_a_
     placed = {new for new in GossipConfig.MOVED_KEYS.values()}  # no two old keys on one place
     assert len(placed) == len(GossipConfig.MOVED_KEYS)
     fields = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
-    assert placed == fields  # and every sub-table field was a flat key once
+    assert placed == fields - ADDED_SINCE  # and every other sub-table field was a flat key once
 
 
 def test_an_old_flat_table_lands_every_value_at_its_new_place_with_a_warning(caplog):

@@ -34,9 +34,12 @@ def test_bridge_refusals_and_garbage_do_not_hurt_the_swarm_process(procs: Procs)
         with pytest.raises(RequestRefused, match="max_items"):
             br.receive("rollouts", max_items=0)
         br.sources({"12D3KooWsome": 3})  # the learner's report of who delivered (swarm.feeds)
+        br.sources({"12D3KooWsome": 3}, {"12D3KooWsome": 5, "12D3KooWother": 2})
         for bad in ({"p": -1}, {"p": 1.5}, {"": 1}, {f"p{i}": 1 for i in range(257)}):
             with pytest.raises(RequestRefused, match="sources needs"):
                 br.sources(bad)  # type: ignore[arg-type]
+            with pytest.raises(RequestRefused, match="sources needs"):
+                br.sources({}, bad)  # type: ignore[arg-type]
         assert br.receive("rollouts") == [] and br.peers() == []
 
         with socket.socket(socket.AF_UNIX) as raw:  # a frame that is not msgpack

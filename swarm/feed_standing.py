@@ -1,0 +1,203 @@
+"""What a feed source has shown us, and what that earns it (issue 32).
+
+Keys are free, so a source's standing comes only from what it delivered. Once a round the
+learner reports, per sender, two running totals (the IPC op ``sources``, swarm.feeds
+``FeedClient.rate``):
+
+- ``signal``: groups that passed its own re-scoring *and* carried signal (their rewards
+  differ: the only groups it can learn from);
+- ``valid``: groups that passed its re-scoring with the rewards their sender claimed (an
+  honest node publishes these every round, even while its groups carry no signal yet).
+
+From them a source is one ``Kind``: ``PROVEN`` (it delivered signal), ``LIVE`` (it delivers
+valid groups, none with signal yet) or ``STRANGER`` (nothing yet, or nothing since it was
+dropped). Each open feed is on ``Trial`` from its opening; ``Standing.judge`` closes (counting in
+reports, the learner's rounds, and never sooner than ``probe_s`` seconds: a learner whose
+rounds skip training — no local group with signal — reports several times a second, faster
+than honest sources publish):
+
+- a stranger's feed that brought no frame at all in ``probe_rounds`` reports and ``probe_s``
+  seconds (an honest source answers a new subscription with its newest batch, or publishes
+  within its round): *idle*;
+- a feed that delivered no valid group in ``trial_rounds`` reports and ``probe_s`` seconds:
+  *idle* — a stranger's at once, a known source's only if these are reports in which
+  another feed had delivered (else the whole swarm is quiet);
+- a feed that delivered no signal in ``LIVE_PATIENCE`` (a proven source's:
+  ``PROVEN_PATIENCE``) times ``trial_rounds`` reports in which another feed had delivered
+  signal: *no signal* (a farm sending valid all-wrong groups; an honest source that lags far
+  behind the swarm).
+
+A dropped source is a stranger again: after an idle drop until it delivers a valid group,
+after a no-signal drop until it delivers signal. Idle drops cool the source for longer each
+time (``strikes``), so a farm of idle keys leaves the pool of candidates while it is searched.
+Pure bookkeeping: no I/O; the caller passes the time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["LIVE_PATIENCE", "PROVEN_PATIENCE", "Kind", "Standing", "Trial", "Verdict"]
+
+LIVE_PATIENCE = 2
+"""A feed whose groups pass re-scoring but carry no signal is closed after this many times
+``trial_rounds`` reports without signal (while another feed delivered signal): long enough for
+an honest source to catch up once the swarm's signal reaches it (the embedded model: 5-6
+rounds from its first external signal to its own), short enough to explore past a farm."""
+PROVEN_PATIENCE = 4
+"""The same for a source that had delivered signal when its feed opened."""
+
+
+class Kind(enum.IntEnum):
+    """What a source has shown, ordered: a slot prefers the higher kind."""
+
+    STRANGER = 0
+    LIVE = 1
+    PROVEN = 2
+
+    @property
+    def label(self) -> str:
+        """Its name in stats and round records (``trial``: unknown, still on trial)."""
+        return ("trial", "live", "proven")[self]
+
+
+class Verdict(str, enum.Enum):
+    """Why ``Standing.judge`` closes a feed; the value is the counter it adds to."""
+
+    IDLE = "feed_dropped_idle"
+    NO_SIGNAL = "feed_dropped_no_signal"
+
+
+@dataclass
+class Trial:
+    """One open feed's record since it opened (report counts are ``Standing.reports``)."""
+
+    kind: Kind
+    """Its source's kind when the feed opened."""
+    opened: int
+    opened_s: float
+    """The time it opened (the caller's clock, seconds)."""
+    signal: int
+    """The source's signal total at its last growth (or at the opening)."""
+    valid: int
+    signal_grew: int
+    """The report in which the signal total last grew (the opening's, if never)."""
+    valid_grew: int
+    """The report in which the source last delivered a valid group or signal."""
+    valid_s: float
+    """The time of that report (the opening's, if never)."""
+    missed_valid: int = 0
+    """Reports since then in which another open feed had delivered a valid group within
+    ``trial_rounds`` reports and this one had not."""
+    missed_signal: int = 0
+    """The same for signal, since this feed's last."""
+    frames: int = 0
+    """Frames the feed brought (counted by the swarm process, before any re-scoring)."""
+
+
+@dataclass(kw_only=True)
+class Standing:
+    """The learner's reports and what they make of each source; bounded by ``capacity``."""
+
+    trial_rounds: int
+    probe_rounds: int
+    probe_s: float
+    capacity: int
+    reports: int = 0
+    _signal: dict[str, int] = field(default_factory=dict, repr=False)
+    _valid: dict[str, int] = field(default_factory=dict, repr=False)
+    _base: dict[str, tuple[int, float]] = field(default_factory=dict, repr=False)
+    """Totals (signal, valid) a dropped source must exceed to rank again (valid: inf after
+    a no-signal drop: only signal brings it back)."""
+    _strikes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def kind(self, peer: str) -> Kind:
+        base_signal, base_valid = self._base.get(peer, (0, 0))
+        if self._signal.get(peer, 0) > base_signal:
+            return Kind.PROVEN
+        if self._valid.get(peer, 0) > base_valid:
+            return Kind.LIVE
+        return Kind.STRANGER
+
+    def report(self, signal: Mapping[str, int], valid: Mapping[str, int]) -> None:
+        """One round's report (running totals per sender)."""
+        self._signal, self._valid = dict(signal), dict(valid)
+        self.reports += 1
+
+    def open(self, peer: str, now: float) -> Trial:
+        """The trial of a feed from ``peer`` opening at ``now``."""
+        return Trial(kind=self.kind(peer), opened=self.reports, opened_s=now,
+                     signal=self._signal.get(peer, 0), valid=self._valid.get(peer, 0),
+                     signal_grew=self.reports, valid_grew=self.reports, valid_s=now)
+
+    def _update(self, peer: str, trial: Trial, now: float) -> None:
+        signal, valid = self._signal.get(peer, 0), self._valid.get(peer, 0)
+        if signal > trial.signal:
+            trial.signal, trial.signal_grew = signal, self.reports
+        if valid > trial.valid or trial.signal_grew == self.reports > trial.opened:
+            trial.valid, trial.valid_grew = max(valid, trial.valid), self.reports
+            trial.valid_s = now
+            self._strikes.pop(peer, None)
+
+    def idle(self, trial: Trial) -> bool:
+        """The feed holds a slot for nothing now (no valid group in ``probe_rounds``
+        reports, at least 2): the slots lost to idle sources."""
+        return self.reports - trial.valid_grew >= max(2, self.probe_rounds)
+
+    def judge(self, trials: Mapping[str, Trial], now_s: float) -> dict[str, Verdict]:
+        """Update the open feeds' ``trials`` with the last report, made at ``now_s``; the
+        ones to close, and why (see the module docstring). Nothing is judged while
+        ``trial_rounds`` is 0."""
+        for peer, trial in trials.items():
+            self._update(peer, trial, now_s)
+        if not self.trial_rounds:
+            return {}
+        now, t = self.reports, self.trial_rounds
+        out: dict[str, Verdict] = {}
+        for peer, trial in trials.items():
+            # patience is counted only in reports where another feed showed what this one
+            # did not: while the whole swarm is quiet (a hard task's first rounds, our
+            # rounds faster than anyone publishes) nobody is behind
+            others = [o for p, o in trials.items() if p != peer]
+            if trial.valid_grew < now and any(o.valid_grew > now - t for o in others):
+                trial.missed_valid += 1
+            elif trial.valid_grew == now:
+                trial.missed_valid = 0
+            if trial.signal_grew < now and any(o.signal_grew > now - t for o in others):
+                trial.missed_signal += 1
+            elif trial.signal_grew == now:
+                trial.missed_signal = 0
+            stranger = self.kind(peer) is Kind.STRANGER
+            waited = now_s - trial.valid_s >= self.probe_s
+            if stranger and trial.kind is Kind.STRANGER and not trial.frames and \
+                    self.probe_rounds and now - trial.opened >= self.probe_rounds and \
+                    now_s - trial.opened_s >= self.probe_s:
+                out[peer] = Verdict.IDLE
+            elif waited and (now - trial.valid_grew >= t if stranger
+                             else trial.missed_valid >= t):
+                out[peer] = Verdict.IDLE
+            elif (trial.kind is not Kind.STRANGER or trial.valid_grew > trial.opened) and \
+                    trial.missed_signal >= t * (
+                        PROVEN_PATIENCE if trial.kind is Kind.PROVEN else LIVE_PATIENCE):
+                # only a feed that delivers valid groups is judged by their signal; one that
+                # delivers nothing is idle, judged above (never sooner than probe_s)
+                out[peer] = Verdict.NO_SIGNAL
+        return out
+
+    def dropped(self, peer: str, verdict: Verdict) -> int:
+        """``peer``'s feed was closed for ``verdict``: it ranks as a stranger until it shows
+        more. Returns its idle strikes (consecutive idle drops), for its cool-down."""
+        signal, valid = self._signal.get(peer, 0), self._valid.get(peer, 0)
+        self._base.pop(peer, None)
+        self._base[peer] = (signal, valid if verdict is Verdict.IDLE else math.inf)
+        if len(self._base) > self.capacity:  # bounded: forgetting one only ranks it again
+            del self._base[next(iter(self._base))]
+        if verdict is not Verdict.IDLE:
+            return 0
+        if peer not in self._strikes and len(self._strikes) >= self.capacity:
+            del self._strikes[next(iter(self._strikes))]
+        self._strikes[peer] = self._strikes.get(peer, 0) + 1
+        return self._strikes[peer]
