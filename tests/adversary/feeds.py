@@ -10,17 +10,26 @@ model fingerprint, ``train``) and answers every feed request ``OK``, then:
   0: no signal after re-scoring);
 - ``trickle``: the same, one batch every ``trickle_s`` seconds.
 
+Both send their first batch as soon as the feed opens (a feed that brings nothing at first is
+closed early: swarm.feed_standing's probe).
+
 ``mint_every_s`` > 0: one more fresh identity joins the farm that often (a farm that keeps
-minting never-seen keys). Runs until ``duration_s`` or SIGTERM; reports how many feeds each
-mode served and how many identities it used.
+minting never-seen keys). Each identity owns its host in a task of its own: a failure of one
+host (py-libp2p raises from a background dial to a victim that has finished) ends that
+identity, counted as ``identity_failed``, not the farm and its report. Runs until
+``duration_s`` or SIGTERM; reports how many feeds each mode served and how many identities
+it used.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import random
+import sys
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any
 
 import multiaddr
@@ -51,8 +60,8 @@ ANNOUNCE_S = 4.0
 class Farm:
     """The identities, their hosts and what they served."""
 
-    def __init__(self, args: dict[str, Any], model: str) -> None:
-        self.args, self.model = args, model
+    def __init__(self, args: dict[str, Any], observer: Observer) -> None:
+        self.args, self.observer = args, observer
         self.mode = str(args.get("mode", "idle"))
         if self.mode not in ("idle", "wrong", "trickle"):
             raise ValueError(f"mode must be idle, wrong or trickle, not {self.mode!r}")
@@ -60,21 +69,50 @@ class Farm:
         self.peer_ids: list[str] = []
         self.rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         self.round = 0
+        self.model = "unknown"
+        self.serving = trio.Event()
+        """Set once the victims' model is known (or given up on): identities serve from then."""
+        self.announce = topic_for(args["swarm_id"], "announce")
 
-    def add(self, nursery: trio.Nursery, stack: Stack, me: Identity) -> None:
-        """Serve feeds from ``stack`` and announce it until cancelled."""
-        self.peer_ids.append(me.peer_id)
-        stack.host.set_stream_handler(FEED_PROTOCOL, lambda s: self._serve(s, me))
-        nursery.start_soon(self._announce, stack, me)
+    async def member(self, me: Identity, index: int, *, observe: bool = False,
+                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """One identity until cancelled: its host, connected to the victims (``started``
+        then, or when that failed), then serving feeds and announcing itself. ``observe``:
+        its host also learns the victims' model from their announcements."""
+        started = False
+        try:
+            async with AsyncExitStack() as exit_stack:
+                stack = await _open(exit_stack, me, self.args, index)
+                async with trio.open_nursery() as nursery:
+                    if observe:
+                        stack.pubsub.set_topic_validator(self.announce, self.observer.see, False)
+                        nursery.start_soon(self.observer.drain,
+                                           await stack.pubsub.subscribe(self.announce))
+                    try:
+                        await _reach(stack, list(self.args["victims"]), self.announce)
+                    except Exception:  # noqa: BLE001 - e.g. a victim that finished: serve on
+                        self.served["unreached"] += 1
+                    task_status.started()
+                    started = True
+                    await self.serving.wait()
+                    self.peer_ids.append(me.peer_id)
+                    stack.host.set_stream_handler(FEED_PROTOCOL, lambda s: self._serve(s, me))
+                    await self._announce(stack, me)
+        except* Exception as group:  # its host failed: this identity ends, the farm goes on
+            self.served["identity_failed"] += 1
+            sys.stderr.write(f"identity {me.peer_id} ended: {group.exceptions[0]!r}\n")
+        finally:
+            if not started:
+                task_status.started()
 
     async def _announce(self, stack: Stack, me: Identity) -> None:
-        topic = topic_for(self.args["swarm_id"], "announce")
         addrs = tuple(f"{a}/p2p/{me.peer_id}" for a in stack.host.get_addrs()
                       if "/p2p/" not in str(a)) or tuple(str(a) for a in stack.host.get_addrs())
         while True:
             ann = PeerAnnouncement(peer_id=me.peer_id, addrs=addrs[:4], model=self.model,
                                    capabilities=("train",), interval_s=ANNOUNCE_S)
-            await stack.pubsub.publish(topic, seal(me, ann, swarm_id=self.args["swarm_id"]))
+            await stack.pubsub.publish(self.announce,
+                                       seal(me, ann, swarm_id=self.args["swarm_id"]))
             self.served["announcements"] += 1
             await trio.sleep(ANNOUNCE_S)
 
@@ -87,8 +125,7 @@ class Farm:
             if self.mode == "idle":
                 await trio.sleep_forever()
             period = 1.0 if self.mode == "wrong" else float(self.args.get("trickle_s", 15.0))
-            while True:
-                await trio.sleep(period)
+            while True:  # the first batch at once: it passes a probe for a first frame
                 self.round += 1
                 batch = await trio.to_thread.run_sync(lambda: steering_batch(
                     model=self.model, round_=self.round, seed=self.rng.randrange(2**31),
@@ -96,6 +133,7 @@ class Farm:
                 await stream.write(encode_varint_prefixed(
                     seal(me, batch, swarm_id=self.args["swarm_id"])))
                 self.served["batches"] += 1
+                await trio.sleep(period)
         except Exception:  # noqa: BLE001 - the victim closed the feed: count it, serve on
             self.served["feeds_closed"] += 1
         finally:
@@ -108,43 +146,29 @@ class Farm:
 
 async def run_feed_sybils(args: dict[str, Any]) -> dict[str, Any]:
     """Run the farm (see the module docstring); what it served."""
-    victims = list(args["victims"])
-    first = Identity.generate()
-    observer = Observer(own={first.peer_id}, swarm_id=args["swarm_id"],
+    ids = [Identity.generate() for _ in range(int(args["identities"]))]
+    observer = Observer(own={ids[0].peer_id}, swarm_id=args["swarm_id"],
                         watched=frozenset(), own_ids=frozenset())
+    farm = Farm(args, observer)
     _line("loaded")
-    async with AsyncExitStack() as exit_stack:
-        stacks = []
-        ids = [first] + [Identity.generate() for _ in range(int(args["identities"]) - 1)]
-        for i, me in enumerate(ids):
-            stacks.append(await _open(exit_stack, me, args, i))
-        async with trio.open_nursery() as nursery:
-            announce = topic_for(args["swarm_id"], "announce")
-            stacks[0].pubsub.set_topic_validator(announce, observer.see, False)
-            nursery.start_soon(observer.drain, await stacks[0].pubsub.subscribe(announce))
-            async with trio.open_nursery() as connecting:
-                for stack in stacks:
-                    connecting.start_soon(_reach, stack, victims, announce)
-            with trio.move_on_after(120):
-                await observer.model_known.wait()
-            farm = Farm(args, observer.model or "unknown")
-            for stack, me in zip(stacks, ids):
-                farm.add(nursery, stack, me)
-            _line("ready", model=farm.model, peer_ids=list(farm.peer_ids))
-            with trio.move_on_after(float(args["duration_s"])) as scope:
-                nursery.start_soon(_until_signal, scope)
-                mint = float(args.get("mint_every_s", 0.0))
-                while True:
-                    if mint <= 0:
-                        await trio.sleep_forever()
-                    await trio.sleep(mint)
-                    me = Identity.generate()
-                    stack = await _open(exit_stack, me, args, len(farm.peer_ids))
-                    try:
-                        await _reach(stack, victims, announce)
-                    except Exception:  # noqa: BLE001 - a victim that finished: mint on
-                        farm.served["mint_unreached"] += 1
-                    farm.add(nursery, stack, me)
-            nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as starting:  # every identity connected (or failed)
+            for i, me in enumerate(ids):
+                starting.start_soon(nursery.start, partial(farm.member, me, i, observe=i == 0))
+        with trio.move_on_after(120):
+            await observer.model_known.wait()
+        farm.model = observer.model or "unknown"
+        farm.serving.set()
+        await trio.sleep(0)  # the identities register before the ready line lists them
+        _line("ready", model=farm.model, peer_ids=list(farm.peer_ids))
+        with trio.move_on_after(float(args["duration_s"])) as scope:
+            nursery.start_soon(_until_signal, scope)
+            mint = float(args.get("mint_every_s", 0.0))
+            for index in itertools.count(len(ids)):
+                if mint <= 0:
+                    await trio.sleep_forever()
+                await trio.sleep(mint)
+                nursery.start_soon(farm.member, Identity.generate(), index)
+        nursery.cancel_scope.cancel()
     return {"peer_ids": farm.peer_ids, "identities": len(farm.peer_ids),
             "sent": dict(farm.served)}
