@@ -24,6 +24,16 @@ class Metrics:
         self.gossip_rejected = Gauge("swarm_node_gossip_rejected",
                                      "Messages the swarm process rejected at the boundary, total",
                                      ["reason"], registry=r)
+        self.feed_sources = Gauge("swarm_node_feed_sources",
+                                  "Open feeds by their source's kind (proven, live, trial) and "
+                                  "those holding their slot for nothing now (idle)", ["kind"],
+                                  registry=r)
+        self.feeds_dropped = Gauge("swarm_node_feeds_dropped",
+                                   "Feeds closed for delivering nothing, total", ["reason"],
+                                   registry=r)
+        self.feed_idle_slot_rounds = Gauge("swarm_node_feed_idle_slot_rounds",
+                                           "Slot-rounds held by idle feed sources, total",
+                                           registry=r)
         self.outer = Counter("swarm_node_outer_steps", "Outer steps", ["status"], registry=r)
         self.restarts = Counter("swarm_node_child_restarts", "Child restarts", ["child"],
                                 registry=r)
@@ -50,6 +60,13 @@ class Metrics:
             self.rejected.labels(reason).inc(max(0, n))
         for reason, total in rec.gossip_rejected.items():
             self.gossip_rejected.labels(reason).set(total)
+        feeds = rec.observed.get("feeds")
+        if isinstance(feeds, dict):  # feeds mode (swarm.feed_standing)
+            for kind in ("proven", "live", "trial", "idle"):
+                self.feed_sources.labels(kind).set(int(feeds.get(kind) or 0))
+            for reason in ("idle", "no_signal"):
+                self.feeds_dropped.labels(reason).set(int(feeds.get(f"dropped_{reason}") or 0))
+            self.feed_idle_slot_rounds.set(int(feeds.get("idle_slot_rounds") or 0))
 
     def on_outer(self, rec: StepRecord) -> None:
         self.outer.labels(rec.status.value).inc()

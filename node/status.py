@@ -11,7 +11,13 @@ a round (``name``, ``done``/``total`` — total 0 when there is no measure — a
 ``peers_seen`` lists peers with the time they were last listed as live; ``reachability`` is
 "unknown" until the swarm process reports it in the round record, then ``public`` (peers
 dialled this node back), ``relayed`` (reachable only through relays) or ``unreachable``
-(swarm.reachability; the swarm process's log says what to do).
+(swarm.reachability; the swarm process's log says what to do). ``feeds`` (feeds mode; None
+until the first round says) is the round record's view of the feed sources
+(swarm.feed_standing): open feeds by their source's kind — ``proven`` (it delivered groups
+with signal), ``live`` (valid groups, no signal yet), ``trial`` (nothing yet) — ``idle`` (open
+feeds holding their slot for nothing now), and the running totals ``dropped_idle``,
+``dropped_no_signal`` and ``idle_slot_rounds`` (slot-rounds held by idle sources): a farm
+of identities shows as idle slots and drops.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ HELDOUT_KEYS = ("after_rounds", "greedy_accuracy", "sampled_accuracy", "question
 """What ``heldout`` (the newest held-out score, None before one) keeps of a round's."""
 RATE_WINDOW = 10
 """Rounds over which rounds/s is measured."""
+FEED_KEYS = ("proven", "live", "trial", "idle", "dropped_idle", "dropped_no_signal",
+             "idle_slot_rounds")
+"""What ``feeds`` keeps of a round record's ``feeds`` (node/learner_process.py)."""
 
 
 @dataclass
@@ -57,7 +66,7 @@ class StatusBoard:
                           started=time.time(), round_phase=None, rounds_done=0,
                           rounds_per_s=None, recent_rewards=[], rejected_by_reason={},
                           gossip_rejected={}, peers_seen=[], reachability="unknown",
-                          last_outer=None, last_checkpoint=None, heldout=None,
+                          last_outer=None, last_checkpoint=None, heldout=None, feeds=None,
                           **{f"{k}_total": 0 for k in COUNTERS})
 
     def set(self, **values: Any) -> None:
@@ -88,6 +97,9 @@ class StatusBoard:
             s["peers"] = record.peers
         if record.reachability is not None:
             s["reachability"] = record.reachability[:32]
+        feeds = record.observed.get("feeds")
+        if isinstance(feeds, dict):
+            s["feeds"] = {k: _int(feeds.get(k)) for k in FEED_KEYS}
         heldout = record.heldout
         if heldout is not None:
             s["heldout"] = {k: heldout.get(k) for k in HELDOUT_KEYS}
@@ -147,6 +159,31 @@ def heldout_text(heldout: Any) -> str:
     return f"{heldout['greedy_accuracy']:.2f}/{sampled_text}@{heldout.get('after_rounds')}"
 
 
+def feeds_text(feeds: Any) -> str:
+    """A status record's ``feeds`` in one line (``none`` outside feeds mode or before a
+    round): the open feeds by kind, then what idle sources took."""
+    if not isinstance(feeds, dict):
+        return "none"
+    n = {k: _int(feeds.get(k)) for k in FEED_KEYS}
+    return (f"{n['proven']} proven · {n['live']} live · {n['trial']} on trial"
+            f" · {n['idle']} idle now · dropped {n['dropped_idle']} idle,"
+            f" {n['dropped_no_signal']} without signal · {n['idle_slot_rounds']} slot-rounds"
+            f" held by idle sources")
+
+
+def feeds_alarm(feeds: Any) -> str | None:
+    """A warning when most open feeds hold their slot for nothing or none delivers (what a
+    farm of identities does), else None."""
+    if not isinstance(feeds, dict):
+        return None
+    n = {k: _int(feeds.get(k)) for k in FEED_KEYS}
+    held = n["proven"] + n["live"] + n["trial"]
+    if held and (2 * n["idle"] > held or (not n["proven"] + n["live"] and n["dropped_idle"])):
+        return ("most feed slots are held by sources that deliver nothing (a farm of "
+                "identities? node.log lists the feeds closed as idle)")
+    return None
+
+
 def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
     """Health check: is the node at ``data_dir`` alive? Returns (healthy, one-line summary)."""
     path = Path(data_dir) / "status.json"
@@ -174,5 +211,8 @@ def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
                f"reachability={reach} reward={s.get('mean_reward')} "
                f"heldout={heldout_text(s.get('heldout'))} "
                f"children_down={dead or 'none'}")
+    if s.get("feeds") is not None:
+        alarm = feeds_alarm(s["feeds"])
+        summary += f" feeds={feeds_text(s['feeds'])}" + (f" ({alarm})" if alarm else "")
     healthy = s.get("phase") not in ("failed", "stopped") and not dead
     return healthy, summary

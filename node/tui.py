@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from node.status import heldout_text
+from node.status import feeds_alarm, feeds_text, heldout_text
 
 __all__ = ["TerminalView", "render", "sparkline"]
 
@@ -218,6 +218,11 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
     ckpt = s.get("last_checkpoint")
     ckpt_text = (f"after round {int(ckpt.get('round') or 0) - 1} · {_ago(ckpt.get('time'), now)} ago"
                  if isinstance(ckpt, dict) else "none yet this run")
+    feeds_row: list[tuple[str, str]] = []  # feeds mode only: the feed sources by kind, an attack's idle slots first
+    if s.get("feeds") is not None:
+        alarm = feeds_alarm(s["feeds"])
+        feeds_row.append(("feeds", (f"{alarm} · " if alarm else "")
+                          + feeds_text(s["feeds"])))
     rows = [
         ("node", f"{s.get('phase')} · up {_ago(s.get('started'), now)} · {health or '-'}"
                  f" · restarts {restarts}"),
@@ -228,6 +233,7 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
          + (f" · accuracy {acc:.2f}" if isinstance(acc, (int, float)) else "")
          + (f" · held-out {heldout_text(s['heldout'])}" if s.get("heldout") else "")),
         ("peers", f"{s.get('peers', 0)} · reachability {s.get('reachability') or 'unknown'}"),
+        *feeds_row,
         ("rollouts", f"out {s.get('rollouts_published_total', 0)} · in "
                      f"{s.get('rollouts_received_total', 0)} · used {s.get('external_used_total', 0)}"),
         ("rejected", f"re-scoring: {_reasons(s.get('rejected_by_reason'))}"

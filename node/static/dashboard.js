@@ -107,6 +107,13 @@ function render(data) {
   setText("heldout-after", h ? "after " + h.after_rounds + " rounds, " + h.questions + " questions" : "no score yet");
   setText("peers", s.peers);
   setText("reachability", s.reachability || "unknown");
+  const f = s.feeds;  // feeds mode: sources by kind (swarm.feed_standing), what idle ones took
+  setText("feeds", f ? f.proven + " proven · " + f.live + " live · " + f.trial + " on trial" : "-");
+  setText("feeds-detail", f ? f.idle + " idle now · dropped " + f.dropped_idle + " idle, "
+    + f.dropped_no_signal + " without signal · " + f.idle_slot_rounds + " slot-rounds held by idle sources"
+    : "not in feeds mode");
+  $("feeds").className = f && (2 * f.idle > f.proven + f.live + f.trial
+    || (!(f.proven + f.live) && f.dropped_idle)) ? "bad" : "";
   const kids = Object.entries(s.children || {});
   const healthy = !["failed", "stopped"].includes(s.phase) && kids.every(([, c]) => c.alive);
   setText("health", healthy ? "healthy" : "unhealthy");

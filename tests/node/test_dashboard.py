@@ -76,3 +76,16 @@ def test_the_page_gets_the_heldout_scores_to_draw(tmp_path, dashboard):
     assert data["status"]["heldout"]["greedy_accuracy"] == 0.5       # the card
     assert [r["heldout"] for r in data["rounds"] if r["heldout"]] == [score]  # the curve
     assert b'id="heldout-chart"' in _get(dashboard, "/")[2]
+
+
+def test_the_page_gets_the_feed_sources_to_show(tmp_path, dashboard):
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    feeds = {"proven": 1, "live": 0, "trial": 3, "idle": 3, "dropped_idle": 12,
+             "dropped_no_signal": 1, "idle_slot_rounds": 40}
+    rounds = [{"round": 0, "mean_reward": 0.1, "feeds": feeds}]
+    board.on_round(RoundRecord.from_dict(rounds[0]))
+    dashboard.publish(board.flush(), rounds, [])
+    assert json.loads(_get(dashboard, "/api/status")[2])["status"]["feeds"] == feeds
+    page, js = _get(dashboard, "/")[2], _get(dashboard, "/dashboard.js")[2]
+    assert b'id="feeds"' in page and b'id="feeds-detail"' in page
+    assert b"s.feeds" in js and b"slot-rounds held by idle sources" in js

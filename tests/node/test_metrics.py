@@ -15,7 +15,9 @@ def test_metrics_endpoint_serves_round_counters():
                     "rollouts_received": 5, "external_used": 4,
                     "rejected_by_reason": {"bad_signature": 2},
                     "gossip_rejected": {"stale": 3},
-                    "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375}}))
+                    "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375},
+                    "feeds": {"proven": 1, "live": 2, "trial": 1, "idle": 1, "dropped_idle": 7,
+                              "dropped_no_signal": 1, "idle_slot_rounds": 30}}))
         m.on_outer(StepRecord(step=0, status=Status.OK, version=1, param_hash="h"))
         body = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
         text = body.decode()
@@ -29,3 +31,7 @@ def test_metrics_endpoint_serves_round_counters():
     assert 'swarm_node_gossip_rejected{reason="stale"} 3.0' in text
     assert 'swarm_node_heldout_accuracy{decoding="greedy"} 0.5' in text
     assert 'swarm_node_heldout_accuracy{decoding="sampled"} 0.375' in text
+    assert 'swarm_node_feed_sources{kind="live"} 2.0' in text
+    assert 'swarm_node_feed_sources{kind="idle"} 1.0' in text
+    assert 'swarm_node_feeds_dropped{reason="idle"} 7.0' in text
+    assert "swarm_node_feed_idle_slot_rounds 30.0" in text

@@ -66,3 +66,30 @@ def test_the_newest_heldout_score_stays_in_the_status_and_its_line(tmp_path):
                                                   "sampled_accuracy", "questions", "samples",
                                                   "seconds")}
     assert "heldout=0.62/0.50@10" in check_status(tmp_path, max_age_s=30)[1]
+
+
+FEEDS = {"proven": 1, "live": 0, "trial": 3, "idle": 3, "dropped_idle": 12,
+         "dropped_no_signal": 1, "idle_slot_rounds": 40}
+"""A round record's feeds under a farm of idle identities (issue 32)."""
+
+
+def test_the_feed_sources_by_kind_and_an_attacks_idle_slots_are_in_the_status_line(tmp_path):
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    board.child("learner", pid=os.getpid(), alive=True, restarts=0)
+    board.on_round(RoundRecord.from_dict({"round": 1, "mean_reward": 0.1}))
+    board.flush()
+    assert "feeds=" not in check_status(tmp_path, max_age_s=30)[1]  # flood mode: nothing said
+    board.on_round(RoundRecord.from_dict({"round": 2, "mean_reward": 0.1, "feeds": FEEDS}))
+    board.flush()
+    s = json.loads((tmp_path / "status.json").read_text())
+    assert s["feeds"] == FEEDS
+    healthy, summary = check_status(tmp_path, max_age_s=30)
+    assert healthy  # an attack is shown, not a failure of this node
+    assert ("feeds=1 proven · 0 live · 3 on trial · 3 idle now · dropped 12 idle, 1 without "
+            "signal · 40 slot-rounds held by idle sources (most feed slots are held by sources "
+            "that deliver nothing") in summary, summary
+    calm = {**FEEDS, "proven": 3, "trial": 1, "idle": 0}
+    board.on_round(RoundRecord.from_dict({"round": 3, "mean_reward": 0.1, "feeds": calm}))
+    board.flush()
+    summary = check_status(tmp_path, max_age_s=30)[1]
+    assert "feeds=3 proven" in summary and "deliver nothing" not in summary

@@ -116,3 +116,17 @@ def test_the_reward_row_shows_the_newest_heldout_score(tmp_path):
     assert "held-out" not in "\n".join(_draw(state, 160, 40))
     state["heldout"] = {"after_rounds": 10, "greedy_accuracy": 0.625, "sampled_accuracy": 0.5}
     assert "accuracy 0.10 · held-out 0.62/0.50@10" in "\n".join(_draw(state, 160, 40))
+
+
+def test_the_feeds_row_shows_sources_by_kind_and_warns_of_idle_slots(tmp_path):
+    state = _state(tmp_path)
+    assert "│ feeds" not in "\n".join(_draw(state, 160, 40))  # flood mode: no row
+    state["feeds"] = {"proven": 2, "live": 1, "trial": 1, "idle": 0, "dropped_idle": 4,
+                      "dropped_no_signal": 0, "idle_slot_rounds": 9}
+    text = "\n".join(_draw(state, 200, 40))
+    assert "│ feeds      │ 2 proven · 1 live · 1 on trial · 0 idle now · dropped 4 idle" in text
+    state["feeds"] = {**state["feeds"], "proven": 0, "live": 1, "trial": 3, "idle": 3}
+    assert "│ feeds      │ most feed slots are held by sources that deliver nothing" in \
+        "\n".join(_draw(state, 200, 40))
+    small = _draw(state, 80, 24)
+    assert len(small) <= 24 and "│ checkpoint" in "\n".join(small)  # the full layout still fits
