@@ -174,9 +174,10 @@ class FeedsConfig:
     answers a new subscription with its newest batch, or publishes within its round);
     0 = never."""
     probe_s: float = 10.0
-    """The least time before a feed is closed for bringing nothing (no frame, or no group
-    passing re-scoring): a learner whose rounds skip training reports several times a second,
-    faster than honest sources publish (swarm.feed_standing)."""
+    """The longest wait before a feed is closed for bringing nothing (no frame, or no group
+    passing re-scoring), and the wait until some feed delivered; then 3 of the swarm's gaps
+    between two batches of one source, at least 1 s (swarm.feed_standing): a learner whose
+    rounds skip training reports faster than honest sources publish."""
     explore_slots: int = 1
     """Of ``sources``, the slots left to sources that have delivered nothing yet once enough
     sources that did are known (swarm.feeds: a farm of fresh keys gets these only)."""

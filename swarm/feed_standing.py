@@ -12,14 +12,17 @@ learner reports, per sender, two running totals (the IPC op ``sources``, swarm.f
 From them a source is one ``Kind``: ``PROVEN`` (it delivered signal), ``LIVE`` (it delivers
 valid groups, none with signal yet) or ``STRANGER`` (nothing yet, or nothing since it was
 dropped). Each open feed is on ``Trial`` from its opening; ``Standing.judge`` closes (counting in
-reports, the learner's rounds, and never sooner than ``probe_s`` seconds: a learner whose
-rounds skip training — no local group with signal — reports several times a second, faster
-than honest sources publish):
+reports, the learner's rounds, and never sooner than the *wait*: a learner whose rounds skip
+training — no local group with signal — reports several times a second, faster than honest
+sources publish. The wait is ``probe_s`` until some feed has delivered frames, then
+``PACE_FACTOR`` times the median gap between two frames of one feed (the swarm's publishing
+pace), at least ``MIN_WAIT_S`` and at most ``probe_s``: measured on the embedded model, whose
+rounds take 0.2 s, a fixed 10 s kept idle keys in their slots for most of a run):
 
-- a stranger's feed that brought no frame at all in ``probe_rounds`` reports and ``probe_s``
-  seconds (an honest source answers a new subscription with its newest batch, or publishes
-  within its round): *idle*;
-- a feed that delivered no valid group in ``trial_rounds`` reports and ``probe_s`` seconds:
+- a stranger's feed that brought no frame at all in ``probe_rounds`` reports and the wait
+  (an honest source answers a new subscription with its newest batch, or publishes within
+  its round): *idle*;
+- a feed that delivered no valid group in ``trial_rounds`` reports and the wait:
   *idle* — a stranger's at once, a known source's only if these are reports in which
   another feed had delivered (else the whole swarm is quiet);
 - a feed that delivered no signal in ``LIVE_PATIENCE`` (a proven source's:
@@ -35,12 +38,15 @@ Pure bookkeeping: no I/O; the caller passes the time.
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["LIVE_PATIENCE", "PROVEN_PATIENCE", "Kind", "Standing", "Trial", "Verdict"]
+__all__ = ["LIVE_PATIENCE", "MIN_WAIT_S", "PACE_FACTOR", "PROVEN_PATIENCE", "Kind", "Standing",
+           "Trial", "Verdict"]
 
 LIVE_PATIENCE = 2
 """A feed whose groups pass re-scoring but carry no signal is closed after this many times
@@ -49,6 +55,12 @@ an honest source to catch up once the swarm's signal reaches it (the embedded mo
 rounds from its first external signal to its own), short enough to explore past a farm."""
 PROVEN_PATIENCE = 4
 """The same for a source that had delivered signal when its feed opened."""
+PACE_FACTOR = 3.0
+"""The wait is this many of the swarm's gaps between two batches of one source."""
+MIN_WAIT_S = 1.0
+"""The least wait (a dial and a backfilled batch on a loaded box take about a second)."""
+PACE_SAMPLES = 64
+"""Gaps between frames the pace is the median of (the newest)."""
 
 
 class Kind(enum.IntEnum):
@@ -113,6 +125,24 @@ class Standing:
     """Totals (signal, valid) a dropped source must exceed to rank again (valid: inf after
     a no-signal drop: only signal brings it back)."""
     _strikes: dict[str, int] = field(default_factory=dict, repr=False)
+    _last_frame: dict[str, float] = field(default_factory=dict, repr=False)
+    _gaps: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=PACE_SAMPLES), repr=False)
+
+    def frame(self, peer: str, now: float) -> None:
+        """An accepted frame from ``peer``'s feed at ``now``: the swarm's pace."""
+        last = self._last_frame.pop(peer, None)
+        if last is not None:
+            self._gaps.append(now - last)
+        elif len(self._last_frame) >= self.capacity:
+            del self._last_frame[next(iter(self._last_frame))]
+        self._last_frame[peer] = now
+
+    def wait_s(self) -> float:
+        """The least time before a feed is closed for bringing nothing (module docstring)."""
+        if len(self._gaps) < 4:
+            return self.probe_s
+        return min(self.probe_s, max(MIN_WAIT_S, PACE_FACTOR * statistics.median(self._gaps)))
 
     def kind(self, peer: str) -> Kind:
         base_signal, base_valid = self._base.get(peer, (0, 0))
@@ -155,7 +185,7 @@ class Standing:
             self._update(peer, trial, now_s)
         if not self.trial_rounds:
             return {}
-        now, t = self.reports, self.trial_rounds
+        now, t, wait = self.reports, self.trial_rounds, self.wait_s()
         out: dict[str, Verdict] = {}
         for peer, trial in trials.items():
             # patience is counted only in reports where another feed showed what this one
@@ -171,10 +201,10 @@ class Standing:
             elif trial.signal_grew == now:
                 trial.missed_signal = 0
             stranger = self.kind(peer) is Kind.STRANGER
-            waited = now_s - trial.valid_s >= self.probe_s
+            waited = now_s - trial.valid_s >= wait
             if stranger and trial.kind is Kind.STRANGER and not trial.frames and \
                     self.probe_rounds and now - trial.opened >= self.probe_rounds and \
-                    now_s - trial.opened_s >= self.probe_s:
+                    now_s - trial.opened_s >= wait:
                 out[peer] = Verdict.IDLE
             elif waited and (now - trial.valid_grew >= t if stranger
                              else trial.missed_valid >= t):

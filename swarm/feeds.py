@@ -27,8 +27,9 @@ per round, so a node subscribes instead to ``feeds.sources`` = k peers of its ow
   first). A rotation replaces a stranger with whoever the slots need, a live or proven
   source only with a proven one. A stranger's feed that brings no frame in
   ``feeds.probe_rounds`` reports, or no valid group in ``feeds.trial_rounds`` (either never
-  within ``feeds.probe_s``), is closed at once and its source cooled longer each time; a
-  known source's only while another feed delivers. So keys that deliver nothing hold only
+  sooner than 3 of the swarm's publishing intervals, at most ``feeds.probe_s``), is closed
+  at once and its source cooled longer each time; a known source's only while another feed
+  delivers. So keys that deliver nothing hold only
   the slots nobody better fills, each for a few seconds, and an honest source is kept from
   its first valid group, before its groups carry signal (what made it lose its slot to
   rotation or to an 8-round trial before).
@@ -334,8 +335,8 @@ class FeedClient:
                 now - self._last_rotation >= self.config.feeds.rotate_s:
             rotation = self._rotation(self_id, open_)
             if rotation is not None:
-                old, info = rotation
-                self._start(info, nursery, now, replaces=old.peer)
+                old, new = rotation
+                self._start(new, nursery, now, replaces=old.peer)
             self._last_rotation = now  # a failed replacement is retried next period
         # a replacement whose old feed already ended holds that slot itself
         slots = sum(f.replaces is None or f.replaces not in self._feeds
@@ -488,6 +489,7 @@ class FeedClient:
                     if not self.on_frame(peer, data):
                         self._cool(peer, "feed_closed_invalid", full=True)
                         return
+                    self.standing.frame(str(peer), trio.current_time())
         except Exception as e:  # EOF, reset, oversized frame, dial failure: try another source
             self._cool(peer, "feed_failed")
             logger.debug("feed from %s ended: %s: %s", peer, type(e).__name__, e)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from swarm.feed_standing import LIVE_PATIENCE, PROVEN_PATIENCE, Kind, Standing, Verdict
+from swarm.feed_standing import (
+    LIVE_PATIENCE,
+    MIN_WAIT_S,
+    PROVEN_PATIENCE,
+    Kind,
+    Standing,
+    Verdict,
+)
 
 T = 4
 """trial_rounds in these tests."""
@@ -132,3 +139,27 @@ def test_memory_is_bounded_by_capacity() -> None:
     for i in range(10):
         s.dropped(f"p{i}", Verdict.IDLE)
     assert len(s._base) == 3 and len(s._strikes) == 3
+
+
+def test_the_wait_follows_the_swarms_publishing_pace_within_bounds() -> None:
+    """probe_s until feeds have delivered; then 3 gaps between two batches of one source,
+    at least MIN_WAIT_S (the embedded model's rounds take 0.2 s: a fixed 10 s kept idle keys
+    in their slots for most of a run)."""
+    s = standing(probe=2, probe_s=10.0)
+    assert s.wait_s() == 10.0
+    for i in range(6):
+        s.frame("a", i * 0.5)
+        s.frame("b", i * 0.5 + 0.1)
+    assert s.wait_s() == 3 * 0.5
+    for i in range(6, 70):
+        s.frame("a", i * 0.01)  # frames back to back: still MIN_WAIT_S
+    assert s.wait_s() == MIN_WAIT_S
+    slow = standing(probe_s=10.0)
+    for i in range(6):
+        slow.frame("a", i * 60.0)
+    assert slow.wait_s() == 10.0
+    silent = slow.open("silent", 0.0)
+    slow.report({}, {})
+    slow.report({}, {})
+    assert slow.judge({"silent": silent}, 9.0) == {}
+    assert slow.judge({"silent": silent}, 10.0) == {"silent": Verdict.IDLE}
