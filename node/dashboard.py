@@ -32,7 +32,7 @@ HISTORY_ROUNDS = 500
 ROUND_KEYS = ("round", "mean_reward", "accuracy", "mean_reward_external", "rollouts_published",
               "rollouts_received", "external_used", "rejected", "tokens_generated", "heldout")
 OUTER_KEYS = ("step", "status", "peers", "bytes_sent", "bytes_received", "seconds", "param_hash",
-              "applied", "error")
+              "applied", "error", "blames_total")
 _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
            "/index.html": ("index.html", "text/html; charset=utf-8"),
            "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from node.status import held_off
 from protocol.records import RoundRecord, StepRecord
 
 
@@ -35,6 +36,9 @@ class Metrics:
                                            "Slot-rounds held by idle feed sources, total",
                                            registry=r)
         self.outer = Counter("swarm_node_outer_steps", "Outer steps", ["status"], registry=r)
+        self.outer_held_off = Gauge("swarm_node_outer_held_off",
+                                    "Peers held off our outer steps' groups, by reason, total",
+                                    ["reason"], registry=r)
         self.restarts = Counter("swarm_node_child_restarts", "Child restarts", ["child"],
                                 registry=r)
         self.server, self._thread = start_http_server(port, addr=addr, registry=r)
@@ -70,6 +74,8 @@ class Metrics:
 
     def on_outer(self, rec: StepRecord) -> None:
         self.outer.labels(rec.status.value).inc()
+        for reason, total in held_off(rec.observed.get("blames_total")).items():
+            self.outer_held_off.labels(reason).set(total)
 
     def close(self) -> None:
         self.server.shutdown()

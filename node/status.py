@@ -129,7 +129,8 @@ class StatusBoard:
         self.state["last_outer"] = {
             "step": record.step, "status": record.status.value, "peers": record.peers,
             "bytes_sent": record.bytes_sent, "bytes_received": record.bytes_received,
-            "seconds": record.seconds, "param_hash": record.param_hash}
+            "seconds": record.seconds, "param_hash": record.param_hash,
+            "held_off": held_off(record.observed.get("blames_total"))}
 
     def on_checkpoint(self, event: Checkpoint) -> None:
         self.state["last_checkpoint"] = {"round": event.round, "time": time.time(),
@@ -184,6 +185,27 @@ def feeds_alarm(feeds: Any) -> str | None:
     return None
 
 
+HELD_OFF = {"leader_stalled": "stalled leader", "leader_refused": "refusing leader",
+            "exchange_missing": "member that never reduced", "no_show": "no-show"}
+"""A step record's ``blames_total`` reasons (collectives/leader.py) and how status says them."""
+
+
+def held_off(blames: Any) -> dict[str, int]:
+    """The known reasons of a step record's ``blames_total`` (totals since the start)."""
+    if not isinstance(blames, dict):
+        return {}
+    return {k: _int(blames.get(k)) for k in HELD_OFF if _int(blames.get(k)) > 0}
+
+
+def held_off_text(counts: Any) -> str:
+    """``held_off`` in words: what peers did to our outer steps' groups, each one held
+    against its peer for a while (leader.py), e.g. ``1 stalled leader · 3 no-shows``."""
+    if not isinstance(counts, dict) or not counts:
+        return "none"
+    return " · ".join(f"{n} {HELD_OFF[k]}{'' if n == 1 else 's'}"
+                      for k, n in ((k, _int(counts.get(k))) for k in HELD_OFF) if n > 0)
+
+
 def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
     """Health check: is the node at ``data_dir`` alive? Returns (healthy, one-line summary)."""
     path = Path(data_dir) / "status.json"
@@ -214,5 +236,8 @@ def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
     if s.get("feeds") is not None:
         alarm = feeds_alarm(s["feeds"])
         summary += f" feeds={feeds_text(s['feeds'])}" + (f" ({alarm})" if alarm else "")
+    outer = s.get("last_outer")
+    if isinstance(outer, dict) and outer.get("held_off"):
+        summary += f" outer_held_off={held_off_text(outer['held_off'])}"
     healthy = s.get("phase") not in ("failed", "stopped") and not dead
     return healthy, summary

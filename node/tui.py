@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from node.status import feeds_alarm, feeds_text, heldout_text
+from node.status import feeds_alarm, feeds_text, heldout_text, held_off_text
 
 __all__ = ["TerminalView", "render", "sparkline"]
 
@@ -215,6 +215,8 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
         outer_text += (f" · last #{outer.get('step')} {outer.get('status')}: {outer.get('peers')} peers,"
                        f" {_bytes(outer.get('bytes_sent'))}, {secs_text} s,"
                        f" hash {_short(outer.get('param_hash'), 4)}")
+        if outer.get("held_off"):  # what peers did to our groups (collectives/leader.py)
+            outer_text += f" · held off: {held_off_text(outer['held_off'])}"
     ckpt = s.get("last_checkpoint")
     ckpt_text = (f"after round {int(ckpt.get('round') or 0) - 1} · {_ago(ckpt.get('time'), now)} ago"
                  if isinstance(ckpt, dict) else "none yet this run")

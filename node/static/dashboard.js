@@ -130,8 +130,12 @@ function render(data) {
   rows("gossip-reasons", reasons(s.gossip_rejected), "none");
   rows("peer-rows", (s.peers_seen || []).map(q => [short(q.peer_id, 10), q.model === s.model ? "same as ours" : q.model ? short(q.model, 8) : "none (bootstrap)", ago(q.last_seen, now)]),
        "no peers seen yet");
+  // peers held off by reason, totals (collectives/leader.py): an attack on the outer step shows here
+  const heldOff = b => Object.entries(b || {}).filter(([, n]) => Number(n) > 0).sort()
+    .map(([k, n]) => k + " " + Number(n)).join(", ") || "none";
   rows("outer-rows", data.outer_steps.slice(-20).reverse().map(o => [String(o.step), String(o.status), String(o.peers),
-       bytes(o.bytes_sent), bytes(o.bytes_received), fixed(o.seconds, 1), short(o.param_hash, 6)]), "no outer steps yet");
+       bytes(o.bytes_sent), bytes(o.bytes_received), fixed(o.seconds, 1), short(o.param_hash, 6),
+       heldOff(o.blames_total)]), "no outer steps yet");
   chart("reward-chart", data.rounds.map(r => [r.round, r.mean_reward]));
   chart("accuracy-chart", data.rounds.map(r => [r.round, r.accuracy]));
   chart("heldout-chart", data.rounds.filter(r => r.heldout).map(r => [r.heldout.after_rounds, r.heldout.greedy_accuracy]),

@@ -229,7 +229,7 @@ def test_dashboard_in_chromium_draws_the_curves_and_matches_the_node_report(swar
     # the page lists the newest 20 records first; a step number is the version an attempt
     # started from, so several records share one (a version advances only when peers
     # averaged): the page's rows, oldest first, are a run of consecutive report records
-    page_steps = [r for r in rows if len(r) == 7]
+    page_steps = [r for r in rows if len(r) == 8]  # ... seconds, state hash, peers held off
     shown = [tuple(r[:3]) for r in reversed(page_steps)]
     listed = [(str(o["step"]), o["status"], str(o["peers"])) for o in report["outer_steps"]]
     assert any(listed[i:i + len(shown)] == shown

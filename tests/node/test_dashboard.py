@@ -37,7 +37,8 @@ def test_serves_the_page_and_the_same_status_record(tmp_path, dashboard):
         board.on_round(RoundRecord.from_dict(r))
     body = board.flush()
     dashboard.publish(body, rounds, [{"step": 0, "peers": 2, "param_hash": "ab", "seconds": 1.5,
-                                      "bytes_sent": 10, "excluded": {"x": 1}}])
+                                      "bytes_sent": 10, "excluded": {"x": 1},
+                                      "blames_total": {"no_show": 2}}])
     status, headers, raw = _get(dashboard, "/api/status")
     assert status == 200 and headers["Content-Type"] == "application/json"
     data = json.loads(raw)
@@ -45,6 +46,7 @@ def test_serves_the_page_and_the_same_status_record(tmp_path, dashboard):
     assert len(data["rounds"]) == HISTORY_ROUNDS and data["rounds"][-1]["round"] == HISTORY_ROUNDS + 6
     assert "train" not in data["rounds"][0]                       # only what the page draws
     assert data["outer_steps"][0]["param_hash"] == "ab" and "excluded" not in data["outer_steps"][0]
+    assert data["outer_steps"][0]["blames_total"] == {"no_show": 2}  # peers held off, shown
     status, headers, page = _get(dashboard, "/")
     assert status == 200 and b'id="reward-chart"' in page and b"http" not in page.split(b"<body")[0]
     assert "default-src 'self'" in headers["Content-Security-Policy"]

@@ -18,7 +18,9 @@ def test_metrics_endpoint_serves_round_counters():
                     "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375},
                     "feeds": {"proven": 1, "live": 2, "trial": 1, "idle": 1, "dropped_idle": 7,
                               "dropped_no_signal": 1, "idle_slot_rounds": 30}}))
-        m.on_outer(StepRecord(step=0, status=Status.OK, version=1, param_hash="h"))
+        m.on_outer(StepRecord(step=0, status=Status.OK, version=1, param_hash="h",
+                              observed={"blames_total": {"no_show": 3, "leader_stalled": 1,
+                                                         "made_up": 9}}))
         body = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
         text = body.decode()
     finally:
@@ -28,6 +30,9 @@ def test_metrics_endpoint_serves_round_counters():
     assert 'swarm_node_rollouts_total{direction="received"} 5.0' in text
     assert 'swarm_node_rejected_total{reason="bad_signature"} 2.0' in text
     assert 'swarm_node_outer_steps_total{status="ok"} 1.0' in text
+    assert 'swarm_node_outer_held_off{reason="no_show"} 3.0' in text
+    assert 'swarm_node_outer_held_off{reason="leader_stalled"} 1.0' in text
+    assert "made_up" not in text
     assert 'swarm_node_gossip_rejected{reason="stale"} 3.0' in text
     assert 'swarm_node_heldout_accuracy{decoding="greedy"} 0.5' in text
     assert 'swarm_node_heldout_accuracy{decoding="sampled"} 0.375' in text

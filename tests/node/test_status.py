@@ -10,7 +10,7 @@ import time
 
 from node.status import StatusBoard, check_status
 from node.tables import ipc_path_for
-from protocol.records import RoundRecord
+from protocol.records import RoundRecord, Status, StepRecord
 
 
 def test_fresh_status_of_a_live_node_is_healthy(tmp_path):
@@ -93,3 +93,19 @@ def test_the_feed_sources_by_kind_and_an_attacks_idle_slots_are_in_the_status_li
     board.flush()
     summary = check_status(tmp_path, max_age_s=30)[1]
     assert "feeds=3 proven" in summary and "deliver nothing" not in summary
+
+
+def test_peers_held_off_the_outer_step_are_in_the_status_line(tmp_path):
+    """Issue 32: what peers did to our outer steps' groups (collectives/leader.py) shows."""
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    board.child("learner", pid=os.getpid(), alive=True, restarts=0)
+    board.on_outer(StepRecord(step=0, status=Status.OK, version=1, param_hash="h"), 1)
+    board.flush()
+    assert "outer_held_off" not in check_status(tmp_path, max_age_s=30)[1]
+    board.on_outer(StepRecord(step=1, status=Status.OK, version=2, param_hash="h", observed={
+        "blames_total": {"exchange_missing": 1, "no_show": 4, "bogus": "x"}}), 2)
+    board.flush()
+    s = json.loads((tmp_path / "status.json").read_text())
+    assert s["last_outer"]["held_off"] == {"exchange_missing": 1, "no_show": 4}
+    summary = check_status(tmp_path, max_age_s=30)[1]
+    assert "outer_held_off=1 member that never reduced · 4 no-shows" in summary, summary

@@ -130,3 +130,16 @@ def test_the_feeds_row_shows_sources_by_kind_and_warns_of_idle_slots(tmp_path):
         "\n".join(_draw(state, 200, 40))
     small = _draw(state, 80, 24)
     assert len(small) <= 24 and "│ checkpoint" in "\n".join(small)  # the full layout still fits
+
+
+def test_the_outer_row_says_which_peers_were_held_off(tmp_path):
+    """Issue 32: an attack on the outer step is visible (collectives/leader.py's blames)."""
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    board.set(phase="training", peer_id="12D3KooW" + "x" * 44, model="f" * 64, children={})
+    rec = StepRecord(step=4, status=Status.OK, version=5, param_hash="ab" * 32, peers=3,
+                     observed={"blames_total": {"leader_stalled": 1, "no_show": 2}})
+    board.on_outer(rec, 5)
+    text = "\n".join(_draw(board.state, 200, 40))
+    assert "held off: 1 stalled leader · 2 no-shows" in text
+    board.on_outer(StepRecord(step=5, status=Status.OK, version=6, param_hash="cd" * 32), 6)
+    assert "held off" not in "\n".join(_draw(board.state, 200, 40))
