@@ -14,10 +14,13 @@ valid groups, none with signal yet) or ``STRANGER`` (nothing yet, or nothing sin
 dropped). Each open feed is on ``Trial`` from its opening; ``Standing.judge`` closes (counting in
 reports, the learner's rounds, and never sooner than the *wait*: a learner whose rounds skip
 training — no local group with signal — reports several times a second, faster than honest
-sources publish. The wait is ``probe_s`` until some feed has delivered frames, then
-``PACE_FACTOR`` times the median gap between two frames of one feed (the swarm's publishing
-pace), at least ``MIN_WAIT_S`` and at most ``probe_s``: measured on the embedded model, whose
-rounds take 0.2 s, a fixed 10 s kept idle keys in their slots for most of a run):
+sources publish. The wait is ``PACE_FACTOR`` times the median gap between two frames of one
+feed (the swarm's publishing pace) once feeds have delivered, else, after ``trial_rounds``
+reports, the same times our own round (a node whose every pick so far was a silent key must
+not wait on a pace it never saw), else ``probe_s``; always at least ``MIN_WAIT_S`` and at most
+``probe_s``: measured on the embedded model, whose rounds take 0.2 s, a fixed 10 s kept idle
+keys in their slots for most of a run, and a node whose first picks were all silent keys
+found no honest peer among 50 in 60 rounds):
 
 - a stranger's feed that brought no frame at all in ``probe_rounds`` reports and the wait
   (an honest source answers a new subscription with its newest batch, or publishes within
@@ -128,6 +131,9 @@ class Standing:
     _last_frame: dict[str, float] = field(default_factory=dict, repr=False)
     _gaps: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=PACE_SAMPLES), repr=False)
+    _report_gaps: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=PACE_SAMPLES), repr=False)
+    _last_report: float | None = field(default=None, repr=False)
 
     def frame(self, peer: str, now: float) -> None:
         """An accepted frame from ``peer``'s feed at ``now``: the swarm's pace."""
@@ -140,9 +146,13 @@ class Standing:
 
     def wait_s(self) -> float:
         """The least time before a feed is closed for bringing nothing (module docstring)."""
-        if len(self._gaps) < 4:
+        if len(self._gaps) >= 4:
+            pace = statistics.median(self._gaps)
+        elif self.reports >= self.trial_rounds and len(self._report_gaps) >= 4:
+            pace = statistics.median(self._report_gaps)
+        else:
             return self.probe_s
-        return min(self.probe_s, max(MIN_WAIT_S, PACE_FACTOR * statistics.median(self._gaps)))
+        return min(self.probe_s, max(MIN_WAIT_S, PACE_FACTOR * pace))
 
     def kind(self, peer: str) -> Kind:
         base_signal, base_valid = self._base.get(peer, (0, 0))
@@ -152,10 +162,13 @@ class Standing:
             return Kind.LIVE
         return Kind.STRANGER
 
-    def report(self, signal: Mapping[str, int], valid: Mapping[str, int]) -> None:
-        """One round's report (running totals per sender)."""
+    def report(self, signal: Mapping[str, int], valid: Mapping[str, int], now: float) -> None:
+        """One round's report (running totals per sender), made at ``now``."""
         self._signal, self._valid = dict(signal), dict(valid)
         self.reports += 1
+        if self._last_report is not None:
+            self._report_gaps.append(now - self._last_report)
+        self._last_report = now
 
     def open(self, peer: str, now: float) -> Trial:
         """The trial of a feed from ``peer`` opening at ``now``."""
@@ -191,12 +204,17 @@ class Standing:
             # patience is counted only in reports where another feed showed what this one
             # did not: while the whole swarm is quiet (a hard task's first rounds, our
             # rounds faster than anyone publishes) nobody is behind
+            # (another feed's growth counts only after its opening: a feed opened a moment
+            # ago has shown nothing; measured, counting its opening as growth dropped two
+            # honest live sources for 'no signal' beside freshly opened idle keys)
             others = [o for p, o in trials.items() if p != peer]
-            if trial.valid_grew < now and any(o.valid_grew > now - t for o in others):
+            if trial.valid_grew < now and any(
+                    o.valid_grew > max(now - t, o.opened) for o in others):
                 trial.missed_valid += 1
             elif trial.valid_grew == now:
                 trial.missed_valid = 0
-            if trial.signal_grew < now and any(o.signal_grew > now - t for o in others):
+            if trial.signal_grew < now and any(
+                    o.signal_grew > max(now - t, o.opened) for o in others):
                 trial.missed_signal += 1
             elif trial.signal_grew == now:
                 trial.missed_signal = 0

@@ -289,7 +289,8 @@ class FeedClient:
         it delivered that carried signal (``delivered``) and that passed re-scoring
         (``valid``; None from a learner that does not report it: the signal counts).
         Closes the feeds ``Standing.judge`` finds idle or without signal."""
-        self.standing.report(delivered, delivered if valid is None else valid)
+        self.standing.report(delivered, delivered if valid is None else valid,
+                             trio.current_time())
         trials = {str(f.peer): f.trial for f in self._feeds.values()
                   if f.open and f.trial is not None}
         self.counters["feed_idle_slot_rounds"] += sum(map(self.standing.idle, trials.values()))
