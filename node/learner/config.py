@@ -18,6 +18,7 @@ from protocol.tables import TableError, build_table, non_negative, positive
 
 __all__ = [
     "ENGINE_BACKENDS",
+    "EXTERNAL_CORRECTIONS",
     "EngineConfig",
     "LearnerConfig",
     "PROMPT_FORMATS",
@@ -58,6 +59,9 @@ class PolicyConfig:
             raise TableError("device", f"unknown device {self.device!r}")
         non_negative(self, "threads")
 
+
+EXTERNAL_CORRECTIONS = ("off", "mask", "weight")
+"""Values ``TrainerConfig.external_correction`` may take (``node.learner.offpolicy``)."""
 
 ENGINE_BACKENDS = ("transformers", "vllm")
 """Inference backends ``EngineConfig.backend`` may name (``node.learner.engine.ENGINES``)."""
@@ -206,6 +210,17 @@ class TrainerConfig:
     grad_checkpoint_min_params: int = 200_000_000
     """Models with at least this many parameters recompute each layer's activations in
     backward (gradient checkpointing: ~1/3 more compute, activations / layers); 0: always."""
+    external_correction: str = "off"
+    """How far off our policy an external (other peer's) completion may be and still count
+    (``node.learner.offpolicy``): ``off`` trains on every one as if we had sampled it (the
+    SAPO paper; nothing extra computed); ``mask`` drops the policy-gradient term of a
+    completion whose excess surprise under our policy (nats per token beyond our own
+    entropy) is above ``external_surprise_bound``; ``weight`` scales it by
+    ``min(1, exp(bound - surprise))``. Costs one more pass of the output head over the
+    batch in a round's first epoch (the entropy)."""
+    external_surprise_bound: float = 1.0
+    """The bound of ``external_correction``, in nats per token (>= 0): 0 keeps only external
+    completions at least as likely as our own typical sample."""
 
     def __post_init__(self) -> None:
         positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens",
@@ -215,6 +230,12 @@ class TrainerConfig:
                       "weight_decay")
         if self.clip_low >= 1:
             raise TableError("clip_low", f"must be < 1, got {self.clip_low}")
+        if self.external_correction not in EXTERNAL_CORRECTIONS:
+            raise TableError("external_correction", f"must be one of {EXTERNAL_CORRECTIONS}, "
+                             f"got {self.external_correction!r}")
+        non_negative(self, "external_surprise_bound")
+        if not math.isfinite(self.external_surprise_bound):
+            raise TableError("external_surprise_bound", "must be finite")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,11 @@ paper likewise trains on shared completions as if they were the node's own sampl
 completions the current policy *is* the sampling policy (no update happens between generation
 and training): log-probs are those of ``softmax(logits / T)`` with the engine's temperature T. The consequence is a biased but low-variance
 gradient for external data; the paper reports that this helps when the external groups are
-filtered for signal (the zero-advantage filter in ``sapo.py``).
+filtered for signal (the zero-advantage filter in ``sapo.py``). ``TrainerConfig``'s
+``external_correction`` bounds that bias (``offpolicy.py``): in the first epoch each external
+completion's excess surprise under our policy (nats per token beyond our own entropy, a proxy
+for the behaviour log-probs we do not have) is measured, and its policy-gradient term masked
+or down-weighted (``row_scale`` in ``grpo_loss``) when it is above the bound.
 
 External groups: advantages the sender cannot steer
 ----------------------------------------------------
@@ -73,6 +77,7 @@ from node.learner.logprobs import check_head_matches, token_logprobs
 from node.learner.memory import (PROMPT_ALLOWANCE, MemoryEstimate, chunk_tokens_for,
                                  estimate_step_memory, is_out_of_memory, plan_microbatches,
                                  release_cached_memory)
+from node.learner.offpolicy import completion_weights, excess_surprise
 
 __all__ = ["Anchor", "Batch", "GrpoTrainer", "Row", "TrainingGroup", "advantages", "anchored_advantages",
            "build_batch", "build_rows", "collate", "group_advantages", "grpo_loss", "token_logprobs"]
@@ -159,6 +164,8 @@ class Row:
     advantage: float
     weight: float
     """1 / (completion tokens of the row's group): every group weighs the same."""
+    external: bool = False
+    """From another peer's group (``TrainingGroup.source``): ``external_correction`` applies."""
 
 
 @dataclass
@@ -200,7 +207,8 @@ def build_rows(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_to
             if comp and prompt_ids:
                 group_rows.append((prompt_ids + comp, a))
         tokens = sum(len(ids) - len(prompt_ids) for ids, _ in group_rows)
-        rows.extend(Row(ids, len(prompt_ids), a, 1.0 / tokens) for ids, a in group_rows)
+        external = g.source == "external"
+        rows.extend(Row(ids, len(prompt_ids), a, 1.0 / tokens, external) for ids, a in group_rows)
     return rows, skipped
 
 
@@ -233,11 +241,14 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               mask: torch.Tensor, *, clip_low: float, clip_high: float,
               ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
               entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-              row_weight: torch.Tensor | None = None,
+              row_weight: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate, weighted mean over completion tokens, plus optional KL penalty and
     entropy bonus. Without ``row_weight`` the mean is DAPO's token-level one; with it each
-    token of row b weighs ``row_weight[b]`` (``build_batch``: equal weight per group)."""
+    token of row b weighs ``row_weight[b]`` (``build_batch``: equal weight per group).
+    ``row_scale[b]`` (offpolicy.py's completion weights) multiplies row b's policy-gradient
+    term and leaves the denominator alone: a row scaled to 0 drops out of the sum, not out
+    of the count."""
     if row_weight is not None:
         mask = mask * row_weight[:, None]
     logratio = logp - old_logp
@@ -246,6 +257,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg_loss_tok = torch.max(pg_loss1, pg_loss2)
+    if row_scale is not None:
+        pg_loss_tok = pg_loss_tok * row_scale[:, None]
     n_tokens = mask.sum().clamp(min=1e-9)  # (weighted) token count
     pg_loss = (pg_loss_tok * mask).sum() / n_tokens
     loss = pg_loss
@@ -337,12 +350,13 @@ class GrpoTrainer:
         total_weight = sum(r.weight * (len(r.ids) - r.n_prompt) for r in rows)
         old: dict[int, torch.Tensor] = {}  # row index -> its detached epoch-1 log-probs
         ref: dict[int, torch.Tensor] = {}
+        judged: dict[int, tuple[float, float]] = {}  # row -> (excess surprise, weight)
         self.model.train()
         for epoch in range(cfg.epochs):
             while True:
                 plan = self._plan(chunks)
                 try:
-                    diag = self._epoch(rows, plan, old, ref, total_weight, first=epoch == 0)
+                    diag = self._epoch(rows, plan, old, ref, judged, total_weight, first=epoch == 0)
                     break
                 except Exception as e:  # only out-of-memory is retried
                     if not is_out_of_memory(e) or all(len(mb) == 1 for mb in plan):
@@ -360,6 +374,7 @@ class GrpoTrainer:
             stats["optimizer_steps"] += 1
         self.optimizer.zero_grad(set_to_none=True)
         stats.update(diag)
+        stats.update(_correction_stats(rows, judged))
         stats["grad_norm"] = float(grad_norm)
         stats["train_tokens"] = float(sum(len(r.ids) - r.n_prompt for r in rows))
         stats["microbatches"] = float(len(plan))
@@ -377,10 +392,13 @@ class GrpoTrainer:
         return plan
 
     def _epoch(self, rows: list[Row], plan: list[list[int]], old: dict[int, torch.Tensor],
-               ref: dict[int, torch.Tensor], total_weight: float, *, first: bool) -> dict[str, float]:
+               ref: dict[int, torch.Tensor], judged: dict[int, tuple[float, float]],
+               total_weight: float, *, first: bool) -> dict[str, float]:
         """Accumulate the gradient of the whole loss over the micro-batches of ``plan``; the
-        ``first`` epoch records each row's old (and reference) log-probs."""
+        ``first`` epoch records each row's old (and reference) log-probs and, with an
+        ``external_correction``, each external row's excess surprise and weight."""
         cfg = self.config
+        correcting = cfg.external_correction != "off"
         self.optimizer.zero_grad(set_to_none=True)
         diag = dict.fromkeys(("loss", "pg_loss", "approx_kl", "clipfrac", "kl", "entropy"), 0.0)
         for mb in plan:
@@ -390,10 +408,12 @@ class GrpoTrainer:
             positions = b.loss_mask.bool()
             logp, entropy = token_logprobs(self.model, b.input_ids, b.attention_mask,
                                            temperature=self.temperature, positions=positions,
-                                           with_entropy=cfg.entropy_coef > 0,
+                                           with_entropy=cfg.entropy_coef > 0 or (first and correcting),
                                            chunk_tokens=self._chunk_tokens)
             if first:
                 self._remember(mb, rows, logp.detach(), old)
+                if correcting and entropy is not None:
+                    self._judge(mb, rows, logp, entropy, b.loss_mask, judged)
                 if self.ref_model is not None:
                     with torch.no_grad():
                         ref_logp, _ = token_logprobs(self.ref_model, b.input_ids, b.attention_mask,
@@ -405,14 +425,30 @@ class GrpoTrainer:
             loss, d = grpo_loss(logp, old_logp, b.advantages, b.loss_mask,
                                 clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                 ref_logp=ref_logp, kl_coef=cfg.kl_coef,
-                                entropy=entropy, entropy_coef=cfg.entropy_coef,
-                                row_weight=b.row_weight)
+                                entropy=entropy if cfg.entropy_coef > 0 else None,
+                                entropy_coef=cfg.entropy_coef, row_weight=b.row_weight,
+                                row_scale=self._scale(mb, judged, b.advantages) if correcting else None)
             weight = float((b.loss_mask * b.row_weight[:, None]).sum()) / total_weight
             (loss * weight).backward()
             diag["loss"] += loss.item() * weight
             for k, v in d.items():
                 diag[k] += v * weight
         return diag
+
+    def _judge(self, mb: list[int], rows: list[Row], logp: torch.Tensor, entropy: torch.Tensor,
+               mask: torch.Tensor, judged: dict[int, tuple[float, float]]) -> None:
+        """Record each row's (excess surprise, weight) (offpolicy.py); local rows weigh 1."""
+        surprise = excess_surprise(logp, entropy, mask)
+        weight = completion_weights(surprise, mode=self.config.external_correction,
+                                    bound=self.config.external_surprise_bound)
+        for b, i in enumerate(mb):
+            judged[i] = (float(surprise[b]), float(weight[b]) if rows[i].external else 1.0)
+
+    @staticmethod
+    def _scale(mb: list[int], judged: dict[int, tuple[float, float]], like: torch.Tensor) -> torch.Tensor:
+        """Per row of the micro-batch: its completion weight (1 for local rows)."""
+        return torch.tensor([judged[i][1] for i in mb],
+                            dtype=like.dtype, device=like.device)
 
     @staticmethod
     def _remember(mb: list[int], rows: list[Row], logp: torch.Tensor,
@@ -427,3 +463,23 @@ class GrpoTrainer:
             n = min(shape[1], store[i].shape[0])
             out[b, :n] = store[i][:n]
         return out
+
+
+def _correction_stats(rows: list[Row], judged: dict[int, tuple[float, float]]) -> dict[str, float]:
+    """Diagnostics of ``external_correction`` (empty when it is off): the mean excess surprise
+    of local rows (about 0: they are our own samples) and of external ones (all, and those
+    with a positive advantage), the external rows' mean weight and the fraction of them
+    weighted below 1."""
+    groups = {
+        "local_surprise": [s for i, (s, _) in judged.items() if not rows[i].external],
+        "external_surprise": [s for i, (s, _) in judged.items() if rows[i].external],
+        "external_surprise_pos": [s for i, (s, _) in judged.items()
+                                  if rows[i].external and rows[i].advantage > 0],
+        "external_weight": [w for i, (_, w) in judged.items() if rows[i].external],
+    }
+    out = {name: sum(xs) / len(xs) for name, xs in groups.items() if xs}
+    if groups["external_weight"]:
+        weights = groups["external_weight"]
+        out["external_rows"] = float(len(weights))
+        out["external_downweighted"] = sum(w < 1.0 for w in weights) / len(weights)
+    return out
