@@ -11,7 +11,8 @@ Python API (stable; used by tests/wan and the NAT tests)::
     from bench.wan import WanBed, hosts, HostSpec, missing, BedUnavailable
 
     specs = hosts(["boot", "pub", "nat1", "nat2"], rtt_ms=80, rate_mbit=50,
-                  nat=["nat1", "nat2"])              # or [HostSpec(name=..., ...), ...]
+                  nat=["nat1", "nat2"],              # or [HostSpec(name=..., ...), ...]
+                  nat_mode="home")                   # NAT_MODES: masquerade|home|symmetric
     with WanBed(specs) as bed:                       # raises BedUnavailable if not root etc.
         bed.addr("pub")          # '10.213.0.2'  the host's own address: bind/listen here
         bed.addr("nat1")         # '192.168.2.2' private, behind its gateway
@@ -46,8 +47,8 @@ CLI::
 
 from __future__ import annotations
 
-from .bed import BedError, HostSpec, WanBed, down, hosts, instances, stale
+from .bed import NAT_MODES, BedError, HostSpec, NatMode, WanBed, down, hosts, instances, stale
 from .checks import BedUnavailable, ensure_iptables, missing, require
 
-__all__ = ["BedError", "BedUnavailable", "HostSpec", "WanBed", "down", "ensure_iptables",
-           "hosts", "instances", "missing", "require", "stale"]
+__all__ = ["NAT_MODES", "BedError", "BedUnavailable", "HostSpec", "NatMode", "WanBed", "down",
+           "ensure_iptables", "hosts", "instances", "missing", "require", "stale"]

@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--jitter-ms", type=float, default=0.0)
     up.add_argument("--rate-mbit", type=float, default=None)
     up.add_argument("--nat", default="", help="comma-separated hosts to put behind NAT")
+    up.add_argument("--nat-mode", default="masquerade", choices=sorted(wan.NAT_MODES),
+                    help="what their gateways do (bench.wan.bed.NAT_MODES)")
     up.add_argument("--mtu", type=int, default=1500)
     up.add_argument("--install", action="store_true",
                     help="apt-get install iptables first if NAT needs it and it is missing")
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = [n for n in args.names.split(",") if n] or args.hosts
     specs = wan.hosts(names, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms,
-                      rate_mbit=args.rate_mbit, nat=[n for n in args.nat.split(",") if n])
+                      rate_mbit=args.rate_mbit, nat=[n for n in args.nat.split(",") if n],
+                      nat_mode=args.nat_mode)
     if args.install and any(s.nat for s in specs) and (why := ensure_iptables()):
         print(why, file=sys.stderr)
         return 2

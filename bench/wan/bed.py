@@ -7,7 +7,8 @@ root namespace):
     swnwT-NAME      a host; public: its TUN ``swnwt`` (ADDR/16) is its only link;
                     NATed: a veth ``swnwh`` (192.168.K.2/24, default via .1) to its gateway
     swnwT-_gw-NAME  the NAT gateway of a NATed host: TUN ``swnwt`` (public ADDR/16), veth
-                    ``swnwg`` (192.168.K.1/24), ip_forward=1, MASQUERADE out of the TUN
+                    ``swnwg`` (192.168.K.1/24), ip_forward=1, MASQUERADE out of the TUN as
+                    its ``nat_mode`` says (``NAT_MODES``)
 
 Rate limit: ``tbf`` on the host's egress link (the TUN, or the veth behind a NAT).
 State of live beds: /tmp/swnwan/T.json (read by ``python -m bench.wan status|down``).
@@ -47,6 +48,36 @@ class BedError(RuntimeError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NatMode:
+    """What a NAT gateway does, as iptables rules in its namespace.
+
+    Linux MASQUERADE keeps an inside host's source port whenever that leaves the 5-tuple
+    unique, so the mapping is endpoint-independent in practice (what TCP hole punching
+    needs); conntrack lets in only replies to a mapping (address-and-port-dependent
+    filtering). What differs between home routers is what they do with the rest."""
+
+    masquerade: tuple[str, ...] = ()
+    """Extra MASQUERADE options (``--random-fully``: a random external port per connection,
+    a symmetric NAT)."""
+    drop_unsolicited: bool = False
+    """Drop inbound connection attempts that match no mapping silently (most home routers);
+    False: the gateway's kernel answers them with a TCP RST (Linux's default)."""
+
+
+NAT_MODES: dict[str, NatMode] = {
+    "masquerade": NatMode(),
+    "home": NatMode(drop_unsolicited=True),
+    "symmetric": NatMode(masquerade=("--random-fully",), drop_unsolicited=True),
+}
+"""Gateway modes by name (``HostSpec.nat_mode``). ``masquerade``: plain MASQUERADE, an
+unsolicited SYN is answered with RST (the bed's original NAT); ``home``: port-preserving
+MASQUERADE that drops unsolicited inbound (the common home router: a hole punch's early SYN
+is dropped and retransmitted instead of resetting the other side); ``symmetric``: a new
+random external port per connection (port prediction fails: punching must fail, the relay
+carries on)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class HostSpec:
     """One host of the bed."""
 
@@ -61,8 +92,12 @@ class HostSpec:
     """Upload limit (tbf on the host's egress), Mbit/s; None: unlimited."""
     nat: bool = False
     """Put the host behind its own NAT gateway: it can dial out, nobody can dial in."""
+    nat_mode: str = "masquerade"
+    """What that gateway does: a key of ``NAT_MODES``."""
 
     def __post_init__(self) -> None:
+        if self.nat_mode not in NAT_MODES:
+            raise ValueError(f"nat_mode: {self.nat_mode!r} not one of {sorted(NAT_MODES)}")
         if not _NAME.match(self.name) or self.name == "core":
             raise ValueError(f"name: {self.name!r} must match {_NAME.pattern}, not 'core'")
         if not 0 <= self.delay_ms <= 1000:
@@ -74,16 +109,18 @@ class HostSpec:
 
 
 def hosts(names: int | Sequence[str], *, rtt_ms: float = 0.0, jitter_ms: float = 0.0,
-          rate_mbit: float | None = None, nat: Sequence[str] = ()) -> list[HostSpec]:
+          rate_mbit: float | None = None, nat: Sequence[str] = (),
+          nat_mode: str = "masquerade") -> list[HostSpec]:
     """Hosts with the same access link: any two of them see ``rtt_ms`` between them, each
-    packet's one-way delay varying by up to +-``jitter_ms``; ``nat`` names the NATed ones."""
+    packet's one-way delay varying by up to +-``jitter_ms``; ``nat`` names the NATed ones,
+    whose gateways all work as ``nat_mode`` says (``NAT_MODES``)."""
     if isinstance(names, int):
         names = [f"h{i}" for i in range(names)]
     unknown = set(nat) - set(names)
     if unknown:
         raise ValueError(f"nat: {sorted(unknown)} are not among the hosts")
     return [HostSpec(name=n, delay_ms=rtt_ms / 4, jitter_ms=jitter_ms / 2, rate_mbit=rate_mbit,
-                     nat=n in nat) for n in names]
+                     nat=n in nat, nat_mode=nat_mode) for n in names]
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -265,8 +302,12 @@ class WanBed:
             sh("ip", "-n", ns, "link", "set", dev, "mtu", str(self.mtu), "up")
         sh("ip", "-n", host, "route", "add", "default", "via", f"192.168.{k}.1")
         sh("ip", "netns", "exec", gw, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        mode = NAT_MODES[self.specs[name].nat_mode]
         sh("ip", "netns", "exec", gw, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", TUN,
-           "-j", "MASQUERADE")
+           "-j", "MASQUERADE", *mode.masquerade)
+        if mode.drop_unsolicited:  # a SYN in a mapping's reply direction is not NEW: let in
+            sh("ip", "netns", "exec", gw, "iptables", "-A", "INPUT", "-i", TUN, "-m",
+               "conntrack", "--ctstate", "NEW", "-j", "DROP")
 
     def _tbf(self, ns: str, dev: str, rate_mbit: float | None) -> None:
         if rate_mbit is None:
@@ -286,7 +327,8 @@ class WanBed:
     def describe(self) -> dict[str, dict[str, Any]]:
         """Per host: namespace, address, public address, NAT, delay, jitter, rate."""
         return {n: {"ns": self.ns(n), "addr": self.addr(n), "public_addr": self.public_addr(n),
-                    "nat": s.nat, "delay_ms": s.delay_ms, "jitter_ms": s.jitter_ms,
+                    "nat": s.nat, "nat_mode": s.nat_mode if s.nat else None,
+                    "delay_ms": s.delay_ms, "jitter_ms": s.jitter_ms,
                     "rate_mbit": s.rate_mbit} for n, s in self.specs.items()}
 
     def close(self) -> None:
