@@ -219,12 +219,21 @@ class RelayConfig:
     reservation_ttl_s: float = 3600.0
     """As a relay: reservations expire after this long unless refreshed (>= 120: they are
     refreshed 60 s before expiry)."""
+    hole_punch: bool = True
+    """Upgrade a relayed connection to a direct one by hole punching (DCUtR, swarm.holepunch):
+    the peer with the lower id drives, at most 3 attempts per peer; a failed punch leaves the
+    connection relayed."""
+    hole_punch_idle_s: float = 10.0
+    """After a punch, the relayed connection is closed once none of its collective tunnels
+    moved a byte for this long (new tunnels already go direct; a running exchange is not cut)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.service, bool):
-            raise TableError("service", "must be a bool")
+        for name in ("service", "hole_punch"):
+            if not isinstance(getattr(self, name), bool):
+                raise TableError(name, "must be a bool")
         positive(self, "reachability_interval_s", "reservations", "max_reservations",
-                  "max_circuits", "circuit_s", "circuit_bytes", "reservation_ttl_s")
+                  "max_circuits", "circuit_s", "circuit_bytes", "reservation_ttl_s",
+                  "hole_punch_idle_s")
         if self.reservation_ttl_s < 120:
             raise TableError("reservation_ttl_s", "must be >= 120 (refreshed 60 s before expiry)")
 

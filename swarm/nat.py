@@ -3,7 +3,9 @@
 Loop (one task, ``run``): ask bootstrap peers (then others) to dial us back
 (swarm.reachability); if they reached us, serve as a relay for others; if not, hold
 reservations on up to ``relay.reservations`` relays (bootstrap peers first) and advertise
-``p2p-circuit`` addresses instead of our private ones. Every change of state or addresses is
+``p2p-circuit`` addresses instead of our private ones. Alongside, ``HolePuncher``
+(swarm.holepunch) turns relayed connections into direct ones where both NATs allow it;
+``stats()`` counts peers by link (``peers_direct``, ``peers_relayed``) and the punches. Every change of state or addresses is
 logged once with what it means and what to do, and handed to ``on_addrs`` (the service
 re-announces). Re-checks every ``relay.reachability_interval_s``, and at once when a relay is
 lost.
@@ -14,13 +16,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 
 import multiaddr
 import trio
 from libp2p.abc import IHost
+from libp2p.abc import INetStream
 from libp2p.peer.id import ID
+from libp2p.tools.anyio_service import background_trio_service
 
 from swarm.config import GossipConfig
+from swarm.holepunch import HolePuncher
 from swarm.reachability import (
     REFUSED,
     DialBackServer,
@@ -37,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 MAX_ASKED = 4
 """Peers asked per check besides the bootstrap peers."""
+PUNCH_DIAL_TIMEOUT_S = 5.0
+"""Upper bound of one hole-punch dial (a round lasts 5 s in py-libp2p 0.8.1)."""
 
 
 class NatManager:
@@ -52,11 +60,20 @@ class NatManager:
         self.direct_addrs: list[str] = []
         self.lost_relays = 0
         self._addrs: list[str] = []
+        self.puncher = HolePuncher(
+            host, dial_timeout_s=min(PUNCH_DIAL_TIMEOUT_S, config.peers.dial_timeout_s),
+            idle_s=config.relay.hole_punch_idle_s) if config.relay.hole_punch else None
+
+    def watch_tunnels(self, last_io: Callable[[INetStream], float | None]) -> None:
+        """Keep a punched peer's relayed connection while its tunnels are busy (swarm.tunnel)."""
+        if self.puncher is not None:
+            self.puncher.last_io = last_io
 
     def stats(self) -> dict[str, int]:
         return {**self.state.stats(), **self.relay.serving(),
                 "relay_reservations": len(self.relay.held()), "relay_lost": self.lost_relays,
-                "dialback_served": self.server.served, "dialback_refused": self.server.refused}
+                "dialback_served": self.server.served, "dialback_refused": self.server.refused,
+                **(self.puncher.stats() if self.puncher is not None else {})}
 
     async def run(self, direct_addrs: list[str], *,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -64,7 +81,11 @@ class NatManager:
         self.direct_addrs = direct_addrs
         self._addrs = direct_addrs
         self.server.install()
-        async with trio.open_nursery() as nursery:
+        async with AsyncExitStack() as stack:
+            if self.puncher is not None:
+                await stack.enter_async_context(background_trio_service(self.puncher))
+                await self.puncher.event_started.wait()
+            nursery = await stack.enter_async_context(trio.open_nursery())
             await nursery.start(self.relay.run)
             if self.config.bootstrap_only:  # the operator publishes its address: a relay
                 self.relay.enable_hop()

@@ -9,9 +9,8 @@ What works in 0.8.1 and what we route around (measured on loopback and in tests/
   (relay-only ...)"), even with the circuit transport registered. ``RelayHub.dial`` calls
   ``CircuitV2Transport.dial`` directly; the resulting connection is registered with the
   host like any other (pubsub sees it);
-- no hole punching: DCUtR in 0.8.1 needs the peers' observed public addresses from identify
-  and a TCP simultaneous open, neither of which we have verified; relayed connections stay
-  relayed (README "NAT").
+- relayed connections between two NATed peers are upgraded to direct ones where their NATs
+  allow it (swarm.holepunch, DCUtR); the relay then carries only what could not be punched.
 
 Limits of the relay we serve (``RelayLimits``): reservations, circuits, bytes and seconds per
 circuit (``GossipConfig.relay``); beyond them the relay refuses or resets a circuit and the
@@ -50,6 +49,20 @@ def is_circuit(addr: multiaddr.Multiaddr | str) -> bool:
     return "/p2p-circuit" in str(addr)
 
 
+class _CountingRelay(CircuitV2Protocol):
+    """The relay protocol, counting the bytes it relays (``relay_circuit_bytes``)."""
+
+    circuit_bytes = 0
+
+    async def _read_stream_with_retry(self, stream, max_retries=None):  # type: ignore[no-untyped-def]
+        # py-libp2p 0.8.1 reads every relayed chunk (and nothing else) through this method
+        data = await (super()._read_stream_with_retry(stream) if max_retries is None
+                      else super()._read_stream_with_retry(stream, max_retries))
+        if data:
+            self.circuit_bytes += len(data)
+        return data
+
+
 @dataclass
 class RelayHub:
     """The relay protocol of one host: hop service (once enabled), reservations, relay dials."""
@@ -66,7 +79,7 @@ class RelayHub:
                              max_circuit_conns=c.max_circuits,
                              max_reservations=c.max_reservations,
                              reservation_ttl=int(c.reservation_ttl_s))
-        self.protocol = CircuitV2Protocol(self.host, limits=limits, allow_hop=False)
+        self.protocol = _CountingRelay(self.host, limits=limits, allow_hop=False)
         self.transport = CircuitV2Transport(
             self.host, self.protocol,
             RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT, limits=limits))
@@ -91,7 +104,8 @@ class RelayHub:
     def serving(self) -> dict[str, int]:
         rm = self.protocol.resource_manager
         return {"relay_serving": int(self.hop_enabled),
-                "relay_served_reservations": len(getattr(rm, "_reservations", {}) or {})}
+                "relay_served_reservations": len(getattr(rm, "_reservations", {}) or {}),
+                "relay_circuit_bytes": self.protocol.circuit_bytes}
 
     # -- client side ---------------------------------------------------------------------
     def held(self) -> list[ID]:

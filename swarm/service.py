@@ -117,6 +117,7 @@ class GossipService:
                                  local_target=lambda: p2pd_target(
                                      self.profile["collective_addrs"]),
                                  bind_host=_bind_host(config.listen))
+        self.nat.watch_tunnels(self.tunnels.last_io)  # a punched peer's busy tunnels hold its relay
         self.topics = topics(config.swarm_id)
         stack.pubsub.topic_labels = {topic: type_ for type_, topic in self.topics.items()}
         self.feeds = config.rollout_mode == "feeds"

@@ -60,6 +60,8 @@ class TunnelHub:
     opened: int = 0
     refused: int = 0
     _inbound: dict[ID, int] = field(default_factory=dict)
+    _last_io: dict[INetStream, float] = field(default_factory=dict)
+    """Open tunnel streams (both directions) -> trio time they last moved a byte."""
 
     def install(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
@@ -68,6 +70,11 @@ class TunnelHub:
     def stats(self) -> dict[str, int]:
         return {"tunnels_open": sum(self._inbound.values()), "tunnels_opened": self.opened,
                 "tunnels_refused": self.refused, "tunnel_listeners": len(self.listeners)}
+
+    def last_io(self, stream: INetStream) -> float | None:
+        """When ``stream`` last moved a byte if it is an open tunnel, else None (a relayed
+        connection is drained only once its tunnels are idle: swarm.holepunch)."""
+        return self._last_io.get(stream)
 
     # -- server: a peer's p2pd reaching ours ----------------------------------------------
     async def _serve(self, stream: INetStream) -> None:
@@ -90,7 +97,7 @@ class TunnelHub:
             return
         self.opened += 1
         try:
-            await _pipe(tcp, stream)
+            await _pipe(tcp, stream, self._last_io)
         finally:
             self._drop(peer)
 
@@ -129,7 +136,7 @@ class TunnelHub:
                 logger.info("collective tunnel to %s failed: %s: %s", peer_id, type(e).__name__, e)
                 await tcp.aclose()
                 return
-            await _pipe(tcp, stream)
+            await _pipe(tcp, stream, self._last_io)
 
         async def serve() -> None:
             with scope:
@@ -163,17 +170,22 @@ def p2pd_target(collective_addrs: tuple[str, ...] | list[str]) -> tuple[str, int
     return None
 
 
-async def _pipe(tcp: trio.SocketStream, stream: INetStream) -> None:
-    """Copy both ways until both sides ended; reset everything on the first error."""
+async def _pipe(tcp: trio.SocketStream, stream: INetStream,
+                last_io: dict[INetStream, float]) -> None:
+    """Copy both ways until both sides ended; reset everything on the first error.
+    ``last_io[stream]`` is the time a byte last went either way while the pipe is open."""
+    last_io[stream] = trio.current_time()
 
     async def up() -> None:  # TCP -> libp2p
         while data := await tcp.receive_some(CHUNK):
+            last_io[stream] = trio.current_time()
             await stream.write(data)
         # libp2p's INetStream lacks close_write; both its streams (NetStream, QUIC) have it
         await stream.close_write()  # type: ignore[attr-defined]
 
     async def down() -> None:  # libp2p -> TCP
         while data := await stream.read(CHUNK):
+            last_io[stream] = trio.current_time()
             await tcp.send_all(data)
         await tcp.send_eof()
 
@@ -185,6 +197,7 @@ async def _pipe(tcp: trio.SocketStream, stream: INetStream) -> None:
         logger.debug("tunnel closed: %s: %s", type(e).__name__, e)
         await _reset(stream)
     finally:
+        last_io.pop(stream, None)
         await tcp.aclose()
 
 

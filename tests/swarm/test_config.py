@@ -51,8 +51,8 @@ def _at(config: GossipConfig, dotted: str) -> object:
     return value
 
 
-ADDED_SINCE = {"feeds.probe_rounds", "feeds.probe_s"}
-"""Sub-table keys added after the split (issue 32): they never had a flat name."""
+ADDED_SINCE = {"feeds.probe_rounds", "feeds.probe_s", "relay.hole_punch", "relay.hole_punch_idle_s"}
+"""Sub-table keys added after the split (issues 32, 33): they never had a flat name."""
 
 
 def test_every_moved_key_names_a_field_of_its_sub_table_and_every_old_key_has_a_place():
