@@ -5,10 +5,10 @@ Loop (one task, ``run``): ask bootstrap peers (then others) to dial us back
 reservations on up to ``relay.reservations`` relays (bootstrap peers first) and advertise
 ``p2p-circuit`` addresses instead of our private ones. Alongside, ``HolePuncher``
 (swarm.holepunch) turns relayed connections into direct ones where both NATs allow it;
-``stats()`` counts peers by link (``peers_direct``, ``peers_relayed``) and the punches. Every change of state or addresses is
-logged once with what it means and what to do, and handed to ``on_addrs`` (the service
-re-announces). Re-checks every ``relay.reachability_interval_s``, and at once when a relay is
-lost.
+``stats()`` counts peers by link (``peers_direct``, ``peers_relayed``) and the punches.
+Every change of state or addresses is logged once with what it means and what to do, and
+handed to ``on_addrs`` (the service re-announces). Re-checks every
+``relay.reachability_interval_s``, and at once when a relay is lost.
 """
 
 from __future__ import annotations

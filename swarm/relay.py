@@ -54,7 +54,8 @@ class _CountingRelay(CircuitV2Protocol):
 
     circuit_bytes = 0
 
-    async def _read_stream_with_retry(self, stream, max_retries=None):  # type: ignore[no-untyped-def]
+    async def _read_stream_with_retry(  # type: ignore[no-untyped-def]
+            self, stream, max_retries=None):
         # py-libp2p 0.8.1 reads every relayed chunk (and nothing else) through this method
         data = await (super()._read_stream_with_retry(stream) if max_retries is None
                       else super()._read_stream_with_retry(stream, max_retries))
