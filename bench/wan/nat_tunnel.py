@@ -6,9 +6,12 @@ pair at --rtt-ms, --rate-mbit upload per host. Swarm processes only. Measured, a
 --mib MiB (so each byte crosses twice):
 - raw:      TCP from pub to an echo server on boot (direct, same RTT);
 - tunnel:   pub -> n2's echo server through pub's swarm tunnel (n2 only reachable relayed);
-- nat2nat:  n1 -> n2's echo server through n1's tunnel (both NATed: via a relay).
+- nat2nat:  n1 -> n2's echo server through n1's tunnel (both NATed: via a relay), with hole
+            punching off (``relay.hole_punch = false``);
+- with ``--punch``: hole punching on, the gateways in ``home`` mode, and nat2nat measured once
+            n1 and n2 hold a direct (punched) connection: the tunnel runs over it.
 
-    PYTHONPATH=$PWD python -m bench.wan.nat_tunnel --rtt-ms 80 --rate-mbit 50 --mib 2
+    PYTHONPATH=$PWD python -m bench.wan.nat_tunnel --rtt-ms 80 --rate-mbit 50 --mib 2 [--punch]
 Writes bench/results/wan_nat_tunnel.json atomically.
 """
 
@@ -57,20 +60,21 @@ def echo(bed: WanBed, src: str, host: str, port: int, nbytes: int) -> dict:
     return json.loads(out.stdout) if out.returncode == 0 else {"ok": False, "error": out.stderr[-500:]}
 
 
-def run(rtt_ms: float, rate_mbit: float, mib: float) -> dict:
+def run(rtt_ms: float, rate_mbit: float, mib: float, *, punch: bool = False) -> dict:
     from node.ipc_client import SocketBridge
     from tests.swarm.procs import short_tmpdir, wait_until
 
     nbytes = int(mib * (1 << 20))
     specs = hosts(["boot", "pub", "n1", "n2"], rtt_ms=rtt_ms, rate_mbit=rate_mbit,
-                  nat=["n1", "n2"])
+                  nat=["n1", "n2"], nat_mode="home" if punch else "masquerade")
     with WanBed(specs) as bed:
         root = short_tmpdir()
         ps = WanProcs(root, bed)
         bridges: list[SocketBridge] = []
         try:
             boot = ps.nodes(["boot"], learner=False, bootstrap_only=True)[0]
-            pub, n1, n2 = ps.nodes(["pub", "n1", "n2"], bootstrap=(boot.addr,))
+            pub, n1, n2 = ps.nodes(["pub", "n1", "n2"], bootstrap=(boot.addr,),
+                                   relay={"hole_punch": punch})
             b = {p.name: SocketBridge.connect(p.ready["ipc"]) for p in (pub, n1, n2)}
             bridges += b.values()
             wait_until(lambda: all(x.stats().get("reachability_relayed") for x in (b["n1"], b["n2"])),
@@ -84,6 +88,10 @@ def run(rtt_ms: float, rate_mbit: float, mib: float) -> dict:
                 f"/ip4/{bed.addr('n2')}/tcp/{servers['n2']}/p2p/{n2.peer_id}",))
             wait_until(lambda: any(p.peer_id == n2.peer_id and p.collective_addrs
                                    for p in b["pub"].peers()), timeout_s=30, what="announce")
+            if punch:  # n1's peers: boot, pub and n2, all direct
+                wait_until(lambda: b["n1"].stats().get("peers_direct", 0) >= 3
+                           and not b["n1"].stats().get("peers_relayed"), timeout_s=90,
+                           what="n1 and n2 punched")
             load = os.getloadavg()
             result = {"raw": echo(bed, "pub", bed.addr("boot"), servers["boot"], nbytes)}
             for name, src in (("tunnel", "pub"), ("nat2nat", "n1")):
@@ -93,7 +101,7 @@ def run(rtt_ms: float, rate_mbit: float, mib: float) -> dict:
             for name in ("tunnel", "nat2nat"):
                 s = result[name].get("seconds")
                 result[name]["fraction_of_raw_tcp"] = raw / s if raw and s else None
-            return {"rtt_ms": rtt_ms, "rate_mbit": rate_mbit, "echo_mib": mib,
+            return {"rtt_ms": rtt_ms, "rate_mbit": rate_mbit, "echo_mib": mib, "punch": punch,
                     "loadavg_before": load, "loadavg_after": os.getloadavg(), **result}
         finally:
             for x in bridges:
@@ -107,10 +115,11 @@ def main() -> None:
     ap.add_argument("--rtt-ms", type=float, default=80.0)
     ap.add_argument("--rate-mbit", type=float, default=50.0)
     ap.add_argument("--mib", type=float, default=2.0)
+    ap.add_argument("--punch", action="store_true", help="hole punching on (home NATs)")
     ap.add_argument("--out", default="bench/results/wan_nat_tunnel.json")
     args = ap.parse_args()
     t = time.monotonic()
-    result = run(args.rtt_ms, args.rate_mbit, args.mib)
+    result = run(args.rtt_ms, args.rate_mbit, args.mib, punch=args.punch)
     result["command"] = " ".join(sys.argv)
     result["wall_s"] = time.monotonic() - t
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
