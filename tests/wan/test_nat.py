@@ -5,10 +5,12 @@ behind its own NAT gateway; 80 ms RTT between any two hosts, 50 Mbit/s upload pe
 
 What happens, measured here: the NATed nodes learn they cannot be dialled (dial-back through
 the bootstrap peer, swarm.reachability), reserve slots on the circuit relays that the public
-nodes serve and report ``relayed`` -- not hole-punched: nothing here upgrades a relayed
-connection to a direct one (swarm.relay). Rollouts reach everyone through those relays, and
-the collective reaches a NATed node's p2pd through a tunnel over the relayed connection
-(swarm.tunnel), so an outer step has all four members with one state hash.
+nodes serve and report ``relayed`` (their own reachability: nobody can dial them first).
+Between the two NATed nodes the relayed connection may be hole punched to a direct one
+(swarm.holepunch; the bed's default ``masquerade`` gateways allow it): rollouts and the
+collective's tunnel (swarm.tunnel) then take the direct connection, otherwise the relay; an
+outer step has all four members with one state hash either way. tests/wan/test_holepunch.py
+shows the punch itself.
 """
 
 from __future__ import annotations
