@@ -27,7 +27,8 @@ found no honest peer among 50 in 60 rounds):
   its round): *idle*;
 - a feed that delivered no valid group in ``trial_rounds`` reports and the wait:
   *idle* — a stranger's at once, a known source's only if these are reports in which
-  another feed had delivered (else the whole swarm is quiet);
+  another feed had delivered (else the whole swarm is quiet) and it has been silent for 3 of
+  its own gaps between frames too;
 - a feed that delivered no signal in ``LIVE_PATIENCE`` (a proven source's:
   ``PROVEN_PATIENCE``) times ``trial_rounds`` reports in which another feed had delivered
   signal: *no signal* (a farm sending valid all-wrong groups; an honest source that lags far
@@ -134,12 +135,18 @@ class Standing:
     _report_gaps: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=PACE_SAMPLES), repr=False)
     _last_report: float | None = field(default=None, repr=False)
+    _own_gap: dict[str, float] = field(default_factory=dict, repr=False)
 
     def frame(self, peer: str, now: float) -> None:
-        """An accepted frame from ``peer``'s feed at ``now``: the swarm's pace."""
+        """An accepted frame from ``peer``'s feed at ``now``: the swarm's pace, and the
+        source's own (an exponential mean of its gaps)."""
         last = self._last_frame.pop(peer, None)
         if last is not None:
             self._gaps.append(now - last)
+            own = self._own_gap.pop(peer, None)
+            self._own_gap[peer] = now - last if own is None else 0.7 * own + 0.3 * (now - last)
+            if len(self._own_gap) > self.capacity:
+                del self._own_gap[next(iter(self._own_gap))]
         elif len(self._last_frame) >= self.capacity:
             del self._last_frame[next(iter(self._last_frame))]
         self._last_frame[peer] = now
@@ -219,7 +226,11 @@ class Standing:
             elif trial.signal_grew == now:
                 trial.missed_signal = 0
             stranger = self.kind(peer) is Kind.STRANGER
-            waited = now_s - trial.valid_s >= wait
+            # a known source also gets 3 of its own gaps: one that publishes slower than
+            # the swarm (a round re-scoring 150 groups) is slow, not idle (measured: honest
+            # live sources dropped beside keys whose one batch counted as delivering)
+            waited = now_s - trial.valid_s >= (
+                wait if stranger else max(wait, PACE_FACTOR * self._own_gap.get(peer, 0.0)))
             if stranger and trial.kind is Kind.STRANGER and not trial.frames and \
                     self.probe_rounds and now - trial.opened >= self.probe_rounds and \
                     now_s - trial.opened_s >= wait:

@@ -351,14 +351,22 @@ class FeedClient:
     def _rotation(self, self_id: ID, open_: list[_Feed]) -> tuple[_Feed, PeerInfo] | None:
         """The feed a rotation replaces, and by whom: the oldest that can be replaced. A
         stranger's by the kind the slots need without it; a live or proven source's only by
-        a proven one (a source that delivers is not traded for one that may not). Before the
-        learner reports: the oldest, by anyone."""
+        a proven one (a source that delivers is not traded for one that may not), except,
+        when live and proven sources hold more than the ``feeds.sources −
+        feeds.explore_slots`` reserved slots, the live one that delivered least recently:
+        the exploration slots always rotate (measured: four keys that each sent one valid
+        batch held all four slots as live sources, and nothing rotated). Before the learner
+        reports: the oldest, by anyone."""
         by_age = sorted(open_, key=lambda f: f.started)
         if not self.standing.reports:
             info = self._pick(self_id)
             return (by_age[0], info) if info is not None else None
+        reserved = self.config.feeds.sources - self.config.feeds.explore_slots
+        live = [f for f in open_ if self._kind(f.peer) is Kind.LIVE and f.trial is not None]
+        stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
+            if live and sum(self._kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
         for feed in by_age:
-            if self._kind(feed.peer) is Kind.STRANGER:
+            if feed is stalest or self._kind(feed.peer) is Kind.STRANGER:
                 held = [f for f in self._feeds.values() if f is not feed]
                 info = self._pick(self_id, want=self._want(held))
             else:

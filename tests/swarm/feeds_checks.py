@@ -508,6 +508,37 @@ def sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dro
     trio.run(main)
 
 
+@check
+def the_exploration_slot_rotates_even_when_every_held_source_is_live() -> None:
+    """Measured: four keys that each sent one valid batch held all four slots as live
+    sources and nothing rotated. Beyond the reserved slots, the live source that delivered
+    least recently is rotated out like a stranger."""
+    async def main() -> None:
+        table, ids = table_of(8)
+        honest, keys = ids[:3], ids[3:]
+        c = client(table, feeds=FeedsConfig(sources=4, rotate_s=10.0, trial_rounds=3))
+        following(c)
+        me = ID.from_base58(Identity.generate().peer_id)
+        c.rate({}, {h: 1 for h in honest})
+        async with trio.open_nursery() as nursery:
+            c._last_rotation = trio.current_time()
+            for _ in range(2):
+                c._maintain(me, nursery)
+                await trio.testing.wait_all_tasks_blocked()
+            key = next(s for s in c.sources() if s not in honest)
+            c.rate({}, {**{h: 1 for h in honest}, key: 1})  # the key's one valid batch
+            for n in (2, 3):  # the honest sources go on delivering, the key does not
+                c.rate({}, {**{h: n for h in honest}, key: 1})
+            assert c.kinds()["live"] == 4 and key in c.sources()
+            c._last_rotation -= 10.0
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert key not in c.sources() and set(honest) < set(c.sources()), c.sources()
+            assert set(c.sources()) - set(honest) <= set(keys)
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
 def main() -> None:
     names = sys.argv[1:] or list(CHECKS)
     out = {}

@@ -186,3 +186,19 @@ def test_a_feed_opened_a_moment_ago_is_no_reason_to_judge_the_others() -> None:
         assert "a" not in verdicts and "b" not in verdicts, (n, verdicts)
         for key in verdicts:
             del trials[key]
+
+
+def test_a_known_source_slower_than_the_swarm_is_slow_not_idle() -> None:
+    s = standing(probe=0, probe_s=10.0)
+    s.report({}, {"slow": 1, "fast": 1}, 0.0)
+    trials = {p: s.open(p, 0.0) for p in ("slow", "fast")}
+    for i in range(30):
+        s.frame("fast", i * 0.5)
+    for i in range(4):
+        s.frame("slow", i * 4.0)  # its own gap: 4 s
+    assert s.wait_s() == 1.5  # the swarm's: 3 x 0.5 s
+    for n in range(1, 4 * T):  # the fast one delivers every report, the slow one not
+        s.report({}, {"slow": 1, "fast": 1 + n}, n * 0.5)
+        assert s.judge(trials, n * 0.5) == {}, n
+    s.report({}, {"slow": 1, "fast": 99}, 12.0)  # 3 of its own gaps
+    assert s.judge(trials, 12.0) == {"slow": Verdict.IDLE}

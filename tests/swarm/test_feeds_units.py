@@ -24,6 +24,7 @@ NAMES = [
     "announcements_signed_closer_than_half_the_min_gap_are_ignored",
     "a_source_behind_nat_is_dialled_through_its_relay_and_kept_when_that_fails",
     "sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dropped",
+    "the_exploration_slot_rotates_even_when_every_held_source_is_live",
 ]
 
 
