@@ -27,8 +27,8 @@ found no honest peer among 50 in 60 rounds):
   its round): *idle*;
 - a feed that delivered no valid group in ``trial_rounds`` reports and the wait:
   *idle* — a stranger's at once, a known source's only if these are reports in which
-  another feed had delivered (else the whole swarm is quiet) and it has been silent for 3 of
-  its own gaps between frames too;
+  another feed had delivered (else the whole swarm is quiet) and it has been silent for
+  ``probe_s`` and 3 of its own gaps between frames;
 - a feed that delivered no signal in ``LIVE_PATIENCE`` (a proven source's:
   ``PROVEN_PATIENCE``) times ``trial_rounds`` reports in which another feed had delivered
   signal: *no signal* (a farm sending valid all-wrong groups; an honest source that lags far
@@ -226,11 +226,14 @@ class Standing:
             elif trial.signal_grew == now:
                 trial.missed_signal = 0
             stranger = self.kind(peer) is Kind.STRANGER
-            # a known source also gets 3 of its own gaps: one that publishes slower than
-            # the swarm (a round re-scoring 150 groups) is slow, not idle (measured: honest
-            # live sources dropped beside keys whose one batch counted as delivering)
+            # a known source gets probe_s at least, and 3 of its own gaps: one that publishes
+            # slower than the swarm now and then (a round re-scoring 150 groups) is slow, not
+            # idle (measured: honest live sources dropped beside keys whose one batch counted
+            # as delivering, then found again only by exploration); a key that delivered
+            # once holds a slot that long, an honest source lost costs far more
             waited = now_s - trial.valid_s >= (
-                wait if stranger else max(wait, PACE_FACTOR * self._own_gap.get(peer, 0.0)))
+                wait if stranger else
+                max(self.probe_s, PACE_FACTOR * self._own_gap.get(peer, 0.0)))
             if stranger and trial.kind is Kind.STRANGER and not trial.frames and \
                     self.probe_rounds and now - trial.opened >= self.probe_rounds and \
                     now_s - trial.opened_s >= wait:

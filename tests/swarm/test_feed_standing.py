@@ -200,5 +200,16 @@ def test_a_known_source_slower_than_the_swarm_is_slow_not_idle() -> None:
     for n in range(1, 4 * T):  # the fast one delivers every report, the slow one not
         s.report({}, {"slow": 1, "fast": 1 + n}, n * 0.5)
         assert s.judge(trials, n * 0.5) == {}, n
-    s.report({}, {"slow": 1, "fast": 99}, 12.0)  # 3 of its own gaps
+    s.report({}, {"slow": 1, "fast": 99}, 12.0)  # 3 of its own gaps (and probe_s)
     assert s.judge(trials, 12.0) == {"slow": Verdict.IDLE}
+    quick = standing(probe=0, probe_s=10.0)  # a known source with short gaps: probe_s
+    quick.report({}, {"a": 1, "b": 1}, 0.0)
+    trials = {p: quick.open(p, 0.0) for p in ("a", "b")}
+    for i in range(30):
+        quick.frame("a", i * 0.1)
+        quick.frame("b", i * 0.1)
+    for n in range(1, 99):
+        quick.report({}, {"a": 1, "b": 1 + n}, n * 0.1)
+        assert quick.judge(trials, n * 0.1) == {}, n
+    quick.report({}, {"a": 1, "b": 200}, 10.0)
+    assert quick.judge(trials, 10.0) == {"a": Verdict.IDLE}
