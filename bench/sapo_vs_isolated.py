@@ -24,7 +24,21 @@ from the same base model, identities and seeds in every split.
     PYTHONPATH=$PWD python bench/sapo_vs_isolated.py --quick      # 4 nodes, 8/0 vs 4/4, 4 seeds
     PYTHONPATH=$PWD python bench/sapo_vs_isolated.py              # 8 nodes, 5 splits, 3 seeds
 
-Writes bench/results/<name>.json and <name>.png (cumulative reward per split over rounds).
+An arm is a split (trained as the paper does: no correction of external completions),
+optionally with an external correction (``TrainerConfig``'s
+``external_correction`` and ``external_surprise_bound``, node/learner/offpolicy.py) after a
+colon: ``4/4:mask@1.0`` is 4/4 with external completions masked above 1 nat per token of excess
+surprise; ``4/4:mask@1e6`` masks nothing but records the surprise diagnostics per round.
+``--seed-list`` runs some seeds only (split a long run into chunks); ``--reuse A.json,B.json``
+takes the (arm, seed) runs those files hold instead of running them again (cut to ``--rounds``;
+runs are deterministic per seed, so a prefix of a longer run is the shorter run), so a last
+call can summarise chunks, or add an arm to arms already measured.
+
+    PYTHONPATH=$PWD python bench/sapo_vs_isolated.py --quick --rounds 1000 \
+        --splits 8/0,4/4,4/4:mask@1.0 --reuse bench/results/sapo_vs_isolated_quick_1000.json
+
+Writes bench/results/<name>.json and <name>.png (cumulative reward per arm over rounds, the
+accuracy per node, and each arm's cumulative accuracy over the baseline's, over rounds).
 """
 
 from __future__ import annotations
@@ -50,21 +64,42 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PAPER = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 
 
+DIAGNOSTICS = ("external_surprise", "external_surprise_pos", "local_surprise", "external_weight",
+               "external_downweighted")
+"""Per-round trainer diagnostics of the external correction (mean over the nodes that have it)."""
+
+
+def parse_arm(arm: str) -> tuple[str, dict]:
+    """``"4/4:mask@1.0"`` -> ("4/4", TrainerConfig overrides); ``"4/4"`` -> ("4/4", {}): no
+    correction, the SAPO paper's update (``external_correction = "off"``), whatever the
+    node's default."""
+    split, _, correction = arm.partition(":")
+    if not correction:
+        return split, {"external_correction": "off"}
+    mode, _, bound = correction.partition("@")
+    extra: dict = {"external_correction": mode}
+    if bound:
+        extra["external_surprise_bound"] = float(bound)
+    return split, extra
+
+
 def run_swarm(*, nodes: int, rounds: int, split: str, budget: int, seed: int, lr: float | None,
               base: Path) -> dict:
-    """One split, one seed: ``nodes`` learners round-robin; one shared hub unless J = 0."""
+    """One arm, one seed: ``nodes`` learners round-robin; one shared hub unless J = 0."""
     from node.bridge import LoopbackHub
     from node.learner import LearnerConfig, PolicyConfig, SapoConfig, TrainerConfig
     from node.learner.loop import Learner
     from protocol import Identity
 
+    arm = split
+    split, correction = parse_arm(arm)
     adaptive = split == "adaptive"
     local, external = (budget // 2, budget - budget // 2) if adaptive else map(int, split.split("/"))
     if local + external != budget:
         raise SystemExit(f"split {split}: I + J must equal the budget ({budget})")
     extra = {"adaptive_external": True} if adaptive else {}
     sapo = SapoConfig(questions_per_round=budget, external=external, **extra)
-    trainer = TrainerConfig(lr=lr) if lr else TrainerConfig()
+    trainer = TrainerConfig(**({"lr": lr} if lr else {}), **correction)
     ids = [Identity.from_seed(bytes([seed % 256, i + 1]) * 16) for i in range(nodes)]
     shared = LoopbackHub(swarm_id="bench")
     bridges = [(shared if external else LoopbackHub(swarm_id="bench")).bridge(i) for i in ids]
@@ -85,14 +120,23 @@ def run_swarm(*, nodes: int, rounds: int, split: str, budget: int, seed: int, lr
             recs[k].append(rec)
         if r % 25 == 0 or r == rounds - 1:
             acc = sum(n[-1]["accuracy"] for n in recs) / nodes
-            print(f"[{split} seed {seed}] round {r:4d} accuracy {acc:.3f} t={time.monotonic() - t0:.0f}s",
+            print(f"[{arm} seed {seed}] round {r:4d} accuracy {acc:.3f} t={time.monotonic() - t0:.0f}s",
                   file=sys.stderr, flush=True)
     shutil.rmtree(root, ignore_errors=True)
 
     def per_round(key: str) -> list[float]:
         return [sum(n[r][key] or 0 for n in recs) for r in range(rounds)]  # summed over nodes
 
-    return {"split": split, "seed": seed, "seconds": time.monotonic() - t0,
+    def diagnostic(key: str) -> list[float | None]:
+        out = []
+        for r in range(rounds):
+            xs = [n[r]["train"][key] for n in recs if key in n[r]["train"]]
+            out.append(sum(xs) / len(xs) if xs else None)
+        return out
+
+    return {"split": arm, "seed": seed, "seconds": time.monotonic() - t0,
+            **({"diagnostics": {k: diagnostic(k) for k in DIAGNOSTICS}}
+               if correction["external_correction"] != "off" else {}),
             "accuracy": per_round("accuracy"), "reward": per_round("mean_reward"),
             "external_used": per_round("external_used"), "local_used": per_round("local_used"),
             "zero_variance_trained": per_round("skipped_zero_variance"),
@@ -123,7 +167,8 @@ def summarize(runs: list[dict], splits: list[str], seeds: list[int], baseline: s
                       "mean_cumulative_reward": sum(rew) / len(rew),
                       "external_used": sum(sum(by[split, s]["external_used"]) for s in seeds) / len(seeds),
                       "zero_variance_trained": sum(sum(by[split, s]["zero_variance_trained"])
-                                                   for s in seeds) / len(seeds)}
+                                                   for s in seeds) / len(seeds),
+                      "accuracy_per_node_by_tenth": _tenths(by, split, seeds)}
         if split != baseline:
             base_acc, base_rew = out[baseline]["cumulative_accuracy"], out[baseline]["cumulative_reward"]
             out[split]["ratio_accuracy"] = sum(acc) / max(sum(base_acc), 1e-9)
@@ -134,14 +179,47 @@ def summarize(runs: list[dict], splits: list[str], seeds: list[int], baseline: s
     return out
 
 
+def _tenths(by: dict, split: str, seeds: list[int]) -> list[float]:
+    """Mean accuracy per node in each tenth of the rounds (mean over seeds): the curve's shape."""
+    curves = [by[split, s]["accuracy"] for s in seeds]
+    rounds, nodes = len(curves[0]), by[split, seeds[0]].get("nodes", 1)
+    w = max(1, rounds // 10)
+    return [round(sum(sum(c[i:i + w]) for c in curves) / (len(curves) * w * nodes), 4)
+            for i in range(0, w * (rounds // w), w)]
+
+
+def reuse(paths: list[Path], *, nodes: int, rounds: int, budget: int, lr: float | None) -> dict:
+    """(arm, seed) -> run from earlier results files with the same set-up, cut to ``rounds``."""
+    out: dict = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        if (data["nodes"], data["budget"], data["lr"]) != (nodes, budget, lr) or data["rounds"] < rounds:
+            raise SystemExit(f"{path}: nodes/budget/lr/rounds {data['nodes']}/{data['budget']}/"
+                             f"{data['lr']}/{data['rounds']} do not fit {nodes}/{budget}/{lr}/{rounds}")
+        for run in data["runs"]:
+            cut = {k: (v[:rounds] if isinstance(v, list) else v) for k, v in run.items()}
+            if "diagnostics" in run:
+                cut["diagnostics"] = {k: v[:rounds] for k, v in run["diagnostics"].items()}
+            cut["reused_from"] = {"file": path.name, "commit": data.get("commit"),
+                                  "model_hash": data.get("model_hash"), "rounds": data["rounds"]}
+            out.setdefault((run["split"], run["seed"]), cut)
+    return out
+
+
 def plot(runs: list[dict], splits: list[str], seeds: list[int], path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.5))
+    base_acc = [sum(x) for x in zip(*(r["accuracy"] for r in runs if r["split"] == splits[0]))]
     for i, split in enumerate(splits):
         mine = [r for r in runs if r["split"] == split]
+        if i:
+            acc = [sum(x) for x in zip(*(r["accuracy"] for r in mine))]
+            ratio = [x / max(y, 1e-9) for x, y in zip(itertools.accumulate(acc),
+                                                      itertools.accumulate(base_acc))]
+            c.plot(ratio, color=f"C{i}", label=split)
         for key, ax in (("reward", a), ("accuracy", b)):
             curves = [r[key] for r in mine]
             mean = [sum(x) / len(x) for x in zip(*curves)]
@@ -154,7 +232,9 @@ def plot(runs: list[dict], splits: list[str], seeds: list[int], path: Path, titl
                 ax.plot(ma, color=f"C{i}", label=split)
     a.set_title("cumulative reward, summed over nodes (mean of seeds)")
     b.set_title("accuracy per node (moving average, mean of seeds)")
-    for ax in (a, b):
+    c.set_title(f"cumulative accuracy over {splits[0]}'s (seeds summed)")
+    c.axhline(1.0, color="grey", lw=0.8)
+    for ax in (a, b, c):
         ax.set_xlabel("round")
         ax.legend(title="I/J")
     fig.suptitle(title)
@@ -206,7 +286,11 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seeds", type=int, default=None, help="how many seeds (0, 1, ...)")
-    ap.add_argument("--splits", default=None, help="comma-separated I/J splits, and/or 'adaptive'")
+    ap.add_argument("--splits", default=None, help="comma-separated arms: I/J splits and/or "
+                    "'adaptive', each optionally with ':MODE@BOUND' (external correction)")
+    ap.add_argument("--seed-list", default=None, help="comma-separated seeds (instead of --seeds)")
+    ap.add_argument("--reuse", default=None, help="comma-separated results JSON files whose "
+                    "(arm, seed) runs are taken instead of rerun")
     ap.add_argument("--budget", type=int, default=8, help="question groups per node and round")
     ap.add_argument("--lr", type=float, default=None, help="override TrainerConfig.lr")
     ap.add_argument("--jobs", type=int, default=2, help="(split, seed) runs at a time")
@@ -225,7 +309,8 @@ def main() -> None:
     quick = args.quick
     args.nodes = args.nodes or (4 if quick else 8)
     args.rounds = args.rounds or 100
-    seeds = list(range(args.seeds or (4 if quick else 3)))
+    seeds = ([int(x) for x in args.seed_list.split(",")] if args.seed_list
+             else list(range(args.seeds or (4 if quick else 3))))
     splits = (args.splits or ("8/0,4/4" if quick else "8/0,6/2,4/4,2/6,adaptive")).split(",")
     name = args.name or ("sapo_vs_isolated_quick" if quick else "sapo_vs_isolated")
     baseline = f"{args.budget}/0"
@@ -234,6 +319,8 @@ def main() -> None:
     from node.learner import SapoConfig
     from node.learner.tiny_model import ensure_embedded
 
+    reused = reuse([Path(p) for p in args.reuse.split(",")], nodes=args.nodes, rounds=args.rounds,
+                   budget=args.budget, lr=args.lr) if args.reuse else {}
     if "adaptive" in splits and "adaptive_external" not in {f.name for f in dataclasses.fields(SapoConfig)}:
         print("note: SapoConfig has no adaptive_external here; skipping the 'adaptive' split", flush=True)
         splits.remove("adaptive")
@@ -242,13 +329,14 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sapo-bench-"))
     base = ensure_embedded(tmp / "base")  # materialised once; every node copies it
     origin = provenance(base)
-    jobs = [(split, seed) for seed in seeds for split in splits]
+    jobs = [(split, seed) for seed in seeds for split in splits if (split, seed) not in reused]
     def one(job: tuple[str, int]) -> dict:
         split, seed = job
         return _job(args, split, seed, base, tmp / f"{split.replace('/', '-')}-{seed}.json")
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        runs = list(pool.map(one, jobs))
+        fresh = dict(zip(jobs, pool.map(one, jobs)))
+    runs = [fresh.get((split, seed)) or reused[split, seed] for seed in seeds for split in splits]
     shutil.rmtree(tmp, ignore_errors=True)
     per_split = summarize(runs, splits, seeds, baseline)
     head = per_split.get(f"{args.budget // 2}/{args.budget - args.budget // 2}", {})
@@ -260,7 +348,8 @@ def main() -> None:
         "budget": args.budget, "completions_per_question": SapoConfig().completions_per_question,
         "lr": args.lr, "per_split": per_split, "paper_cumulative_reward": PAPER,
         "paper_ratio_4_4": PAPER["4/4"] / PAPER["8/0"], "wall_seconds": time.monotonic() - t0,
-        "loadavg_start": load0, "loadavg_end": os.getloadavg(), "jobs": args.jobs, **origin,
+        "loadavg_start": load0, "loadavg_end": os.getloadavg(), "jobs": args.jobs,
+        "ran": [f"{split} seed {seed}" for split, seed in jobs], **origin,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({**summary, "runs": runs}))
