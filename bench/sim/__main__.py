@@ -16,8 +16,8 @@ measured on a quiet box price the WAN grid.
 issue 32 (uniform over keys) and now (by what sources deliver), at N = 16, 100, 1,000 and F = 0,
 N/4, N, 4N (and 50 where it is at least N/4): the honest share of a node's feed slots at steady
 state and over time, and the honest groups it receives per round against no farm; mean and
-range over 4 seeds, 3 at N = 1,000 (``bench/sim/sybil.py``, ``sybil_grid.py``; ~4 min of a
-core).
+range over 4 seeds, 3 at N = 1,000 (``bench/sim/sybil.py``, ``sybil_grid.py``; ~10 min of
+a core).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def sybil(args: argparse.Namespace, t0: float) -> None:
     runs = sybil_grid.grid(sizes=args.sizes, seeds=args.seeds, large_seeds=args.large_seeds,
                            rounds=args.rounds)
     sc = SybilScenario(n=2, farm_size=0)  # the defaults every run used
-    rows = sybil_grid.summarize(runs, round_s=sc.round_s)
+    rows = sybil_grid.summarize(runs)
     result = {"command": "python -m bench.sim " + " ".join(sys.argv[1:]),
               "wall_s": round(time.monotonic() - t0, 1), "loadavg": list(os.getloadavg()),
               "model": {"feeds": vars(sc.feeds), "round_s": sc.round_s, "open_s": sc.open_s,

@@ -1,56 +1,68 @@
 """A node's feed-source choice, as ``swarm/feeds.py``'s ``FeedClient`` makes it, without trio.
 
-``FeedClient``'s decisions live in methods that read ``trio.current_time()`` and start tasks in
-a nursery, so they cannot be called from a simulation; this module mirrors them, method for
-method, with time passed in and peers as ints (mirrored from ``swarm/feeds.py`` at ee61d7d):
+What a source has earned is decided by the product's own ``swarm.feed_standing.Standing``
+(pure bookkeeping: the caller passes the time; it imports neither trio nor libp2p): each
+picker holds one, hands it the learner's reports and the frames its feeds bring, and asks it
+for kinds and verdicts. What still lives in ``FeedClient`` reads ``trio.current_time()`` and
+starts tasks in a nursery, so it cannot be called from a simulation; this module mirrors it,
+method for method, with time passed in and peers as ints (mirrored from ``swarm/feeds.py``
+at 55aed4b):
 
 ====================  ==========================================================
 ``FeedPicker``        ``swarm.feeds.FeedClient``
 ====================  ==========================================================
-``rate``              ``rate``: the learner's report ends idle trials
-``proven``            ``_proven``
-``want_proven``       ``_want_proven``
+``rate``              ``rate``: ``Standing.report`` and ``judge``; closes, cools
+``kinds``             ``kinds``: open feeds by their source's kind, and idle ones
+``kind``              ``_kind``
+``want``              ``_want``: ``LIVE`` until k − explore_slots known are held
 ``maintain``          ``_maintain``: rotation (make before break), filling slots
-``opened``            ``_opened``: a feed is open; a rotation's old feed closes
-``refused``           ``_open`` answered BUSY, or ``_follow``'s failure: ``_cool``
+``rotation``          ``_rotation``: which feed a rotation replaces, and by whom
+``opened``            ``_opened``: the trial starts; a rotation's old feed closes
+``frame``             ``_follow``, per frame: the trial's count, ``Standing.frame``
+``refused``           ``_open`` answered BUSY (``_cool``), then ``_follow`` ends
 ``pick``              ``_pick`` over ``_candidates``
-``cool``              ``_cool``: 5 s doubling per consecutive failure, up to cooldown_s
+``cool``              ``_cool``: ``RETRY_S`` doubling per failure or idle strike
 ====================  ==========================================================
 
-The config (``FeedsConfig``) is the product's, so its defaults move the simulation too; the
-constants (``MIRRORED``) are copies, checked against ``swarm/feeds.py`` by a test; a change of
-logic there must be mirrored here.
+The config (``FeedsConfig``) and ``Standing`` are the product's, so their defaults and logic
+move the simulation too; the constants that still live in ``swarm/feeds.py`` (``MIRRORED``)
+are copies, checked against it by a test; a change of ``FeedClient``'s logic must be mirrored
+here.
 
 A picker that is never handed a report (``rate``) is the picker before issue 32 (and today's
 before the learner's first report): uniform over never-held keys, then over rested ones;
 nothing is ever judged.
 
 Where the mirror differs, on purpose: a pick draws uniformly over the same set as ``_pick``
-(by rejection from the table, or over a listed set; the same distribution, other random
-numbers); bans and relayed addresses do not exist here.
+(by rejection from the table, or over a listed set: the reported sources, the rested ones;
+the same distribution, other random numbers); bans, relayed addresses, dials that fail and invalid
+frames do not exist here; whether a feed asks for a backfill is decided when it starts (the
+product decides it when ``_follow`` starts, in the same tick).
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
+import collections
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from random import Random
+from typing import Protocol, cast
 
 from protocol.ipc import MAX_SOURCES
 from swarm.config import FeedsConfig
+from swarm.feed_standing import Kind, Standing, Trial, Verdict
 from swarm.peers import PeerTable
 
-__all__ = ["MIRRORED", "Feed", "FeedPicker", "MAX_SOURCES", "OPENS_PER_TICK", "PROVEN_PATIENCE",
-           "RETRY_S", "TABLE_CAPACITY", "TICK_S", "Table"]
+__all__ = ["MIRRORED", "Feed", "FeedPicker", "Kind", "MAX_SOURCES", "OPENS_PER_TICK", "RETRY_S",
+           "TABLE_CAPACITY", "TICK_S", "Table"]
 
 # swarm/feeds.py's constants, copied: importing it imports libp2p, which a test process that
 # imported hivemind cannot (tests/swarm/test_feeds_units.py); tests/sim/test_sybil.py checks
 # the copies against the originals in a child interpreter
-PROVEN_PATIENCE = 4
 RETRY_S = 5.0
 TICK_S = 0.5
 OPENS_PER_TICK = 2
-MIRRORED = ("PROVEN_PATIENCE", "RETRY_S", "TICK_S", "OPENS_PER_TICK")
+MIRRORED = ("RETRY_S", "TICK_S", "OPENS_PER_TICK")
 
 TABLE_CAPACITY = PeerTable(ttl_s=1.0).capacity
 """Entries of a node's peer table (``swarm.peers.PeerTable``; the service keeps the default)."""
@@ -80,6 +92,22 @@ class Table:
         return len(self.peers)
 
 
+class IntStanding(Protocol):
+    """``Standing`` over the simulation's peer ids: it only hashes them (its annotations name
+    the product's, ``str``), so a ``Standing`` is used as one unchanged (a cast, no copy)."""
+
+    @property
+    def reports(self) -> int: ...
+    def frame(self, peer: int, now: float) -> None: ...
+    def wait_s(self) -> float: ...
+    def kind(self, peer: int) -> Kind: ...
+    def report(self, signal: Mapping[int, int], valid: Mapping[int, int], now: float) -> None: ...
+    def open(self, peer: int, now: float) -> Trial: ...
+    def idle(self, trial: Trial) -> bool: ...
+    def judge(self, trials: Mapping[int, Trial], now_s: float) -> dict[int, Verdict]: ...
+    def dropped(self, peer: int, verdict: Verdict) -> int: ...
+
+
 @dataclass
 class Feed:
     """``swarm.feeds._Feed`` without its cancel scope."""
@@ -88,70 +116,74 @@ class Feed:
     started: float
     open: bool = False
     replaces: int | None = None
-    delivered: int = 0
-    since: int = 0
-    grew: int = -(10**9)
-    stranger: bool = True
+    trial: Trial | None = None
+    backfill: bool = True
+    """Its request asks for the source's newest batch (``_follow``'s ``backfill``)."""
 
 
 class FeedPicker:
     """One node's ``FeedClient`` state and decisions over ``table``; the caller opens the
-    feeds ``maintain`` starts and answers with ``opened`` or ``refused``, and hands it the
-    learner's reports (``rate``) unless it models the picker before issue 32."""
+    feeds ``maintain`` starts and answers with ``opened`` or ``refused``, passes on the frames
+    they bring (``frame``), and hands it the learner's reports (``rate``) unless it models
+    the picker before issue 32."""
 
-    def __init__(self, me: int, *, config: FeedsConfig, table: Table,
-                 rng: random.Random) -> None:
+    def __init__(self, me: int, *, config: FeedsConfig, table: Table, rng: Random) -> None:
         self.me = me
         self.config = config
         self.table = table
         self.rng = rng
+        self.standing = cast(IntStanding, Standing(
+            trial_rounds=config.trial_rounds, probe_rounds=config.probe_rounds,
+            probe_s=config.probe_s, capacity=table.capacity))
         self.feeds: dict[int, Feed] = {}
         self.cooldown: dict[int, float] = {}
         self.rested: dict[int, float] = {}
         self.failures: dict[int, int] = {}
         self.last_rotation = 0.0
-        self.delivered: dict[int, int] = {}
-        self.idle: set[int] = set()
-        self.reports = 0
-        self.counters: dict[str, int] = {}
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.signal: Mapping[int, int] = {}
+        """The last report's signal totals: every proven source is among them."""
+        self.valid: Mapping[int, int] = {}
+        """The last report's valid totals: every live source is among them."""
 
     # -- the learner's report --------------------------------------------------------------
-    def rate(self, now: float, delivered: dict[int, int]) -> list[int]:
+    def rate(self, now: float, signal: Mapping[int, int],
+             valid: Mapping[int, int] | None = None) -> list[int]:
         """``FeedClient.rate``; returns the sources whose feeds it closed."""
-        self.delivered = dict(delivered)
-        self.reports += 1
-        trial = self.config.trial_rounds
-        open_ = [f for f in self.feeds.values() if f.open]
-        for feed in open_:
-            got = self.delivered.get(feed.peer, 0)
-            if got > feed.delivered:
-                feed.delivered, feed.since, feed.grew = got, self.reports, self.reports
-                self.idle.discard(feed.peer)
-        if not trial:
-            return []
+        valid = signal if valid is None else valid
+        self.standing.report(signal, valid, now)
+        self.signal, self.valid = signal, valid
+        trials = {f.peer: f.trial for f in self.feeds.values()
+                  if f.open and f.trial is not None}
+        self.counters["feed_idle_slot_rounds"] += sum(map(self.standing.idle, trials.values()))
         closed = []
-        for feed in open_:
-            patience = trial if feed.stranger else PROVEN_PATIENCE * trial
-            if self.reports - feed.since < patience or not any(
-                    f.grew > self.reports - trial for f in open_ if f is not feed):
-                continue
-            self.idle.add(feed.peer)
-            if len(self.idle) > TABLE_CAPACITY:
-                self.idle.pop()
-            self.cool(now, feed.peer, "feed_dropped_idle")
-            if self.feeds.get(feed.peer) is feed:  # _follow's finally, once cancelled
-                del self.feeds[feed.peer]
-            closed.append(feed.peer)
+        for peer, verdict in self.standing.judge(trials, now).items():
+            strikes = self.standing.dropped(peer, verdict)
+            self.cool(now, peer, verdict.value, strikes=strikes)
+            del self.feeds[peer]  # _follow's finally, once its scope is cancelled
+            closed.append(peer)
         return closed
 
-    def proven(self, peer: int) -> bool:
-        return self.delivered.get(peer, 0) > 0 and peer not in self.idle
+    def kinds(self) -> dict[str, int]:
+        """``FeedClient.kinds``."""
+        out = {kind.label: 0 for kind in Kind}
+        open_ = [f for f in self.feeds.values() if f.open]
+        for f in open_:
+            out[self.kind(f.peer).label] += 1
+        out["idle"] = sum(self.standing.idle(f.trial) for f in open_
+                          if f.trial is not None) if self.standing.reports else 0
+        return out
 
-    def want_proven(self, held: list[Feed]) -> bool | None:
-        if not self.reports:
+    def kind(self, peer: int) -> Kind:
+        return self.standing.kind(peer)
+
+    def want(self, held: list[Feed]) -> Kind | None:
+        """``FeedClient._want``: the kind the next slot needs beside ``held``."""
+        if not self.standing.reports:
             return None
-        k = self.config.sources
-        return sum(self.proven(f.peer) for f in held) < k - self.config.explore_slots
+        reserved = self.config.sources - self.config.explore_slots
+        known = sum(self.kind(f.peer) >= Kind.LIVE for f in held)
+        return Kind.LIVE if known < reserved else Kind.STRANGER
 
     # -- maintenance (every TICK_S) --------------------------------------------------------
     def maintain(self, now: float) -> list[Feed]:
@@ -163,16 +195,13 @@ class FeedPicker:
         open_ = [f for f in self.feeds.values() if f.open and f.replaces is None]
         rotating = any(f.replaces is not None for f in self.feeds.values())
         if not rotating and len(open_) >= k and now - self.last_rotation >= self.config.rotate_s:
-            oldest = min(open_, key=lambda f: f.started)
-            want = self.want_proven([f for f in self.feeds.values() if f is not oldest])
-            peer = self.pick(proven=want, strict=want is not None and self.proven(oldest.peer))
-            if peer is not None:
-                started.append(self._start(peer, now, replaces=oldest.peer))
+            rotation = self.rotation(open_)
+            if rotation is not None:
+                old, new = rotation
+                started.append(self._start(new, now, replaces=old.peer))
             self.last_rotation = now
-        slots = sum(f.replaces is None or f.replaces not in self.feeds
-                    for f in self.feeds.values())
-        for _ in range(min(OPENS_PER_TICK, k - slots)):
-            peer = self.pick(proven=self.want_proven(list(self.feeds.values())))
+        for _ in range(min(OPENS_PER_TICK, self.missing())):
+            peer = self.pick(want=self.want(list(self.feeds.values())))
             if peer is None:
                 break
             started.append(self._start(peer, now))
@@ -183,27 +212,56 @@ class FeedPicker:
         return self.config.sources - sum(f.replaces is None or f.replaces not in self.feeds
                                          for f in self.feeds.values())
 
+    def rotation(self, open_: list[Feed]) -> tuple[Feed, int] | None:
+        """``FeedClient._rotation``: the oldest feed that can be replaced, and by whom."""
+        by_age = sorted(open_, key=lambda f: f.started)
+        if not self.standing.reports:
+            peer = self.pick()
+            return (by_age[0], peer) if peer is not None else None
+        reserved = self.config.sources - self.config.explore_slots
+        live = [f for f in open_ if self.kind(f.peer) is Kind.LIVE and f.trial is not None]
+        stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
+            if live and sum(self.kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
+        for feed in by_age:
+            if feed is stalest or self.kind(feed.peer) is Kind.STRANGER:
+                held = [f for f in self.feeds.values() if f is not feed]
+                peer = self.pick(want=self.want(held))
+            else:
+                peer = self.pick(want=Kind.PROVEN, at_least=Kind.PROVEN)
+            if peer is not None:
+                return feed, peer
+        return None
+
     def _start(self, peer: int, now: float, *, replaces: int | None = None) -> Feed:
-        feed = Feed(peer=peer, started=now, replaces=replaces)
+        backfill = replaces is None or (self.standing.reports > 0
+                                        and self.kind(peer) is Kind.STRANGER)
+        feed = Feed(peer=peer, started=now, replaces=replaces, backfill=backfill)
         self.feeds[peer] = feed
         return feed
 
     def opened(self, feed: Feed, now: float) -> int | None:
         """``FeedClient._opened``; returns the source of the feed it closed (a rotation's)."""
         feed.open = True
-        feed.delivered, feed.since = self.delivered.get(feed.peer, 0), self.reports
-        feed.stranger = not self.proven(feed.peer)
+        feed.trial = self.standing.open(feed.peer, now)
         self.failures.pop(feed.peer, None)
+        self.counters["feed_opened"] += 1
         old_peer, feed.replaces = feed.replaces, None
         old = self.feeds.get(old_peer) if old_peer is not None else None
         if old is None or old_peer is None:
             return None
         del self.feeds[old_peer]
         self.rested[old_peer] = now
-        if len(self.rested) > TABLE_CAPACITY:
+        if len(self.rested) > self.table.capacity:
             del self.rested[min(self.rested, key=self.rested.__getitem__)]
-        self._count("feed_rotated")
+        self.counters["feed_rotated"] += 1
         return old_peer
+
+    def frame(self, feed: Feed, now: float) -> None:
+        """A frame arrived on ``feed`` at ``now`` (``_follow``: a valid one)."""
+        self.counters["feed_frames"] += 1
+        if feed.trial is not None:
+            feed.trial.frames += 1
+        self.standing.frame(feed.peer, now)
 
     def refused(self, feed: Feed, now: float) -> None:
         """The source answered BUSY (``_open``: ``feed_refused``); the feed ends."""
@@ -211,47 +269,50 @@ class FeedPicker:
         if self.feeds.get(feed.peer) is feed:
             del self.feeds[feed.peer]
 
-    def cool(self, now: float, peer: int, counter: str) -> None:
-        self._count(counter)
-        if len(self.failures) > TABLE_CAPACITY:
+    def cool(self, now: float, peer: int, counter: str, *, strikes: int = 0) -> None:
+        """``FeedClient._cool`` (never ``full``: no invalid frame here)."""
+        self.counters[counter] += 1
+        if len(self.failures) > self.table.capacity:
             self.failures.clear()
         n = self.failures[peer] = self.failures.get(peer, 0) + 1
-        self.cooldown[peer] = now + min(self.config.cooldown_s, RETRY_S * 2 ** (n - 1))
-
-    def _count(self, name: str) -> None:
-        self.counters[name] = self.counters.get(name, 0) + 1
+        self.cooldown[peer] = now + min(self.config.cooldown_s,
+                                        RETRY_S * 2 ** (max(n, strikes) - 1))
 
     # -- the pick --------------------------------------------------------------------------
+    def pick(self, *, want: Kind | None = None, at_least: Kind | None = None) -> int | None:
+        """``FeedClient._pick``: ``want`` None, unrested then rested; ``STRANGER`` (and no
+        ``at_least``), strangers first; then the best kind there is, at least ``at_least``."""
+        if want is None:
+            peer = self._uniform(lambda p: p not in self.rested, listed=None)
+            if peer is None:
+                peer = self._uniform(lambda p: p in self.rested, listed=list(self.rested))
+            return peer
+        strangers_first = want is Kind.STRANGER and at_least is None
+        if strangers_first:
+            peer = self._uniform(self._stranger, listed=None)
+            if peer is not None:
+                return peer
+        floor = Kind.STRANGER if at_least is None else at_least
+        for kind, listed in ((Kind.PROVEN, self.signal), (Kind.LIVE, self.valid)):
+            if kind < floor:
+                break
+            peer = self._uniform(lambda p: self.kind(p) is kind, listed=list(listed))
+            if peer is not None:
+                return peer
+        if floor is Kind.STRANGER and not strangers_first:
+            return self._uniform(self._stranger, listed=None)
+        return None
+
+    def _stranger(self, peer: int) -> bool:
+        return self.kind(peer) is Kind.STRANGER
+
     def _candidate(self, peer: int) -> bool:
         return peer != self.me and peer not in self.feeds and peer not in self.cooldown
 
-    def pick(self, *, proven: bool | None = None, strict: bool = False) -> int | None:
-        """``FeedClient._pick``: ``pool = fresh or rested or ([] if strict else other)``."""
-        if proven is None:
-            pool_tests: list[Callable[[int], bool]] = [
-                lambda p: p not in self.rested, lambda p: p in self.rested]
-        else:
-            pool_tests = [lambda p: self.proven(p) == proven]
-            if not strict:
-                pool_tests.append(lambda p: self.proven(p) != proven)
-        for test in pool_tests:
-            peer = self._uniform(test, listed=self._listed(proven, test is pool_tests[0]))
-            if peer is not None:
-                return peer
-        return None
-
-    def _listed(self, proven: bool | None, first: bool) -> Sequence[int] | None:
-        """A short list that holds the whole pool, when there is one: the proven sources
-        (they delivered: at most ``MAX_SOURCES`` are reported), the rested ones."""
-        if proven is not None and proven == first:
-            return list(self.delivered)
-        if proven is None and not first:
-            return list(self.rested)
-        return None
-
     def _uniform(self, test: Callable[[int], bool], *, listed: Sequence[int] | None) -> int | None:
-        """Uniform over the candidates that pass ``test``: over ``listed`` if given, else by
-        rejection from the table, else (none drawn) over the listed pool."""
+        """Uniform over the table's candidates that pass ``test``: over ``listed`` if given
+        (a short list that holds them all), else by rejection from the table, else (none
+        drawn) over the table."""
         members = self.table.members
 
         def ok(p: int) -> bool:

@@ -4,23 +4,29 @@ N honest nodes and F Sybil identities share one peer table (they announce like h
 honest peers arrived first, so a farm beyond the table's capacity keeps only what fits). Every
 honest node runs ``bench/sim/picker.py``'s ``FeedPicker`` (``swarm/feeds.py``'s choice) every
 ``TICK_S`` it has something to do, opens the feeds it picks after ``open_s`` (dial and
-handshake), and once a round (``round_s``, its own random offset) its learner re-scores what
-the feeds delivered and reports every sender's count of groups with signal (the ``new``
-policy; the ``old`` one, the picker before issue 32, never hears a report).
+handshake), passes on every batch they bring as a frame (``FeedPicker.frame``: the product's
+``Standing`` reads the swarm's publishing pace from them), and once a round (``round_s``, its
+own random offset) its learner re-scores what the feeds delivered and reports, per sender,
+its running totals of groups that passed re-scoring (``valid``) and of those that carried
+signal (``signal``), each for the ``MAX_SOURCES`` senders with most (``node/learner``: the
+``new`` policy; the ``old`` one, the picker before issue 32, never hears a report).
 
 What a source delivers on an open feed (nothing is simulated byte by byte):
 
 - an honest source publishes one batch of ``groups_per_batch`` groups a round (its own
-  offset); each group carries signal after re-scoring with ``p_pass`` and is useful (beats our
-  baseline) with ``p_useful`` (``bench/sim/config.py``'s ``Sapo`` defaults); it serves at most
-  ``max_subscribers`` feeds (beyond: busy, the requester cools it);
+  offset); every group is valid (its claimed rewards are ours), carries signal after
+  re-scoring with ``p_pass`` and is useful (beats our baseline) with ``p_useful``
+  (``bench/sim/config.py``'s ``Sapo`` defaults); it serves at most ``max_subscribers`` feeds
+  (beyond: busy, the requester cools it);
 - a Sybil accepts every feed and behaves as its ``Farm`` says (``FARMS``); a subscription
-  that fills a gap (not a rotation's) first gets the source's newest batch (backfill).
+  that asks for a backfill (``Feed.backfill``) first gets the source's newest batch, if one
+  is younger than ``backfill_s``.
 
 Left out: churn, departures and failed dials, the network's latency beyond ``open_s``, CPU,
 SAPO's pool (trust, freshness, the newcomer budget: ``usable`` only caps J and the per-sender
-share), the learner's bounded sender book, and any slowdown the farm's groups cause (a
-``wrong`` farm's re-scoring work is counted, not charged).
+share), the learner's bounded sender book, the time a round's re-scoring takes (a round is
+``round_s``, whatever the farm sends), and any slowdown the farm's groups cause (the groups a
+farm makes us re-score are counted, not charged).
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ class Farm:
     """Period of its batches on each feed (0: it sends nothing)."""
     signal_groups: int = 0
     """Groups of a batch that carry signal after our re-scoring (never useful: they never
-    beat our baseline); 0: all-wrong groups, dropped as zero-advantage."""
+    beat our baseline); the others are all-wrong, dropped as zero-advantage. Every group is
+    valid: its claimed rewards are the ones we compute."""
     groups_per_batch: int = 4
     mint_every_s: float = 0.0
     """One fresh identity joins the farm (and the tables) this often; 0: never."""
@@ -65,10 +72,6 @@ class Farm:
         if self.signal_groups and not self.batch_every_s:
             raise ValueError("Farm.signal_groups needs batch_every_s > 0")
 
-    def rescored_per_feed_round(self, round_s: float) -> float:
-        """Groups one of its feeds makes our learner re-score per round."""
-        return self.groups_per_batch * round_s / self.batch_every_s if self.batch_every_s else 0.0
-
 
 FARMS: dict[str, Farm] = {
     "idle": Farm(),
@@ -78,12 +81,12 @@ FARMS: dict[str, Farm] = {
     "signal": Farm(batch_every_s=15.0, signal_groups=1),
 }
 """As ``tests/adversary/feeds.py`` (``bench/feed_eclipse.py``): ``idle`` accepts feeds and
-sends nothing; ``wrong`` a batch of all-wrong valid groups a second; ``trickle`` the same every
-15 s; ``mint`` is idle and adds a fresh key every 8 s. ``signal`` (not in the adversary suite):
-a trickle whose batches hold one group with signal that never beats our baseline: it passes
-the re-scoring the learner reports, so it is *proven* without being useful. The picker sees
-only groups with signal, so ``wrong`` and ``trickle`` hold the slots ``idle`` holds (the
-grid derives their rows from ``idle``'s, adding the re-scoring work)."""
+sends nothing (reported: nothing); ``wrong`` a batch of all-wrong valid groups a second (valid,
+no signal: a *live* source until it is closed for no signal); ``trickle`` the same every 15 s
+(rarely valid); ``mint`` is idle and adds a fresh key every 8 s. ``signal`` (not in the
+adversary suite): a trickle whose batches hold one group with signal that never beats our
+baseline: it passes the re-scoring the learner reports, so it is *proven* without being
+useful."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,8 +147,10 @@ class _Run:
                                    rng=random.Random(self.rng.getrandbits(64))) for v in range(n)]
         self.subs: dict[int, set[int]] = {}  # source -> subscribers with an open feed
         self.credited: list[dict[int, float]] = [{} for _ in range(n)]
-        self.book: list[dict[int, int]] = [{} for _ in range(n)]  # sender -> groups with signal
-        # sender -> [groups with signal, useful ones] since the last report
+        # the learner's running totals, sender -> groups with signal, valid groups
+        self.signal_book: list[dict[int, int]] = [{} for _ in range(n)]
+        self.valid_book: list[dict[int, int]] = [{} for _ in range(n)]
+        # sender -> [groups with signal, valid ones, useful ones] since the last report
         self.inbox: list[dict[int, list[int]]] = [{} for _ in range(n)]
         self.tick_phase = [self.rng.random() * TICK_S for _ in range(n)]
         self.next_tick = [math.inf] * n
@@ -156,6 +161,7 @@ class _Run:
         self.useful = [0] * r
         self.usable = [0] * r
         self.sybil_signal = [0] * r
+        self.sybil_groups = [0] * r
         self.samples = [0] * r
 
     # -- time ------------------------------------------------------------------------------
@@ -176,13 +182,14 @@ class _Run:
             self.offset[p] = self.rng.random() * period
 
     # -- deliveries ------------------------------------------------------------------------
-    def _batches(self, s: int, since: float, until: float) -> int:
-        """Batches ``s`` published in (since, until]."""
+    def _batch_times(self, s: int, since: float, until: float) -> list[float]:
+        """When ``s`` published its batches in (since, until]."""
         period = self.sc.round_s if s < self.sc.n else self.farm.batch_every_s
         if not period:
-            return 0
+            return []
         off = self.offset[s]
-        return math.floor((until - off) / period) - math.floor((since - off) / period)
+        first = math.floor((since - off) / period) + 1
+        return [off + m * period for m in range(first, math.floor((until - off) / period) + 1)]
 
     def _receive(self, v: int, s: int, batches: int) -> None:
         if batches <= 0:
@@ -190,26 +197,33 @@ class _Run:
         sapo = self.sc.sapo
         if s < self.sc.n:
             signal = useful = 0
+            valid = batches * sapo.groups_per_batch
             p_useful = sapo.p_pass * sapo.p_useful  # one draw a group: useful, signal, none
-            for _ in range(batches * sapo.groups_per_batch):
+            for _ in range(valid):
                 u = self.rng.random()
                 signal += u < sapo.p_pass
                 useful += u < p_useful
         else:
-            signal, useful = batches * self.farm.signal_groups, 0
-        if signal:
-            got = self.inbox[v].setdefault(s, [0, 0])
-            got[0] += signal
-            got[1] += useful
+            signal, valid, useful = (batches * self.farm.signal_groups,
+                                     batches * self.farm.groups_per_batch, 0)
+        got = self.inbox[v].setdefault(s, [0, 0, 0])
+        got[0] += signal
+        got[1] += valid
+        got[2] += useful
 
-    def credit(self, v: int, s: int, until: float) -> None:
-        """What ``s`` published on ``v``'s open feed since it was last credited."""
-        since = self.credited[v][s]
-        self._receive(v, s, self._batches(s, since, until))
+    def credit(self, v: int, feed: Feed, until: float) -> None:
+        """What ``feed``'s source published on ``v``'s open feed since it was last credited,
+        each batch a frame at the time it was published."""
+        s = feed.peer
+        times = self._batch_times(s, self.credited[v][s], until)
+        if self.sc.policy == "new":  # frames inform only the judgement, which needs reports
+            for t in times:
+                self.pickers[v].frame(feed, t)
+        self._receive(v, s, len(times))
         self.credited[v][s] = until
 
-    def close(self, v: int, s: int, t: float) -> None:
-        self.credit(v, s, t)
+    def close(self, v: int, s: int) -> None:
+        """``v`` closed its feed from ``s`` (credited up to now)."""
         del self.credited[v][s]
         self.subs[s].discard(v)
 
@@ -234,14 +248,16 @@ class _Run:
         if s < self.sc.n and len(subs) >= self.sc.feeds.max_subscribers:
             picker.refused(feed, t)
         else:
-            backfill = feed.replaces is None
             subs.add(v)
             self.credited[v][s] = t
-            if backfill and self._batches(s, t - self.sc.feeds.backfill_s, t) > 0:
+            old = picker.feeds.get(feed.replaces) if feed.replaces is not None else None
+            if old is not None and old.open:
+                self.credit(v, old, t)
+            if picker.opened(feed, t) is not None and old is not None:
+                self.close(v, old.peer)
+            if feed.backfill and self._batch_times(s, t - self.sc.feeds.backfill_s, t):
+                picker.frame(feed, t)
                 self._receive(v, s, 1)
-            old = picker.opened(feed, t)
-            if old is not None:
-                self.close(v, old, t)
         self.tick_at(v, t)
 
     def on_report(self, t: float, v: int, r: int) -> None:
@@ -249,30 +265,32 @@ class _Run:
         honest = sybil = 0
         for feed in picker.feeds.values():
             if feed.open:
-                self.credit(v, feed.peer, t)
+                self.credit(v, feed, t)
                 honest += feed.peer < n
                 sybil += feed.peer >= n
         self.honest_slots[r][min(honest, self.sc.feeds.sources)] += 1
         self.sybil_slots[r] += sybil
         self.samples[r] += 1
-        book = self.book[v]
+        signal_book, valid_book = self.signal_book[v], self.valid_book[v]
         usable = 0
-        for s, (signal, useful) in self.inbox[v].items():
-            book[s] = book.get(s, 0) + signal
+        for s, (signal, valid, useful) in self.inbox[v].items():
+            if signal:
+                signal_book[s] = signal_book.get(s, 0) + signal
+            if valid:
+                valid_book[s] = valid_book.get(s, 0) + valid
             if s < n:
                 self.signal[r] += signal
                 self.useful[r] += useful
                 usable += min(sapo.per_sender_round, useful)
             else:
                 self.sybil_signal[r] += signal
+                self.sybil_groups[r] += valid
         self.usable[r] += min(sapo.external, usable)
         self.inbox[v].clear()
         if self.sc.policy == "new":
-            report = book if len(book) <= MAX_SOURCES else dict(
-                heapq.nlargest(MAX_SOURCES, book.items(), key=lambda kv: kv[1]))
-            closed = picker.rate(t, report)
+            closed = picker.rate(t, _top(signal_book), _top(valid_book))
             for s in closed:
-                self.close(v, s, t)
+                self.close(v, s)
             if closed:
                 self.tick_at(v, t)
         if r + 1 < self.sc.rounds:
@@ -309,11 +327,19 @@ class _Run:
                     break  # every node's last round is done
 
 
+def _top(book: dict[int, int]) -> dict[int, int]:
+    """The learner's report of a running total: the ``MAX_SOURCES`` senders with most."""
+    if len(book) <= MAX_SOURCES:
+        return dict(book)
+    return dict(heapq.nlargest(MAX_SOURCES, book.items(), key=lambda kv: kv[1]))
+
+
 def run(sc: SybilScenario) -> dict[str, Any]:
     """Simulate ``sc``; per round (each node's r-th report, averaged over the nodes) and over
     the steady state (the second half of the rounds): the feeds a node holds from honest
-    sources and from the farm, and the honest groups with signal, useful, and usable (at most
-    J, at most ``per_sender_round`` from one sender) it received."""
+    sources and from the farm, the honest groups with signal, useful, and usable (at most J,
+    at most ``per_sender_round`` from one sender) it received, and the farm's groups it
+    re-scored (``sybil_groups_per_round``) and found signal in."""
     sim = _Run(sc)
     sim.run()
     k, r0 = sc.feeds.sources, sc.rounds // 2
@@ -340,6 +366,7 @@ def run(sc: SybilScenario) -> dict[str, Any]:
         "honest_useful_per_round": steady(sim.useful),
         "usable_per_round": steady(sim.usable),
         "sybil_signal_per_round": steady(sim.sybil_signal),
+        "sybil_groups_per_round": steady(sim.sybil_groups),
         "honest_slots_per_round": [round(x, 3) for x in honest_per_round],
         "farm_at_end": len(sim.table) - sc.n,
         "identities_minted": sim.next_id - sc.n - sc.farm_size,
