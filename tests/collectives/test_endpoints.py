@@ -22,21 +22,28 @@ async def _pair() -> tuple[P2P, P2P]:
     return a, b
 
 
+async def _leader_and_member(a: P2P, b: P2P) -> tuple[AllReduce, AllReduce, list[str]]:
+    """Two endpoints with a session open at step 3 (the smaller id first) and both ids."""
+    cfg = OuterConfig(schedule=ScheduleConfig(join_window_s=0.5, deadline_s=10.0))
+    ids = [p.peer_id.to_base58() for p in (a, b)]
+    ars = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
+                     state_provider=lambda h: None) for p, i in zip((a, b), ids)]
+    for ar in ars:
+        await ar.start()
+    loop = asyncio.get_running_loop()
+    for ar in ars:
+        await ar.open_session(step=3, state_hash="h", numel=8, weight=1.0,
+                              deadline=loop.time() + 8)
+    leader, member = (ars[0], ars[1]) if ids[0] < ids[1] else (ars[1], ars[0])
+    return leader, member, ids
+
+
 def test_join_reply_lost_once_is_asked_again_and_answered_the_same() -> None:
     async def main() -> None:
         a, b = await _pair()
         try:
-            cfg = OuterConfig(schedule=ScheduleConfig(join_window_s=0.5, deadline_s=10.0))
-            ids = [p.peer_id.to_base58() for p in (a, b)]
-            ars = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
-                             state_provider=lambda h: None) for p, i in zip((a, b), ids)]
-            for ar in ars:
-                await ar.start()
+            leader, member, ids = await _leader_and_member(a, b)
             loop = asyncio.get_running_loop()
-            for ar in ars:
-                await ar.open_session(step=3, state_hash="h", numel=8, weight=1.0,
-                                      deadline=loop.time() + 8)
-            leader, member = (ars[0], ars[1]) if ids[0] < ids[1] else (ars[1], ars[0])
             lost = {"n": 0}
             real = member.matchmaker._join_once
 
@@ -74,17 +81,8 @@ def test_a_leader_admits_no_peer_it_blamed() -> None:
     async def main() -> None:
         a, b = await _pair()
         try:
-            cfg = OuterConfig(schedule=ScheduleConfig(join_window_s=0.5, deadline_s=10.0))
-            ids = [p.peer_id.to_base58() for p in (a, b)]
-            ars = [AllReduce(p, cfg, get_codec("none"), peer_id=i, gid="g",
-                             state_provider=lambda h: None) for p, i in zip((a, b), ids)]
-            for ar in ars:
-                await ar.start()
+            leader, member, ids = await _leader_and_member(a, b)
             loop = asyncio.get_running_loop()
-            for ar in ars:
-                await ar.open_session(step=3, state_hash="h", numel=8, weight=1.0,
-                                      deadline=loop.time() + 8)
-            leader, member = (ars[0], ars[1]) if ids[0] < ids[1] else (ars[1], ars[0])
             t = loop.time()
             got = await asyncio.gather(
                 leader.form_group([leader.peer_id, member.peer_id], freeze_at=t + 0.5,
