@@ -10,6 +10,7 @@ import torch
 
 from collectives import OuterConfig, OuterLoop
 from collectives.attempt import Attempt
+from collectives.leader import Blame
 from collectives.consistency import Lineage
 from collectives.holding import Holding
 from collectives.record import Draft
@@ -364,7 +365,7 @@ def test_a_finished_peer_finds_the_longer_meeting_where_a_missing_peer_joined() 
     assert rendezvous.find_meeting(0, "ff" * 32, but=472.0) is None  # not at our state
     work = Work(snapshot=torch.zeros(1), rounds=3, weight=None, meet=472.0, final=True)
     attempt = object.__new__(Attempt)  # its move to another meeting: no p2pd
-    attempt.rendezvous, attempt.clock = rendezvous, ours
+    attempt.rendezvous, attempt.clock, attempt.blame = rendezvous, ours, Blame()
     attempt.holding = types.SimpleNamespace(version=lambda: 0, hash=lambda: state)
     draft = Draft(step=0)
     assert attempt._meet_others(work, draft, but=472.0, among=frozenset({trainer.peer_id}))
