@@ -210,20 +210,17 @@ class TrainerConfig:
     grad_checkpoint_min_params: int = 200_000_000
     """Models with at least this many parameters recompute each layer's activations in
     backward (gradient checkpointing: ~1/3 more compute, activations / layers); 0: always."""
-    external_correction: str = "weight"
+    external_correction: str = "off"
     """How far off our policy an external (other peer's) completion may be and still count
-    in full (``node.learner.offpolicy``): ``off`` trains on every one as if we had sampled
-    it (the SAPO paper; nothing extra computed); ``mask`` drops the policy-gradient term of a
+    (``node.learner.offpolicy``): ``off`` trains on every one as if we had sampled it (the
+    SAPO paper; nothing extra computed); ``mask`` drops the policy-gradient term of a
     completion whose excess surprise under our policy (nats per token beyond our own
     entropy) is above ``external_surprise_bound``; ``weight`` scales it by
     ``min(1, exp(bound - surprise))``. Costs one more pass of the output head over the
-    batch in a round's first epoch (the entropy). Default ``weight`` with bound 0, measured
-    (bench/sapo_vs_isolated.py, 4 nodes, 4/4, 1,000 rounds, seeds 0-1: 1.15x the nodes alone
-    in cumulative accuracy and still ahead at round 1,000, where ``off`` fell to 0.79x)."""
-    external_surprise_bound: float = 0.0
-    """The bound of ``external_correction``, in nats per token (>= 0). With ``weight`` and 0
-    the weight is the per-token geometric mean of ``π(y_t) / exp(-H_t)`` (our policy against
-    our own typical sample), truncated at 1."""
+    batch in a round's first epoch (the entropy)."""
+    external_surprise_bound: float = 1.0
+    """The bound of ``external_correction``, in nats per token (>= 0): 0 keeps only external
+    completions at least as likely as our own typical sample."""
 
     def __post_init__(self) -> None:
         positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens",

@@ -90,7 +90,7 @@ def _train(base, config: TrainerConfig, groups: list[TrainingGroup], steps: int 
 
 
 def test_correction_that_keeps_everything_is_today_s_update_bit_for_bit(embedded_base):
-    cfg = TrainerConfig(epochs=2, max_completion_tokens=8, external_correction="off")
+    cfg = TrainerConfig(epochs=2, max_completion_tokens=8)
     off, off_stats = _train(embedded_base, cfg, [LOCAL, FAR])
     kept, kept_stats = _train(embedded_base, TrainerConfig(
         epochs=2, max_completion_tokens=8, external_correction="mask",
@@ -108,18 +108,8 @@ def test_a_masked_external_group_moves_the_model_as_if_it_were_absent(embedded_b
                                external_surprise_bound=1.0)
     masked, stats = _train(embedded_base, masked_cfg, [LOCAL, FAR], steps=1)
     alone, _ = _train(embedded_base, TrainerConfig(max_completion_tokens=8), [LOCAL], steps=1)
-    off, _ = _train(embedded_base, TrainerConfig(max_completion_tokens=8, external_correction="off"),
-                    [LOCAL, FAR], steps=1)
+    off, _ = _train(embedded_base, TrainerConfig(max_completion_tokens=8), [LOCAL, FAR], steps=1)
     assert stats[0]["external_downweighted"] == 1.0 and stats[0]["external_surprise"] > 1.0
     assert abs(stats[0]["local_surprise"]) < stats[0]["external_surprise"]
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(masked, alone))
     assert not all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(off, alone))
-
-
-def test_the_default_weighs_a_far_external_group_down_and_local_groups_not(embedded_base):
-    assert TrainerConfig().external_correction == "weight"
-    _, stats = _train(embedded_base, TrainerConfig(max_completion_tokens=8), [LOCAL, FAR], steps=1)
-    s = stats[0]
-    assert s["external_downweighted"] == 1.0
-    # every FAR completion is above 1 nat (the mask test), so each weight is below exp(-1)
-    assert 0.0 < s["external_weight"] < math.exp(-1.0)
