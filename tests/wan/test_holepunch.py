@@ -136,7 +136,11 @@ def test_home_nats_punch_to_a_direct_connection():
                 time.sleep(0.3)
             time.sleep(2)
             gossip.collect()
-            assert _circuit_bytes(nodes) == before, "the relay still carries n1 <-> n2"
+            # a 1 MiB echo and 35 gossip batches crossed: on the relay they would add far more
+            # than the few control frames a closing circuit still counts (a fresh-clone CI run
+            # saw 60 bytes after the relayed connection closed)
+            grew = _circuit_bytes(nodes) - before
+            assert grew <= 4096, f"the relay still carries n1 <-> n2 ({grew} bytes)"
             late = [k for k in gossip.sent if k > after_switch and k not in gossip.got]
             assert not late, (late, sorted(gossip.got))  # the feed runs over the direct link
             s1, s2 = nodes.stats("n1"), nodes.stats("n2")
