@@ -19,7 +19,8 @@ Blame is local, never voted: a leader that refused our timely JOIN or did not an
 in time and a member whose shard or contribution never came rank last in our order, and a
 leader neither admits them to its group (a member that JOINs and never reduces failed every
 group it was admitted to) nor waits for them, for the next ``BLAME_ATTEMPTS`` attempts
-(``STRANGER_BLAME_ATTEMPTS`` for a peer that never took part in a step with us), twice as
+(``STRANGER_BLAME_ATTEMPTS`` for a member that never reduced and never took part in a step
+with us; no-shows likewise), twice as
 many for each blame again (up to ``MAX_BLAME_ATTEMPTS``). Every member that saw a stall
 blames the same peer, so they pick the same next leader. A peer whose contribution we
 accepted since is cleared (a slow honest peer that missed a JOIN is not held to it).
@@ -47,7 +48,8 @@ BLAME_ATTEMPTS = 3
 """Attempts a peer blamed once ranks last in our leader order (one that took part in a step
 with us before; ``STRANGER_BLAME_ATTEMPTS`` for one that never did)."""
 STRANGER_BLAME_ATTEMPTS = 24
-"""The same for a peer that never took part in a step with us: fresh identities are free,
+"""The same for a member whose shard never came and that never took part in a step with us
+(and for such a no-show): fresh identities are free,
 and one that JOINs and never reduces failed a group each time its blame ran out (3 of 18
 meetings lost per failure at 3 attempts). An honest newcomer whose first step failed waits
 longer to be admitted; it keeps its rounds and adopts the versions meanwhile."""
