@@ -47,6 +47,13 @@ per round, so a node subscribes instead to ``feeds.sources`` = k peers of its ow
   sender token bucket, replay window) with the stream's authenticated peer as the required
   signer; a frame that is invalid (not merely rate-limited or stale) closes the feed and
   cools its source down for ``feeds.cooldown_s``, as does a refusal or a failure.
+- **Resubscription**: a feed whose stream ends (EOF, reset) while its source is still
+  connected is opened again at once on that connection, in the same slot and trial, asking
+  for the newest batch: what happens when hole punching (swarm.holepunch) replaces the
+  relayed connection the stream ran on by a direct one (waiting for the failure cool-down
+  lost ~10 batches there). Once per source per ``feeds.cooldown_s``: a source that keeps
+  ending its streams takes the failure path (cooled, ``RETRY_S`` doubling), so it costs us
+  at most one extra stream per cool-down and its own per-peer request budget still applies.
 
 Inbound rollouts per node are therefore at most k feeds × the per-sender rate, whatever the
 swarm size; see ``swarm/SCALING.md`` for the bounds, what is not claimed (the pick is uniform
@@ -65,6 +72,7 @@ import multiaddr
 import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
+from libp2p.io.exceptions import IOException, MsgioException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
@@ -100,6 +108,20 @@ RETRY_S = 5.0
 
 FrameHandler = Callable[[ID, bytes], bool]
 """Called with (source, frame); returns False when the feed must be closed (invalid frame)."""
+
+
+def _ended(error: BaseException) -> bool:
+    """Whether ``error`` means the stream ended (EOF, reset, its connection closed), rather
+    than that the source sent something wrong (an oversized or garbled frame)."""
+    return isinstance(error, (IOException, EOFError)) and not isinstance(error, MsgioException)
+
+
+def _connected(host: IHost, peer: ID) -> bool:
+    """Whether ``peer`` holds a connection with us that is not closing. (A stream ends a
+    moment before the host drops the connection it ran on: ``get_connected_peers`` still
+    lists a peer that has just gone.)"""
+    return any(not (conn.is_closed or conn.muxed_conn.is_closed)
+               for conn in host.get_network().get_connections(peer))
 
 
 async def _close(stream: INetStream, *, reset: bool = False) -> None:
@@ -259,6 +281,8 @@ class FeedClient:
     _cooldown: dict[ID, float] = field(default_factory=dict, repr=False)
     _rested: dict[ID, float] = field(default_factory=dict, repr=False)
     _failures: dict[ID, int] = field(default_factory=dict, repr=False)
+    _resubscribed: dict[ID, float] = field(default_factory=dict, repr=False)
+    """When each source's feed was last opened again at once (``_may_resubscribe``)."""
     _last_rotation: float = field(default=0.0, repr=False)
     standing: Standing = field(init=False, repr=False)
 
@@ -479,7 +503,6 @@ class FeedClient:
 
     async def _follow(self, info: PeerInfo, feed: _Feed) -> None:
         peer = info.peer_id
-        stream: INetStream | None = None
         try:
             with feed.scope:
                 # a stranger is asked for its newest batch even on a rotation: an honest
@@ -489,29 +512,66 @@ class FeedClient:
                 if stream is None:
                     return
                 self._opened(feed)
-                while True:
-                    data = await read_varint_prefixed_bytes_limited(
-                        stream, self.limits.max_message_bytes)
-                    self.counters["feed_frames"] += 1
-                    if feed.trial is not None:
-                        feed.trial.frames += 1
-                    if not self.on_frame(peer, data):
-                        self._cool(peer, "feed_closed_invalid", full=True)
-                        return
-                    self.standing.frame(str(peer), trio.current_time())
+                while stream is not None:
+                    try:
+                        await self._receive(feed, stream)
+                        return  # an invalid frame: its source is cooled down
+                    except Exception as e:
+                        if not self._may_resubscribe(peer, e):
+                            raise
+                        logger.info("feed from %s: its stream ended (%s) while still "
+                                    "connected; subscribing again", peer, type(e).__name__)
+                    finally:
+                        with trio.CancelScope(shield=True):
+                            await _close(stream)
+                    stream = await self._resubscribe(info)
         except Exception as e:  # EOF, reset, oversized frame, dial failure: try another source
             self._cool(peer, "feed_failed")
             logger.debug("feed from %s ended: %s: %s", peer, type(e).__name__, e)
         finally:
             if self._feeds.get(peer) is feed:
                 del self._feeds[peer]
-            if stream is not None:
-                with trio.CancelScope(shield=True):
-                    await _close(stream)
 
-    async def _open(self, info: PeerInfo, *, backfill: bool) -> INetStream | None:
-        """Dial if needed, open the stream, send the request; None when refused."""
+    async def _receive(self, feed: _Feed, stream: INetStream) -> None:
+        """Hand every frame of ``stream`` to ``on_frame``; returns at the first invalid one
+        (its source cooled down), raises when the stream ends."""
+        peer = feed.peer
+        while True:
+            data = await read_varint_prefixed_bytes_limited(stream, self.limits.max_message_bytes)
+            self.counters["feed_frames"] += 1
+            if feed.trial is not None:
+                feed.trial.frames += 1
+            if not self.on_frame(peer, data):
+                self._cool(peer, "feed_closed_invalid", full=True)
+                return
+            self.standing.frame(str(peer), trio.current_time())
+
+    def _may_resubscribe(self, peer: ID, error: Exception) -> bool:
+        """Whether a feed whose stream failed with ``error`` is opened again at once (module
+        docstring): the stream ended, its source is still connected and not banned, and its
+        feed was not opened so within ``feeds.cooldown_s``."""
+        last = self._resubscribed.get(peer)
+        return (_ended(error) and not self.is_banned(peer)
+                and _connected(self.host, peer)
+                and (last is None or trio.current_time() - last >= self.config.feeds.cooldown_s))
+
+    async def _resubscribe(self, info: PeerInfo) -> INetStream | None:
+        """The feed's new stream on the connection we still hold (no dial), with the
+        source's newest batch to fill the gap; None when refused."""
+        self._resubscribed.pop(info.peer_id, None)
+        self._resubscribed[info.peer_id] = trio.current_time()
+        if len(self._resubscribed) > self.table.capacity:  # bounded: forget the oldest
+            del self._resubscribed[next(iter(self._resubscribed))]
+        self.counters["feed_resubscribed"] += 1
+        return await self._open(info, backfill=True, dial=False)
+
+    async def _open(self, info: PeerInfo, *, backfill: bool,
+                    dial: bool = True) -> INetStream | None:
+        """Dial if needed (and ``dial``), open the stream, send the request; None when
+        refused."""
         if info.peer_id not in self.host.get_connected_peers():
+            if not dial:
+                raise ConnectionError(f"no longer connected to {info.peer_id}")
             if not await self._connect(info):
                 if any(not is_circuit(a) for a in info.addrs):
                     # most likely departed: with long announcement periods (swarm.peers) its
