@@ -45,6 +45,10 @@ class Bridge(Protocol):
     def stats(self) -> dict[str, int]:
         """Counters: published, received, rejected by reason, dropped, ..."""
 
+    def links(self) -> dict[str, str]:
+        """Each connected peer's link: ``direct``, or ``relayed`` (through a circuit relay
+        only: swarm.holepunch)."""
+
     def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
         """Once a round, per sender: groups it delivered that passed our re-scoring with
         signal (``delivered``) and that passed it at all (``valid``); the swarm process
@@ -124,6 +128,9 @@ class LoopbackBridge:
 
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
+
+    def links(self) -> dict[str, str]:
+        return {}  # in process: no connections
 
     def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
         self.delivered = dict(delivered)  # no feeds in process: kept for tests to read

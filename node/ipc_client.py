@@ -22,6 +22,7 @@ from typing import Any
 from protocol import Message, PeerAnnouncement, ProtocolError
 from protocol.ipc import (
     HEADER,
+    MAX_LINKS,
     IpcError,
     Request,
     Response,
@@ -119,6 +120,14 @@ class SocketBridge:
         if not isinstance(d, dict) or not all(isinstance(k, str) and type(v) is int
                                              for k, v in d.items()):
             raise BridgeError("stats: the swarm process sent something else than {str: int}")
+        return d
+
+    def links(self) -> dict[str, str]:
+        d = self._call("links", {})
+        if not isinstance(d, dict) or len(d) > MAX_LINKS or not all(
+                isinstance(k, str) and v in ("direct", "relayed") for k, v in d.items()):
+            raise BridgeError("links: the swarm process sent something else than "
+                              "{peer_id: 'direct' | 'relayed'}")
         return d
 
     def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:

@@ -452,8 +452,13 @@ def _on_round(record: RoundRecord, bridge: Any) -> None:
         peers = bridge.peers()[:MAX_PEERS_REPORTED]
     except Exception:  # the status view must never kill training
         return
+    try:
+        links: dict[str, str] | None = dict(bridge.links())
+    except Exception:  # a bridge that cannot tell: the status keeps the last links
+        links = None
     emit(Peers(peers=tuple({"peer_id": p.peer_id, "model": p.model,
-                            "capabilities": list(p.capabilities)} for p in peers)))
+                            "capabilities": list(p.capabilities)} for p in peers),
+               links=links))
 
 
 def reachability(stats: dict[str, int]) -> str:

@@ -8,7 +8,11 @@ record; without a terminal the board logs one line per round instead.
 Record fields (besides the counters): ``phase`` is the node's state (connecting, training,
 stopping, stopped, failed, restarting <child>); ``round_phase`` is where the learner is within
 a round (``name``, ``done``/``total`` — total 0 when there is no measure — and ``since``);
-``peers_seen`` lists peers with the time they were last listed as live; ``reachability`` is
+``peers_seen`` lists peers with the time they were last listed as live and their ``link``
+now: ``direct``, ``relayed`` (every connection to it goes through a circuit relay, a
+``/p2p-circuit`` address: swarm.holepunch) or None (not connected); ``links`` (None until the
+learner's first report) counts the connected peers by link — ``direct``, ``relayed`` — and
+``peers`` maps each (at most ``MAX_PEERS``) to its link; ``reachability`` is
 "unknown" until the swarm process reports it in the round record, then ``public`` (peers
 dialled this node back), ``relayed`` (reachable only through relays) or ``unreachable``
 (swarm.reachability; the swarm process's log says what to do). ``feeds`` (feeds mode; None
@@ -45,6 +49,9 @@ MAX_PEERS = 64
 HELDOUT_KEYS = ("after_rounds", "greedy_accuracy", "sampled_accuracy", "questions", "samples",
                 "seconds")
 """What ``heldout`` (the newest held-out score, None before one) keeps of a round's."""
+LINKS = ("direct", "relayed")
+"""A connected peer's link (swarm.holepunch): relayed when all its connections go through a
+circuit relay."""
 RATE_WINDOW = 10
 """Rounds over which rounds/s is measured."""
 FEED_KEYS = ("proven", "live", "trial", "idle", "dropped_idle", "dropped_no_signal",
@@ -67,6 +74,7 @@ class StatusBoard:
                           rounds_per_s=None, recent_rewards=[], rejected_by_reason={},
                           gossip_rejected={}, peers_seen=[], reachability="unknown",
                           last_outer=None, last_checkpoint=None, heldout=None, feeds=None,
+                          links=None,
                           **{f"{k}_total": 0 for k in COUNTERS})
 
     def set(self, **values: Any) -> None:
@@ -114,7 +122,9 @@ class StatusBoard:
                      record.rollouts_received, record.external_used, record.rejected,
                      f" heldout={heldout_text(s['heldout'])}" if heldout is not None else "")
 
-    def on_peers(self, peers: list[Any]) -> None:
+    def on_peers(self, peers: list[Any], *, links: Any = None) -> None:
+        """The learner's report: the live peers (announcements), and each connected peer's
+        link (``direct`` or ``relayed``; None: not told, the links stay as they were)."""
         now = time.time()
         seen = {p["peer_id"]: p for p in self.state["peers_seen"]}
         for p in peers[:MAX_PEERS]:
@@ -122,6 +132,15 @@ class StatusBoard:
                 pid = p["peer_id"][:128]
                 seen[pid] = {"peer_id": pid, "model": str(p.get("model", ""))[:128],
                              "last_seen": now}
+        if isinstance(links, dict):
+            known = {str(k)[:128]: v for k, v in links.items() if v in LINKS}
+            self.state["links"] = {
+                **{link: sum(v == link for v in known.values()) for link in LINKS},
+                "peers": dict(sorted(known.items(), key=lambda kv: kv[1] != "relayed")
+                              [:MAX_PEERS])}
+        by_peer = (self.state.get("links") or {}).get("peers") or {}
+        for p in seen.values():
+            p["link"] = by_peer.get(p["peer_id"])
         self.state["peers_seen"] = sorted(seen.values(), key=lambda p: -p["last_seen"])[:MAX_PEERS]
 
     def on_outer(self, record: StepRecord, count: int) -> None:
@@ -185,6 +204,20 @@ def feeds_alarm(feeds: Any) -> str | None:
     return None
 
 
+def links_text(links: Any, *, name: int = 0) -> str:
+    """A status record's ``links`` in one line, e.g. ``2 direct · 1 relayed`` (``none``
+    before the first report); ``name`` > 0 adds up to 3 relayed peers' ids, each cut to
+    that many characters."""
+    if not isinstance(links, dict):
+        return "none"
+    text = f"{_int(links.get('direct'))} direct · {_int(links.get('relayed'))} relayed"
+    relayed = [str(p) for p, v in (links.get("peers") or {}).items() if v == "relayed"]
+    if name > 0 and relayed:
+        text += " (" + ", ".join(p[:name] + ("…" if len(p) > name else "")
+                                 for p in relayed[:3]) + (", …" if len(relayed) > 3 else "") + ")"
+    return text
+
+
 HELD_OFF = {"leader_stalled": "stalled leader", "leader_refused": "refusing leader",
             "exchange_missing": "member that never reduced", "no_show": "no-show"}
 """A step record's ``blames_total`` reasons (collectives/leader.py) and how status says them."""
@@ -230,7 +263,8 @@ def check_status(data_dir: Path, *, max_age_s: float) -> tuple[bool, str]:
         reach += (" (peers cannot dial this node and no relay took it: forward its two TCP "
                   "ports and pass --announce; node.log says which)")
     summary = (f"phase={s.get('phase')} round={s.get('round')} peers={s.get('peers')} "
-               f"reachability={reach} reward={s.get('mean_reward')} "
+               f"reachability={reach} links={links_text(s.get('links'))} "
+               f"reward={s.get('mean_reward')} "
                f"heldout={heldout_text(s.get('heldout'))} "
                f"children_down={dead or 'none'}")
     if s.get("feeds") is not None:

@@ -220,7 +220,7 @@ class Supervisor:
             elif isinstance(event, Phase):
                 self.board.on_phase(event)
             elif isinstance(event, Peers):
-                self.board.on_peers(list(event.peers))
+                self.board.on_peers(list(event.peers), links=event.links)
             elif isinstance(event, Checkpoint):
                 self.board.on_checkpoint(event)
             elif isinstance(event, RoundDone):

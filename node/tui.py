@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from node.status import feeds_alarm, feeds_text, heldout_text, held_off_text
+from node.status import feeds_alarm, feeds_text, heldout_text, held_off_text, links_text
 
 __all__ = ["TerminalView", "render", "sparkline"]
 
@@ -234,7 +234,11 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
         ("reward", (f"{reward:.3f} " if isinstance(reward, (int, float)) else "- ") + spark
          + (f" · accuracy {acc:.2f}" if isinstance(acc, (int, float)) else "")
          + (f" · held-out {heldout_text(s['heldout'])}" if s.get("heldout") else "")),
-        ("peers", f"{s.get('peers', 0)} · reachability {s.get('reachability') or 'unknown'}"),
+        # connected peers by link (swarm.holepunch): relayed ones named, direct is the goal
+        ("peers", f"{s.get('peers', 0)}"
+                  + (f" · {links_text(s['links'], name=0 if compact else 12)}"
+                     if s.get("links") is not None else "")
+                  + f" · reachability {s.get('reachability') or 'unknown'}"),
         *feeds_row,
         ("rollouts", f"out {s.get('rollouts_published_total', 0)} · in "
                      f"{s.get('rollouts_received_total', 0)} · used {s.get('external_used_total', 0)}"),

@@ -4,7 +4,9 @@
     swarm      ready        peer_id, addrs, ipc          the swarm is up (its addresses)
     learner    started      model                        the model is loaded (its fingerprint)
     learner    phase        phase, done, total, stage    where the round is (progress)
-    learner    peers        peers                        peers heard from (peer_id, model)
+    learner    peers        peers, links                 peers heard from (peer_id, model);
+                                                         connected ones' links (peer_id ->
+                                                         direct | relayed)
     learner    round        record                       a round's record (README: round records)
     learner    outer        record                       an outer step's record (StepRecord.to_dict)
     learner    checkpoint   round, path, seconds         a checkpoint was written
@@ -79,6 +81,9 @@ class Phase(_Event):
 class Peers(_Event):
     kind: ClassVar[str] = "peers"
     peers: tuple[dict[str, Any], ...]
+    links: dict[str, str] | None = None
+    """Each connected peer's link, ``direct`` or ``relayed`` (swarm.holepunch); None when
+    the swarm process did not tell."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ Ops (``OPS``) and their args / results:
     tunnel    {peer_id}                               -> {host, port}  (swarm.tunnel)
     sources   {delivered: {peer_id: int},             -> None   (swarm.feeds ``rate``; at
                valid?: {peer_id: int}}                           most MAX_SOURCES senders each)
+    links     {}                                      -> {peer_id: "direct" | "relayed"}
+                                                         (connected peers, at most MAX_LINKS:
+                                                         swarm.holepunch ``link_of``)
 
 Messages travel as ``{"type": Message.TYPE, "body": message.to_wire()}`` and are checked on
 both sides with the same strict schema as the network (``Message.from_wire``). Decoding errors
@@ -36,6 +39,7 @@ __all__ = [
     "HEADER",
     "IPC_LIMITS",
     "MAX_FRAME",
+    "MAX_LINKS",
     "MAX_RECEIVE_ITEMS",
     "MAX_SOURCES",
     "RECEIVE_BYTES",
@@ -63,7 +67,10 @@ RECEIVE_BYTES = MAX_FRAME // 2
 MAX_FRAME: re-encoding a checked message does not grow it by half)."""
 MAX_SOURCES = 256
 """Senders in one ``sources`` report (the learner sends those that delivered most)."""
-OPS = frozenset({"announce", "publish", "receive", "peers", "stats", "tunnel", "sources"})
+MAX_LINKS = 256
+"""Connected peers one ``links`` answer names at most."""
+OPS = frozenset({"announce", "publish", "receive", "peers", "stats", "tunnel", "sources",
+                 "links"})
 
 
 class IpcError(DecodeError):

@@ -51,6 +51,7 @@ from protocol import (
 )
 from protocol.events import Ready
 from protocol.ipc import (
+    MAX_LINKS,
     MAX_RECEIVE_ITEMS,
     MAX_SOURCES,
     RECEIVE_BYTES,
@@ -63,6 +64,7 @@ from swarm.config import GossipConfig
 from swarm.discovery import Dialer
 from swarm.errors import ListenError, SwarmError
 from swarm.feeds import FEED_PROTOCOL, FeedClient, FeedServer
+from swarm.holepunch import link_of
 from swarm.host import Stack, build_stack, check_listen, dialable_addrs, parse_listen, parse_peer_addr
 from swarm.inbox import Delivery, Inbox
 from swarm.nat import NatManager
@@ -307,6 +309,8 @@ class GossipService:
             if self.feeds:
                 self.feed_client.rate(delivered, valid)
             return None
+        if request.op == "links":
+            return self.links()
         raise RequestError(f"unknown op {request.op!r}")
 
     def _set_profile(self, args: dict[str, Any]) -> None:
@@ -314,6 +318,18 @@ class GossipService:
                                             **{k: args[k] for k in self.profile if k in args}})
         self.profile = {"model": probe.model, "capabilities": probe.capabilities,
                         "collective_addrs": probe.collective_addrs}
+
+    def links(self) -> dict[str, str]:
+        """Each connected peer's link: ``direct``, or ``relayed`` when every connection to it
+        goes through a circuit relay (at most MAX_LINKS peers)."""
+        out: dict[str, str] = {}
+        for peer in self.stack.host.get_connected_peers():
+            link = link_of(self.stack.host, peer)
+            if link is not None:
+                out[peer.to_base58()] = link
+                if len(out) >= MAX_LINKS:
+                    break
+        return out
 
     def stats(self) -> dict[str, int]:
         out = dict(self.counters)

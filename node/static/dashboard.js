@@ -107,6 +107,9 @@ function render(data) {
   setText("heldout-after", h ? "after " + h.after_rounds + " rounds, " + h.questions + " questions" : "no score yet");
   setText("peers", s.peers);
   setText("reachability", s.reachability || "unknown");
+  // connected peers by link (swarm.holepunch): relayed = every connection through a circuit relay
+  const l = s.links;
+  setText("links", l ? l.direct + " direct · " + l.relayed + " relayed" : "links not reported yet");
   const f = s.feeds;  // feeds mode: sources by kind (swarm.feed_standing), what idle ones took
   setText("feeds", f ? f.proven + " proven · " + f.live + " live · " + f.trial + " on trial" : "-");
   setText("feeds-detail", f ? f.idle + " idle now · dropped " + f.dropped_idle + " idle, "
@@ -128,7 +131,7 @@ function render(data) {
   const reasons = d => Object.entries(d || {}).filter(([, n]) => n).sort().map(([k, n]) => [k, String(n)]);
   rows("rejected-reasons", reasons(s.rejected_by_reason), "none");
   rows("gossip-reasons", reasons(s.gossip_rejected), "none");
-  rows("peer-rows", (s.peers_seen || []).map(q => [short(q.peer_id, 10), q.model === s.model ? "same as ours" : q.model ? short(q.model, 8) : "none (bootstrap)", ago(q.last_seen, now)]),
+  rows("peer-rows", (s.peers_seen || []).map(q => [short(q.peer_id, 10), q.model === s.model ? "same as ours" : q.model ? short(q.model, 8) : "none (bootstrap)", q.link || "not connected", ago(q.last_seen, now)]),
        "no peers seen yet");
   // peers held off by reason, totals (collectives/leader.py): an attack on the outer step shows here
   const heldOff = b => Object.entries(b || {}).filter(([, n]) => Number(n) > 0).sort()

@@ -91,3 +91,19 @@ def test_the_page_gets_the_feed_sources_to_show(tmp_path, dashboard):
     page, js = _get(dashboard, "/")[2], _get(dashboard, "/dashboard.js")[2]
     assert b'id="feeds"' in page and b'id="feeds-detail"' in page
     assert b"s.feeds" in js and b"slot-rounds held by idle sources" in js
+
+
+def test_the_page_gets_each_peer_s_link_to_show(tmp_path, dashboard):
+    """Issue 33: direct or relayed, per peer in the peer table and counted in the card."""
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    board.on_peers([{"peer_id": "p1", "model": "m"}, {"peer_id": "p2", "model": "m"}],
+                   links={"p1": "relayed", "p3": "direct"})
+    dashboard.publish(board.flush(), [], [])
+    status = json.loads(_get(dashboard, "/api/status")[2])["status"]
+    assert status["links"] == {"direct": 1, "relayed": 1, "peers": {"p1": "relayed",
+                                                                   "p3": "direct"}}
+    assert {p["peer_id"]: p["link"] for p in status["peers_seen"]} == {"p1": "relayed",
+                                                                      "p2": None}
+    page, js = _get(dashboard, "/")[2], _get(dashboard, "/dashboard.js")[2]
+    assert b'id="links"' in page and b"<th>link</th>" in page
+    assert b"s.links" in js and b'q.link || "not connected"' in js

@@ -109,3 +109,35 @@ def test_peers_held_off_the_outer_step_are_in_the_status_line(tmp_path):
     assert s["last_outer"]["held_off"] == {"exchange_missing": 1, "no_show": 4}
     summary = check_status(tmp_path, max_age_s=30)[1]
     assert "outer_held_off=1 member that never reduced · 4 no-shows" in summary, summary
+
+
+RELAYED = "12D3KooW" + "r" * 44
+DIRECT = "12D3KooW" + "d" * 44
+
+
+def test_each_connected_peer_s_link_and_their_counts_are_in_the_status(tmp_path):
+    """Issue 33: whether a peer is reached directly or only through a circuit relay."""
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    board.child("learner", pid=os.getpid(), alive=True, restarts=0)
+    board.flush()
+    assert json.loads((tmp_path / "status.json").read_text())["links"] is None
+    assert "links=none" in check_status(tmp_path, max_age_s=30)[1]
+    gone = "12D3KooW" + "g" * 44
+    board.on_peers([{"peer_id": p, "model": "m"} for p in (RELAYED, DIRECT, gone)],
+                   links={RELAYED: "relayed", DIRECT: "direct", "12D3KooWboot": "direct",
+                          "12D3KooWodd": "bogus"})
+    board.flush()
+    s = json.loads((tmp_path / "status.json").read_text())
+    assert s["links"] == {"direct": 2, "relayed": 1, "peers": {
+        RELAYED: "relayed", DIRECT: "direct", "12D3KooWboot": "direct"}}
+    assert {p["peer_id"]: p["link"] for p in s["peers_seen"]} == {
+        RELAYED: "relayed", DIRECT: "direct", gone: None}
+    assert "links=2 direct · 1 relayed" in check_status(tmp_path, max_age_s=30)[1]
+    # a report without links (the swarm process could not tell) keeps the last ones
+    board.on_peers([{"peer_id": DIRECT, "model": "m"}])
+    assert board.state["links"]["relayed"] == 1
+    # the punch went through: the relayed peer is direct now
+    board.on_peers([], links={RELAYED: "direct", DIRECT: "direct"})
+    assert board.state["links"] == {"direct": 2, "relayed": 0,
+                                    "peers": {RELAYED: "direct", DIRECT: "direct"}}
+    assert {p["peer_id"]: p["link"] for p in board.state["peers_seen"]}[RELAYED] == "direct"

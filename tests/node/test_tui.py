@@ -143,3 +143,16 @@ def test_the_outer_row_says_which_peers_were_held_off(tmp_path):
     assert "held off: 1 stalled leader · 2 no-shows" in text
     board.on_outer(StepRecord(step=5, status=Status.OK, version=6, param_hash="cd" * 32), 6)
     assert "held off" not in "\n".join(_draw(board.state, 200, 40))
+
+
+def test_the_peers_row_counts_direct_and_relayed_links_and_names_the_relayed(tmp_path):
+    """Issue 33: a volunteer behind NAT sees which peers it reaches only through a relay."""
+    state = _state(tmp_path)
+    assert "direct" not in "\n".join(_draw(state, 200, 40))  # not reported yet: not shown
+    relayed = "12D3KooWrelayed" + "x" * 37
+    state["links"] = {"direct": 2, "relayed": 1,
+                      "peers": {relayed: "relayed", "a": "direct", "b": "direct"}}
+    text = "\n".join(_draw(state, 200, 40))
+    assert "│ peers      │ 2 · 2 direct · 1 relayed (12D3KooWrela…) · reachability unknown" \
+        in text, text
+    assert "│ 2 · 2 direct · 1 relayed · reachability" in "\n".join(_draw(state, 200, 16))  # compact

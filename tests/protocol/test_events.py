@@ -16,6 +16,7 @@ EXAMPLES = [
     Phase(phase="generate", done=3, total=6),
     Phase(phase="outer", stage="exchange"),
     Peers(peers=({"peer_id": "a", "model": "fp", "capabilities": ["train"]},)),
+    Peers(peers=(), links={"a": "direct", "b": "relayed"}),
     RoundDone(record={"round": 1, "mean_reward": 0.5}),
     OuterDone(record={"step": 0, "status": "ok", "peers": 3}),
     Checkpoint(round=4, path="/d/ckpt", seconds=0.25),

@@ -55,6 +55,8 @@ def test_tunnel_reaches_the_peers_announced_collective_port(procs: Procs) -> Non
     try:
         with SocketBridge.connect(a.ready["ipc"]) as ba, SocketBridge.connect(b.ready["ipc"]) as bb:
             wait_until(lambda: ba.stats()["peers"] == 2, timeout_s=30, what="a connected to b")
+            # the status's links (issue 33): on loopback every connection is direct
+            assert ba.links() == {boot.peer_id: "direct", b.peer_id: "direct"}, ba.links()
             # before b's learner announced a collective address, a tunnel to it carries nothing
             host, p = ba.tunnel(b.peer_id)
             assert _roundtrip(host, p, b"x" * 10) == b""
