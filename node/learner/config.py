@@ -62,6 +62,8 @@ class PolicyConfig:
 
 EXTERNAL_CORRECTIONS = ("off", "mask", "weight")
 """Values ``TrainerConfig.external_correction`` may take (``node.learner.offpolicy``)."""
+STALE_CORRECTIONS = ("decoupled", "off")
+"""Values ``TrainerConfig.stale_correction`` may take (``node.learner.grpo``)."""
 
 ENGINE_BACKENDS = ("transformers", "vllm")
 """Inference backends ``EngineConfig.backend`` may name (``node.learner.engine.ENGINES``)."""
@@ -97,6 +99,22 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.35
     """vllm only: fraction of the GPU's memory vLLM may take for its copy of the weights and
     its KV cache; the rest is left to training, which runs on the same GPU."""
+    staleness: int = 0
+    """The staleness bound eta, in policy versions (a version is one training round or one
+    outer step that moved the weights). 0: each round generates, then trains (the generator
+    idles while the trainer steps, and the other way round). eta >= 1: a generator process
+    (``node.learner.generator``, transformers backend) with its own copy of the weights keeps
+    producing the next rounds' local groups while the trainer steps; the weights reach it
+    at step boundaries, and a group made more than eta versions before the one it would be
+    trained at is dropped and counted (``dropped_stale``). Needs memory for a second copy
+    of the weights on ``generation_device``."""
+    generation_device: str = "auto"
+    """With ``staleness`` >= 1: the generator process's device (``cpu``, ``cuda:1``, ...);
+    ``auto``: the policy's. On a CPU the generator and the trainer split the cores
+    (``generation_threads``)."""
+    generation_threads: int = 0
+    """With ``staleness`` >= 1 on a CPU: the generator's torch threads; 0: half the cores
+    (at least 1), the trainer keeps the rest unless ``policy.threads`` says otherwise."""
 
     def __post_init__(self) -> None:
         if self.stop is not None:
@@ -117,6 +135,13 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization < 1:
             raise TableError("gpu_memory_utilization", f"must be in (0, 1), "
                              f"got {self.gpu_memory_utilization}")
+        non_negative(self, "staleness", "generation_threads")
+        if self.staleness and self.backend != "transformers":
+            raise TableError("staleness", f"the asynchronous generator runs the transformers "
+                             f"backend only; set staleness = 0 with backend {self.backend!r}")
+        if not (self.generation_device == "auto"
+                or self.generation_device.split(":")[0] in ("cpu", "cuda", "mps")):
+            raise TableError("generation_device", f"unknown device {self.generation_device!r}")
 
 
 _DEFAULT_FAMILIES = ("letter_sort",)
@@ -221,6 +246,17 @@ class TrainerConfig:
     external_surprise_bound: float = 1.0
     """The bound of ``external_correction``, in nats per token (>= 0): 0 keeps only external
     completions at least as likely as our own typical sample."""
+    stale_correction: str = "decoupled"
+    """How our own completions sampled by an older policy version are trained (they exist
+    only with ``engine.staleness`` >= 1): ``decoupled`` (AReaL's decoupled PPO) multiplies
+    each token's policy-gradient term by ``pi_now / pi_behaviour`` (the current policy's
+    probability of the token over the sampling policy's, recorded by the engine) and masks
+    the token when that weight is above ``stale_weight_cap``; ``off`` trains on them as if
+    the current policy had sampled them (naive PPO: the control that collapses at large
+    staleness in AReaL's ablation). Completions of the current version weigh 1 either way."""
+    stale_weight_cap: float = 5.0
+    """Largest ``pi_now / pi_behaviour`` a stale token is trained with (> 1; AReaL's
+    default); a token above it is masked (its term dropped, the denominator kept)."""
 
     def __post_init__(self) -> None:
         positive(self, "lr", "epochs", "minibatch_groups", "max_completion_tokens",
@@ -236,6 +272,11 @@ class TrainerConfig:
         non_negative(self, "external_surprise_bound")
         if not math.isfinite(self.external_surprise_bound):
             raise TableError("external_surprise_bound", "must be finite")
+        if self.stale_correction not in STALE_CORRECTIONS:
+            raise TableError("stale_correction", f"must be one of {STALE_CORRECTIONS}, "
+                             f"got {self.stale_correction!r}")
+        if not (self.stale_weight_cap > 1 and math.isfinite(self.stale_weight_cap)):
+            raise TableError("stale_weight_cap", f"must be finite and > 1, got {self.stale_weight_cap}")
 
 
 @dataclass(frozen=True, kw_only=True)

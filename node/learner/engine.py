@@ -22,7 +22,7 @@ import torch
 from node.learner.config import EngineConfig
 from node.learner.errors import EngineError
 
-__all__ = ["ENGINES", "Completion", "Engine", "TransformersEngine", "cut_at_stop",
+__all__ = ["ENGINES", "BehaviourRecorder", "Completion", "Engine", "TransformersEngine", "cut_at_stop",
            "end_of_sequence_ids", "make_engine", "register_engine"]
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,13 @@ class Completion:
 
     text: str
     token_count: int
+    token_ids: tuple[int, ...] = ()
+    """The engine's own token ids (up to and including the end-of-sequence or stop token):
+    what the trainer trains local rows on. Empty: the backend does not report them."""
+    logprobs: tuple[float, ...] = ()
+    """The behaviour log-probability of each of ``token_ids`` under the distribution it was
+    sampled from (``log_softmax(logits / T)``, as ``logprobs.py`` computes them). Empty: the
+    backend does not report them (the trainer then assumes the current policy made them)."""
 
 
 class Engine(Protocol):
@@ -99,6 +106,40 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     return text[:best]
 
 
+class BehaviourRecorder:
+    """Records the log-probability of every sampled token under ``softmax(logits / T)``.
+
+    ``generate`` calls a logits processor with the scores of step t and, at step t + 1, with
+    the ids that include the token sampled at t: so each call gathers the previous step's
+    log-softmax at the newest token, and ``finish`` gathers the last one. Only one step's
+    log-softmax (batch x vocabulary) is alive at a time. A custom processor runs before the
+    temperature and top-p warpers ``generate`` adds itself (transformers'
+    ``_get_logits_processor``; any callable of ``(input_ids, scores)`` is one), so it sees
+    the raw logits and divides by T itself; with
+    ``top_p < 1`` these are the untruncated tempered log-probs, as the trainer's.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.inv_temp = 1.0 / temperature
+        self._last: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._last is not None:
+            self.steps.append(self._last.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._last = torch.log_softmax(scores.float() * self.inv_temp, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """``(batch, new tokens)`` log-probs, given the ids sampled at the last step."""
+        if self._last is not None:
+            self.steps.append(self._last.gather(1, last_tokens[:, None]).squeeze(1))
+            self._last = None
+        if not self.steps:
+            return torch.zeros((last_tokens.shape[0], 0))
+        return torch.stack(self.steps, dim=1).cpu()
+
+
 @register_engine("transformers")
 class TransformersEngine:
     """Sampling with ``model.generate``; single-token stop strings become extra eos ids."""
@@ -140,20 +181,24 @@ class TransformersEngine:
             eos_token_id=self._eos_ids, pad_token_id=tok.pad_token_id)
         if self._multi_token_stops:
             kwargs.update(stop_strings=self._multi_token_stops, tokenizer=tok)
+        recorder = BehaviourRecorder(cfg.temperature)
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[self.model.device] if self.model.device.type == "cuda" else []):
             torch.manual_seed(seed)
-            out = self.model.generate(**batch, **kwargs)
+            out = self.model.generate(**batch, **kwargs, logits_processor=[recorder])
         self.model.train(was_training)
-        new = out[:, batch["input_ids"].shape[1]:].tolist()
+        new_ids = out[:, batch["input_ids"].shape[1]:]
+        logprobs = recorder.finish(new_ids[:, -1]).tolist() if new_ids.shape[1] else [[]] * len(new_ids)
+        new = new_ids.tolist()
         results: list[list[Completion]] = []
         for p in range(len(prompts)):
             group = []
-            for ids in new[p * n:(p + 1) * n]:
-                ids = self._until_eos(ids)
+            for k in range(p * n, (p + 1) * n):
+                ids = self._until_eos(new[k])
                 text = tok.decode([i for i in ids if i not in self._special])
-                group.append(Completion(text=cut_at_stop(text, self._stop), token_count=len(ids)))
+                group.append(Completion(text=cut_at_stop(text, self._stop), token_count=len(ids),
+                                        token_ids=tuple(ids), logprobs=tuple(logprobs[k][:len(ids)])))
             results.append(group)
         return results
 

@@ -15,6 +15,19 @@ from the first epoch's forward (before the round's first gradient step). So on t
 the second epoch on (``TrainerConfig.epochs > 1``), where it bounds how far this round's steps
 move the policy away from where it started, as PPO intends.
 
+Local completions made by an older policy (``engine.staleness`` >= 1: the generator ran
+ahead while the trainer stepped) are trained on the engine's own token ids, and the engine
+recorded each token's behaviour log-probability ``log pi_behav`` (engine.py's
+``BehaviourRecorder``) and the policy version that sampled it. Such a row is *stale* when its
+version is older than the trainer's. ``TrainerConfig.stale_correction = "decoupled"`` applies
+AReaL's decoupled PPO: ``old_logp`` (the epoch-1 forward, i.e. ``pi_prox``, the current
+policy) stays the trust-region centre, and each token's policy-gradient term is multiplied by
+the behaviour weight ``w = exp(old_logp - log pi_behav)``, detached; a token with
+``w > stale_weight_cap`` is masked (its term dropped, the denominator kept). Rows of the
+current version weigh 1 exactly (there the behaviour policy *is* the current one, up to
+float rounding: ``w`` is not computed, so ``staleness = 0`` trains exactly as before).
+``off`` is naive PPO (no weight), the control.
+
 We do not importance-weight external completions by ``π_local / π_sender``: the sender's
 log-probabilities are not shared (and may come from another model and tokenizer), and the SAPO
 paper likewise trains on shared completions as if they were the node's own samples. For local
@@ -114,6 +127,14 @@ class TrainingGroup:
     """``local`` or ``external`` (diagnostics; the maths follows ``anchor``)."""
     anchor: Anchor | None = None
     """None: plain GRPO advantages. Set (external groups): ``anchored_advantages``."""
+    completion_ids: tuple[tuple[int, ...], ...] | None = None
+    """The engine's token ids of each completion (local groups): trained as they are
+    instead of re-tokenising the text. None: tokenise ``completions``."""
+    behaviour_logp: tuple[tuple[float, ...], ...] | None = None
+    """Each completion token's log-probability under the policy that sampled it (with
+    ``completion_ids``; an empty tuple for a completion the engine gave none)."""
+    version: int | None = None
+    """The policy version that sampled the group (local groups); None: unknown (external)."""
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor | None:
@@ -166,6 +187,11 @@ class Row:
     """1 / (completion tokens of the row's group): every group weighs the same."""
     external: bool = False
     """From another peer's group (``TrainingGroup.source``): ``external_correction`` applies."""
+    behaviour: tuple[float, ...] | None = None
+    """The behaviour log-prob of each completion token, when the row is stale (sampled by
+    an older policy version) and the engine recorded them; None otherwise."""
+    stale: bool = False
+    """Sampled by an older policy version than the one it is trained at."""
 
 
 @dataclass
@@ -181,13 +207,16 @@ class Batch:
 
 
 def build_rows(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_tokens: int,
-               max_length: int | None = None, keep_flat: bool = False) -> tuple[list[Row], int]:
+               max_length: int | None = None, keep_flat: bool = False,
+               version: int | None = None) -> tuple[list[Row], int]:
     """Tokenise the groups with non-zero variance; returns (rows, groups skipped).
 
-    Completions are cut to ``max_completion_tokens`` and every row to ``max_length`` tokens
-    (the model's context); a row whose prompt alone fills the context is dropped. With
-    ``keep_flat`` zero-variance groups stay in with advantage 0 (they then only feed the
-    entropy bonus); they are counted as skipped either way.
+    A group with ``completion_ids`` is trained on them (the engine's own tokens), others are
+    tokenised from their text. Completions are cut to ``max_completion_tokens`` and every
+    row to ``max_length`` tokens (the model's context); a row whose prompt alone fills the
+    context is dropped. With ``keep_flat`` zero-variance groups stay in with advantage 0
+    (they then only feed the entropy bonus); they are counted as skipped either way. A group
+    whose ``version`` is older than ``version`` (the policy's now) gives stale rows.
     """
     rows: list[Row] = []
     skipped = 0
@@ -199,16 +228,22 @@ def build_rows(groups: list[TrainingGroup], tokenizer: Any, *, max_completion_to
                 continue
             adv = torch.zeros(len(g.rewards))
         prompt_ids = tokenizer.encode(g.prompt, add_special_tokens=False)
+        stale = g.version is not None and version is not None and g.version < version
         group_rows = []
-        for text, a in zip(g.completions, adv.tolist()):
-            comp = tokenizer.encode(text, add_special_tokens=False)[:max_completion_tokens]
+        for k, (text, a) in enumerate(zip(g.completions, adv.tolist())):
+            comp = (list(g.completion_ids[k]) if g.completion_ids is not None
+                    else tokenizer.encode(text, add_special_tokens=False))[:max_completion_tokens]
             if max_length is not None:
                 comp = comp[:max(0, max_length - len(prompt_ids))]
+            behaviour = None
+            if stale and g.behaviour_logp is not None and len(g.behaviour_logp[k]) >= len(comp):
+                behaviour = tuple(g.behaviour_logp[k][:len(comp)])
             if comp and prompt_ids:
-                group_rows.append((prompt_ids + comp, a))
-        tokens = sum(len(ids) - len(prompt_ids) for ids, _ in group_rows)
+                group_rows.append((prompt_ids + comp, a, behaviour))
+        tokens = sum(len(ids) - len(prompt_ids) for ids, _, _ in group_rows)
         external = g.source == "external"
-        rows.extend(Row(ids, len(prompt_ids), a, 1.0 / tokens, external) for ids, a in group_rows)
+        rows.extend(Row(ids, len(prompt_ids), a, 1.0 / tokens, external, behaviour, stale)
+                    for ids, a, behaviour in group_rows)
     return rows, skipped
 
 
@@ -242,13 +277,15 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
               entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
               row_weight: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
+              token_scale: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate, weighted mean over completion tokens, plus optional KL penalty and
     entropy bonus. Without ``row_weight`` the mean is DAPO's token-level one; with it each
     token of row b weighs ``row_weight[b]`` (``build_batch``: equal weight per group).
     ``row_scale[b]`` (offpolicy.py's completion weights) multiplies row b's policy-gradient
     term and leaves the denominator alone: a row scaled to 0 drops out of the sum, not out
-    of the count."""
+    of the count. ``token_scale[b, t]`` (the behaviour weights of stale rows, 0 where
+    masked) multiplies token t's term the same way."""
     if row_weight is not None:
         mask = mask * row_weight[:, None]
     logratio = logp - old_logp
@@ -259,6 +296,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     pg_loss_tok = torch.max(pg_loss1, pg_loss2)
     if row_scale is not None:
         pg_loss_tok = pg_loss_tok * row_scale[:, None]
+    if token_scale is not None:
+        pg_loss_tok = pg_loss_tok * token_scale
     n_tokens = mask.sum().clamp(min=1e-9)  # (weighted) token count
     pg_loss = (pg_loss_tok * mask).sum() / n_tokens
     loss = pg_loss
@@ -331,8 +370,9 @@ class GrpoTrainer:
                                     param_bytes=param_bytes, seq_len=seq_len,
                                     grad_checkpointing=self.grad_checkpointing)
 
-    def step(self, groups: list[TrainingGroup]) -> dict[str, float]:
-        """One round's update: ``epochs`` optimizer steps over all groups. Returns diagnostics."""
+    def step(self, groups: list[TrainingGroup], *, version: int | None = None) -> dict[str, float]:
+        """One round's update: ``epochs`` optimizer steps over all groups, at policy
+        ``version`` (groups sampled by an older one are stale). Returns diagnostics."""
         cfg = self.config
         stats: dict[str, float] = {"groups": float(len(groups)), "skipped_zero_variance": 0.0,
                                    "optimizer_steps": 0.0, "oom_retries": 0.0}
@@ -340,7 +380,8 @@ class GrpoTrainer:
         for i in range(0, len(groups), cfg.minibatch_groups):
             rows, skipped = build_rows(groups[i:i + cfg.minibatch_groups], self.tokenizer,
                                        max_completion_tokens=cfg.max_completion_tokens,
-                                       max_length=self._max_length, keep_flat=cfg.entropy_coef > 0)
+                                       max_length=self._max_length, keep_flat=cfg.entropy_coef > 0,
+                                       version=version)
             stats["skipped_zero_variance"] += skipped
             if rows:
                 chunks.append(rows)
@@ -351,12 +392,14 @@ class GrpoTrainer:
         old: dict[int, torch.Tensor] = {}  # row index -> its detached epoch-1 log-probs
         ref: dict[int, torch.Tensor] = {}
         judged: dict[int, tuple[float, float]] = {}  # row -> (excess surprise, weight)
+        behave: dict[int, torch.Tensor] = {}  # stale row -> its tokens' behaviour weights
         self.model.train()
         for epoch in range(cfg.epochs):
             while True:
                 plan = self._plan(chunks)
                 try:
-                    diag = self._epoch(rows, plan, old, ref, judged, total_weight, first=epoch == 0)
+                    diag = self._epoch(rows, plan, old, ref, judged, behave, total_weight,
+                                       first=epoch == 0)
                     break
                 except Exception as e:  # only out-of-memory is retried
                     if not is_out_of_memory(e) or all(len(mb) == 1 for mb in plan):
@@ -375,6 +418,7 @@ class GrpoTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats.update(diag)
         stats.update(_correction_stats(rows, judged))
+        stats.update(_stale_stats(rows, behave))
         stats["grad_norm"] = float(grad_norm)
         stats["train_tokens"] = float(sum(len(r.ids) - r.n_prompt for r in rows))
         stats["microbatches"] = float(len(plan))
@@ -393,12 +437,15 @@ class GrpoTrainer:
 
     def _epoch(self, rows: list[Row], plan: list[list[int]], old: dict[int, torch.Tensor],
                ref: dict[int, torch.Tensor], judged: dict[int, tuple[float, float]],
-               total_weight: float, *, first: bool) -> dict[str, float]:
+               behave: dict[int, torch.Tensor], total_weight: float, *,
+               first: bool) -> dict[str, float]:
         """Accumulate the gradient of the whole loss over the micro-batches of ``plan``; the
-        ``first`` epoch records each row's old (and reference) log-probs and, with an
-        ``external_correction``, each external row's excess surprise and weight."""
+        ``first`` epoch records each row's old (and reference) log-probs, with an
+        ``external_correction`` each external row's excess surprise and weight, and with the
+        ``decoupled`` stale correction each stale row's behaviour weights."""
         cfg = self.config
         correcting = cfg.external_correction != "off"
+        decoupled = cfg.stale_correction == "decoupled"
         self.optimizer.zero_grad(set_to_none=True)
         diag = dict.fromkeys(("loss", "pg_loss", "approx_kl", "clipfrac", "kl", "entropy"), 0.0)
         for mb in plan:
@@ -412,6 +459,8 @@ class GrpoTrainer:
                                            chunk_tokens=self._chunk_tokens)
             if first:
                 self._remember(mb, rows, logp.detach(), old)
+                if decoupled:
+                    self._behaviour_weights(mb, rows, old, behave)
                 if correcting and entropy is not None:
                     self._judge(mb, rows, logp, entropy, b.loss_mask, judged)
                 if self.ref_model is not None:
@@ -427,7 +476,9 @@ class GrpoTrainer:
                                 ref_logp=ref_logp, kl_coef=cfg.kl_coef,
                                 entropy=entropy if cfg.entropy_coef > 0 else None,
                                 entropy_coef=cfg.entropy_coef, row_weight=b.row_weight,
-                                row_scale=self._scale(mb, judged, b.advantages) if correcting else None)
+                                row_scale=self._scale(mb, judged, b.advantages) if correcting else None,
+                                token_scale=(self._token_scale(mb, behave, logp)
+                                             if any(i in behave for i in mb) else None))
             weight = float((b.loss_mask * b.row_weight[:, None]).sum()) / total_weight
             (loss * weight).backward()
             diag["loss"] += loss.item() * weight
@@ -443,6 +494,33 @@ class GrpoTrainer:
                                     bound=self.config.external_surprise_bound)
         for b, i in enumerate(mb):
             judged[i] = (float(surprise[b]), float(weight[b]) if rows[i].external else 1.0)
+
+    def _behaviour_weights(self, mb: list[int], rows: list[Row], old: dict[int, torch.Tensor],
+                           behave: dict[int, torch.Tensor]) -> None:
+        """For each stale row with behaviour log-probs: ``exp(old - behaviour)`` on its
+        completion tokens (1 on the prompt), 0 where above ``stale_weight_cap`` or not finite."""
+        for i in mb:
+            r = rows[i]
+            if r.behaviour is None:
+                continue
+            w = torch.ones_like(old[i])
+            now = old[i][r.n_prompt - 1:]
+            beh = torch.tensor(r.behaviour[:now.shape[0]], dtype=now.dtype, device=now.device)
+            tok = (now[:beh.shape[0]] - beh).exp()
+            tok = torch.where(torch.isfinite(tok) & (tok <= self.config.stale_weight_cap), tok,
+                              torch.zeros_like(tok))
+            w[r.n_prompt - 1:r.n_prompt - 1 + tok.shape[0]] = tok
+            behave[i] = w
+
+    @staticmethod
+    def _token_scale(mb: list[int], behave: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """Per token of the micro-batch: its behaviour weight (1 for rows that are not stale)."""
+        out = torch.ones(like.shape, dtype=torch.float32, device=like.device)
+        for b, i in enumerate(mb):
+            if i in behave:
+                n = min(like.shape[1], behave[i].shape[0])
+                out[b, :n] = behave[i][:n]
+        return out
 
     @staticmethod
     def _scale(mb: list[int], judged: dict[int, tuple[float, float]], like: torch.Tensor) -> torch.Tensor:
@@ -463,6 +541,21 @@ class GrpoTrainer:
             n = min(shape[1], store[i].shape[0])
             out[b, :n] = store[i][:n]
         return out
+
+
+def _stale_stats(rows: list[Row], behave: dict[int, torch.Tensor]) -> dict[str, float]:
+    """The off-policy token share (completion tokens of stale rows over all trained) and, of
+    the stale tokens the decoupled correction weighed, the mean weight and the share masked."""
+    tokens = [len(r.ids) - r.n_prompt for r in rows]
+    stale = sum(t for r, t in zip(rows, tokens) if r.stale)
+    out = {"stale_rows": float(sum(r.stale for r in rows)),
+           "stale_token_share": stale / max(1, sum(tokens))}
+    weights = [behave[i][r.n_prompt - 1:] for i, r in enumerate(rows) if i in behave]
+    if weights:
+        flat = torch.cat(weights)
+        out["stale_weight_mean"] = float(flat[flat > 0].mean()) if bool((flat > 0).any()) else 0.0
+        out["stale_masked"] = float((flat == 0).float().mean())
+    return out
 
 
 def _correction_stats(rows: list[Row], judged: dict[int, tuple[float, float]]) -> dict[str, float]:

@@ -7,7 +7,10 @@ One round (each phase timed in the record's ``seconds``; ``stop`` is checked bet
     plan      J = min(wanted, fresh usable), I = budget - J  (sapo.plan_round; wanted is
               adaptive with SapoConfig.adaptive_external)
     generate  I local questions x G completions with the inference engine (prompts rendered
-              for this model: prompting.py; the wire carries the plain task prompt)
+              for this model: prompting.py; the wire carries the plain task prompt); with
+              ``engine.staleness`` eta >= 1 the round instead takes the groups a generator
+              process (generator.py) made meanwhile, and queues the requests of the rounds
+              up to eta ahead: generation of the next rounds overlaps this round's training
     score     local verifier; fold the local rewards into our own per-family baseline
     publish   this round's local groups, in RolloutBatches sized to fit one message each
     train     GRPO on I local + J external groups, external ones anchored to our baseline
@@ -25,6 +28,7 @@ import copy
 import dataclasses
 import hashlib
 import logging
+import os
 import random
 import threading
 import time
@@ -36,7 +40,8 @@ from node.bridge import Bridge
 from node.learner.baseline import OwnBaseline
 from node.learner.checkpoint import load_checkpoint
 from node.learner.config import LearnerConfig
-from node.learner.engine import Engine, make_engine
+from node.learner.engine import Completion, Engine, make_engine
+from node.learner.generator import Generator
 from node.learner.grpo import GrpoTrainer, TrainingGroup, advantages
 from node.learner.heldout import Evaluator
 from node.learner.policy import Policy, load_policy
@@ -80,15 +85,37 @@ def _derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+@dataclasses.dataclass
+class _Request:
+    """A round's local generation, queued with the asynchronous generator."""
+
+    round: int
+    tasks: list[Any]
+    submitted: bool
+
+
+def _thread_split(config: LearnerConfig) -> tuple[int, int]:
+    """(trainer threads, generator threads) with an asynchronous generator on a CPU: the
+    generator takes ``engine.generation_threads`` (0: half the cores), the trainer
+    ``policy.threads`` (0: the rest); both at least 1."""
+    cores = os.cpu_count() or 1
+    gen = config.engine.generation_threads or max(1, cores // 2)
+    return config.policy.threads or max(1, cores - gen), gen
+
+
 class Learner:
     """The learner's state: policy, engine, trainer, external pool and round counter."""
 
     def __init__(self, config: LearnerConfig, peer_id: str = "") -> None:
         self.config = config
         self.peer_id = peer_id
+        asynchronous = config.engine.staleness > 0
+        trainer_threads, generator_threads = _thread_split(config)
         if config.policy.threads:
             torch.set_num_threads(config.policy.threads)
         self.policy: Policy = load_policy(config.policy, config.data_dir)
+        if asynchronous and not config.policy.threads and self.policy.model.device.type == "cpu":
+            torch.set_num_threads(trainer_threads)
         self.prompts: PromptFormat = make_prompt_format(config.engine.prompt_format,
                                                         self.policy.tokenizer)
         self.engine_config = resolve_engine(config.engine, model=self.policy.model,
@@ -130,6 +157,24 @@ class Learner:
             self.engine.sync_weights()
         # an engine with its own copy of the weights (vLLM) gets them after every optimizer step
         self.trainer.optimizer.register_step_post_hook(lambda *_: self.engine.sync_weights())
+        self.version = 0
+        """The policy version: training rounds and outer steps that moved the weights so far
+        in this run. Local groups carry the version that sampled them (``staleness``)."""
+        self.generator: Generator | None = None
+        self._requests: collections.deque[_Request] = collections.deque()
+        self._next_request = self.round
+        self.dropped_stale = 0
+        """Local groups dropped for being more than ``staleness`` versions old, this run."""
+        if asynchronous:
+            device = config.engine.generation_device
+            self.generator = Generator(
+                model=self.policy.model, source=self.policy.source,
+                device=str(self.policy.model.device) if device == "auto" else device,
+                dtype=config.policy.dtype, threads=generator_threads, engine=self.engine_config,
+                run_dir=f"{config.data_dir}/run")
+            self.generator.push(self.policy.model, self.version)
+            log.info("asynchronous generator started (staleness %d, %d generator / %d trainer "
+                     "threads)", config.engine.staleness, generator_threads, torch.get_num_threads())
         for family in config.tasks.families:  # fail fast on a misconfigured family
             get_family(family).sample_spec(random.Random(0), config.tasks.family_config.get(family, {}))
         self.evaluator: Evaluator | None = None
@@ -157,6 +202,20 @@ class Learner:
     def fingerprint(self) -> str:
         return self.policy.fingerprint
 
+    def weights_moved(self) -> None:
+        """Something other than a training round moved the weights (an outer step): a new
+        version, sampled from from now on."""
+        self.version += 1
+        self.engine.sync_weights()
+        if self.generator is not None:
+            self.generator.push(self.policy.model, self.version)
+
+    def close(self) -> None:
+        """Stop the generator process, if any (its in-flight requests are dropped)."""
+        if self.generator is not None:
+            self.generator.close()
+            self.generator = None
+
     def run_round(self, bridge: Bridge, stop: threading.Event | None = None) -> dict[str, Any] | None:
         """Run one round; None if ``stop`` was set before it finished (nothing trained)."""
         cfg = self.config
@@ -181,22 +240,41 @@ class Learner:
             return None
 
         t = time.perf_counter()
-        tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
-        # resolve_engine filled max_new_tokens in (make_engine refuses None): `or 0` is for mypy
-        with self.progress.phase("generate", total=self.engine_config.max_new_tokens or 0,
-                                 model=self.policy.model):
-            completions = self.engine.generate([self.prompts.render(task.prompt) for task in tasks],
-                                               n=cfg.sapo.completions_per_question,
-                                               seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen")
-                                               ) if tasks else []  # I = 0: a pure consumer round
-        seconds["generate"] = time.perf_counter() - t
+        generator_seconds: float | None = None
+        dropped_stale = 0
+        if self.generator is None:
+            tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
+            # resolve_engine filled max_new_tokens in (make_engine refuses None): `or 0` is for mypy
+            with self.progress.phase("generate", total=self.engine_config.max_new_tokens or 0,
+                                     model=self.policy.model):
+                completions = self.engine.generate(
+                    [self.prompts.render(task.prompt) for task in tasks],
+                    n=cfg.sapo.completions_per_question,
+                    seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen")
+                ) if tasks else []  # I = 0: a pure consumer round
+            made_at = self.version
+            seconds["generate"] = time.perf_counter() - t
+        else:
+            self.progress.report("generate")
+            tasks, completions, made_at, generator_seconds = self._take_generated(n_local)
+            if tasks and self.version - made_at > cfg.engine.staleness:
+                dropped_stale = len(tasks)
+                self.dropped_stale += dropped_stale
+                log.info("round %d: %d local groups made at version %d dropped (now %d, "
+                         "staleness %d)", self.round, len(tasks), made_at, self.version,
+                         cfg.engine.staleness)
+                tasks, completions = [], []
+            seconds["wait_generated"] = time.perf_counter() - t
         if stopped():
             return None
 
         t = time.perf_counter()
         self.progress.report("score")
         local = [TrainingGroup(prompt=task.prompt, completions=tuple(c.text for c in group),
-                               rewards=tuple(task.score(c.text) for c in group))
+                               rewards=tuple(task.score(c.text) for c in group),
+                               completion_ids=(tuple(c.token_ids for c in group)
+                                               if all(c.token_ids for c in group) else None),
+                               behaviour_logp=tuple(c.logprobs for c in group), version=made_at)
                  for task, group in zip(tasks, completions)]
         by_family: dict[str, list[tuple[float, ...]]] = collections.defaultdict(list)
         for task, g in zip(tasks, local):
@@ -220,7 +298,12 @@ class Learner:
         local, external = self._as_seen(local), self._as_seen(external)
         with self.progress.phase("train", total=self._train_passes(len(local) + len(external)),
                                  model=self.policy.model.base_model):  # trainer calls the trunk
-            train = self.trainer.step(local + external)
+            trained_at = self.version
+            train = self.trainer.step(local + external, version=trained_at)
+        if train.get("optimizer_steps"):
+            self.version += 1
+            if self.generator is not None:
+                self.generator.push(self.policy.model, self.version)
         seconds["train"] = time.perf_counter() - t
         if cfg.slowdown_for_tests > 1:  # emulate a slower device: this round, stretched
             # by its compute on this thread, not its wall time: a CPU shared with other
@@ -244,7 +327,39 @@ class Learner:
         # network, so what a round can have received depends on when the others published
         record["received_at"] = round(received_at, 3)
         record["published_at"] = round(published_at, 3)
+        record["policy_version"] = self.version
+        record["local_staleness"] = trained_at - made_at if local else None
+        wall = sum(seconds.values())
+        record["trainer_busy"] = round(seconds["train"] / wall, 4) if wall > 0 else None
+        gen = seconds.get("generate", generator_seconds)
+        record["generator_busy"] = round(min(1.0, gen / wall), 4) if wall > 0 and gen is not None else None
+        record["dropped_stale"] = dropped_stale
+        if generator_seconds is not None:
+            record["generator_seconds"] = round(generator_seconds, 4)
         return record
+
+    def _take_generated(self, n_local: int) -> tuple[list[Any], list[list[Completion]], int, float]:
+        """This round's local groups from the generator: (tasks, completions, the version
+        that sampled them, the generator's seconds on them). Queues the requests of rounds up
+        to ``staleness`` ahead first (each with this round's planned I), so the generator
+        works on them while this round trains."""
+        assert self.generator is not None
+        cfg = self.config
+        while self._next_request <= self.round + cfg.engine.staleness:
+            k = self._next_request
+            rng = random.Random(_derive_seed(cfg.seed, self.peer_id, k))
+            tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
+            if tasks:
+                self.generator.submit([self.prompts.render(task.prompt) for task in tasks],
+                                      n=cfg.sapo.completions_per_question,
+                                      seed=_derive_seed(cfg.seed, self.peer_id, k, "gen"))
+            self._requests.append(_Request(round=k, tasks=tasks, submitted=bool(tasks)))
+            self._next_request += 1
+        request = self._requests.popleft()
+        if not request.submitted:
+            return [], [], self.version, 0.0
+        reply = self.generator.take()
+        return request.tasks, reply.completions, reply.version, reply.seconds
 
     def _as_seen(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
         """The groups with their prompts rendered for this model (``prompting.py``)."""
@@ -347,49 +462,55 @@ def run_learner(config: LearnerConfig, bridge: Bridge, *, rounds: int | None = N
     if rounds is not None and rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
     learner = Learner(config, peer_id=bridge.peer_id)
-    learner.progress = PhaseReporter(on_phase)
-    bridge.announce(model=learner.fingerprint, capabilities=("learner", "sapo"))
-    records: list[dict[str, Any]] = []
-    outer_steps: list[dict[str, Any]] = []
-    start_round = learner.round
-    t_start, compute = time.monotonic(), 0.0
-    saver = CheckpointSaver(data_dir=config.data_dir, model=learner.policy.model,
-                            optimizer=learner.trainer.optimizer, fingerprint=learner.fingerprint,
-                            every_rounds=config.checkpoint_every, every_s=config.checkpoint_every_s,
-                            keep=config.keep_checkpoints, on_saved=on_checkpoint,
-                            saved_round=learner.round if learner.resumed_from else None,
-                            provenance={"model": config.policy.model, "swarm_id": swarm_id,
-                                        "task_families": list(config.tasks.families),
-                                        "family_config": config.tasks.family_config},
-                            outer_state=outer_state, heldout=lambda: learner.last_heldout)
-    while (rounds is None or learner.round < start_round + rounds) and not (stop and stop.is_set()):
-        record = learner.run_round(bridge, stop)
-        if record is None:
-            break
-        learner.round += 1
-        compute += sum(record["seconds"].values())
-        heldout = learner.heldout()  # between rounds: not in the round's seconds
-        if heldout is not None:
-            record["heldout"] = heldout
-        record["compute_utilisation"] = round(compute / max(1e-9, time.monotonic() - t_start), 4)
-        done = RoundRecord.from_dict(record)
-        records.append(done.to_dict())
-        log.info("peer %s round %d: reward %.3f, published %d, received %d, external %d, rejected %d",
-                 learner.peer_id[:16], done.round, done.mean_reward, done.rollouts_published,
-                 done.rollouts_received, done.external_used, done.rejected)
-        if on_round is not None:
-            on_round(done)
-        if outer is not None:
-            step = outer(learner.policy.model, done.round)
-            learner.engine.sync_weights()  # the outer step may have moved the weights
-            if step is not None:
-                outer_steps.append(step)
-        saver.after_round(learner.round)
-    if finish is not None and not (stop and stop.is_set()):
-        finish()  # the last outer steps: they may move the weights the final checkpoint keeps
-    learner.progress.report("checkpoint")
-    saver.final(learner.round)
-    learner.rescorer.close()
+    try:
+        learner.progress = PhaseReporter(on_phase)
+        bridge.announce(model=learner.fingerprint, capabilities=("learner", "sapo"))
+        records: list[dict[str, Any]] = []
+        outer_steps: list[dict[str, Any]] = []
+        start_round = learner.round
+        t_start, compute = time.monotonic(), 0.0
+        saver = CheckpointSaver(data_dir=config.data_dir, model=learner.policy.model,
+                                optimizer=learner.trainer.optimizer, fingerprint=learner.fingerprint,
+                                every_rounds=config.checkpoint_every, every_s=config.checkpoint_every_s,
+                                keep=config.keep_checkpoints, on_saved=on_checkpoint,
+                                saved_round=learner.round if learner.resumed_from else None,
+                                provenance={"model": config.policy.model, "swarm_id": swarm_id,
+                                            "task_families": list(config.tasks.families),
+                                            "family_config": config.tasks.family_config},
+                                outer_state=outer_state, heldout=lambda: learner.last_heldout)
+        while (rounds is None or learner.round < start_round + rounds) and not (stop and stop.is_set()):
+            record = learner.run_round(bridge, stop)
+            if record is None:
+                break
+            learner.round += 1
+            compute += sum(record["seconds"].values())
+            heldout = learner.heldout()  # between rounds: not in the round's seconds
+            if heldout is not None:
+                record["heldout"] = heldout
+            record["compute_utilisation"] = round(compute / max(1e-9, time.monotonic() - t_start), 4)
+            done = RoundRecord.from_dict(record)
+            records.append(done.to_dict())
+            log.info("peer %s round %d: reward %.3f, published %d, received %d, external %d, rejected %d",
+                     learner.peer_id[:16], done.round, done.mean_reward, done.rollouts_published,
+                     done.rollouts_received, done.external_used, done.rejected)
+            if on_round is not None:
+                on_round(done)
+            if outer is not None:
+                step = outer(learner.policy.model, done.round)
+                if step is not None:  # the outer step may have moved the weights
+                    learner.weights_moved()
+                else:
+                    learner.engine.sync_weights()
+                if step is not None:
+                    outer_steps.append(step)
+            saver.after_round(learner.round)
+        if finish is not None and not (stop and stop.is_set()):
+            finish()  # the last outer steps: they may move the weights the final checkpoint keeps
+        learner.progress.report("checkpoint")
+        saver.final(learner.round)
+        learner.rescorer.close()
+    finally:
+        learner.close()
     return node_report(peer_id=learner.peer_id, model=learner.fingerprint, rounds=records,
                        outer_steps=outer_steps, summary=summarize(records),
                        start_round=start_round, resumed_from=learner.resumed_from)
