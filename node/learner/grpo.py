@@ -8,8 +8,10 @@ micro-batches and the out-of-memory guard, memory.py).
 
 How off-policy data is handled (read this before changing the maths)
 --------------------------------------------------------------------
-Every completion, local or external, is re-tokenised from its text with the local tokenizer,
-and ``old_logp`` is the *current* policy's detached log-probability of those tokens, taken
+A local completion is trained on the engine's own token ids (``TrainingGroup.completion_ids``:
+including any special token the decoded text drops and the end-of-sequence token that ended
+it, so the stop decision is trained too); an external one is re-tokenised from its text with
+the local tokenizer. ``old_logp`` is the *current* policy's detached log-probability of those tokens, taken
 from the first epoch's forward (before the round's first gradient step). So on the first epoch the ratio is exactly
 1 and the loss gradient is the plain policy gradient ``-A ∇log π``; clipping only acts from
 the second epoch on (``TrainerConfig.epochs > 1``), where it bounds how far this round's steps
@@ -25,7 +27,7 @@ policy) stays the trust-region centre, and each token's policy-gradient term is 
 the behaviour weight ``w = exp(old_logp - log pi_behav)``, detached; a token with
 ``w > stale_weight_cap`` is masked (its term dropped, the denominator kept). Rows of the
 current version weigh 1 exactly (there the behaviour policy *is* the current one, up to
-float rounding: ``w`` is not computed, so ``staleness = 0`` trains exactly as before).
+float rounding: ``w`` is not computed, so with ``staleness = 0`` no weight enters the loss).
 ``off`` is naive PPO (no weight), the control.
 
 We do not importance-weight external completions by ``π_local / π_sender``: the sender's
