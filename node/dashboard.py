@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 HISTORY_ROUNDS = 500
 """The API carries at most the newest this many rounds and outer steps."""
 ROUND_KEYS = ("round", "mean_reward", "accuracy", "mean_reward_external", "rollouts_published",
-              "rollouts_received", "external_used", "rejected", "tokens_generated", "heldout")
+              "rollouts_received", "external_used", "rejected", "tokens_generated", "heldout",
+              "generator_busy", "trainer_busy", "local_staleness", "dropped_stale")
 OUTER_KEYS = ("step", "status", "peers", "bytes_sent", "bytes_received", "seconds", "param_hash",
               "applied", "error", "blames_total")
 _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),

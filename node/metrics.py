@@ -35,6 +35,11 @@ class Metrics:
         self.feed_idle_slot_rounds = Gauge("swarm_node_feed_idle_slot_rounds",
                                            "Slot-rounds held by idle feed sources, total",
                                            registry=r)
+        self.busy = Gauge("swarm_node_busy", "Fraction of the last round the generator and the "
+                          "trainer were busy (engine.staleness overlaps them)", ["part"], registry=r)
+        self.dropped_stale = Counter("swarm_node_dropped_stale_groups",
+                                     "Own groups dropped for being older than engine.staleness",
+                                     registry=r)
         self.outer = Counter("swarm_node_outer_steps", "Outer steps", ["status"], registry=r)
         self.outer_held_off = Gauge("swarm_node_outer_held_off",
                                     "Peers held off our outer steps' groups, by reason, total",
@@ -64,6 +69,13 @@ class Metrics:
             self.rejected.labels(reason).inc(max(0, n))
         for reason, total in rec.gossip_rejected.items():
             self.gossip_rejected.labels(reason).set(total)
+        for part in ("generator", "trainer"):
+            value = rec.observed.get(f"{part}_busy")
+            if isinstance(value, (int, float)):
+                self.busy.labels(part).set(value)
+        dropped = rec.observed.get("dropped_stale")
+        if isinstance(dropped, int) and dropped > 0:
+            self.dropped_stale.inc(dropped)
         feeds = rec.observed.get("feeds")
         if isinstance(feeds, dict):  # feeds mode (swarm.feed_standing)
             for kind in ("proven", "live", "trial", "idle"):

@@ -75,6 +75,7 @@ class StatusBoard:
                           gossip_rejected={}, peers_seen=[], reachability="unknown",
                           last_outer=None, last_checkpoint=None, heldout=None, feeds=None,
                           links=None,
+                          compute=None,
                           **{f"{k}_total": 0 for k in COUNTERS})
 
     def set(self, **values: Any) -> None:
@@ -111,6 +112,7 @@ class StatusBoard:
         heldout = record.heldout
         if heldout is not None:
             s["heldout"] = {k: heldout.get(k) for k in HELDOUT_KEYS}
+        s["compute"] = _compute(s.get("compute"), record.observed)
         s["recent_rewards"] = [*s["recent_rewards"], record.mean_reward][-RECENT_REWARDS:]
         self._round_times.append(time.monotonic())
         if len(self._round_times) >= 2:
@@ -168,6 +170,34 @@ def _int(value: Any) -> int:
         return int(value or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _compute(prev: Any, observed: dict[str, Any]) -> dict[str, Any] | None:
+    """The round's generator and trainer busy fractions, the staleness of its own groups
+    and the dropped-stale total (``engine.staleness``; node/learner/loop.py)."""
+    gen, train = observed.get("generator_busy"), observed.get("trainer_busy")
+    if not isinstance(train, (int, float)):
+        return prev if isinstance(prev, dict) else None
+    dropped = _int(prev.get("dropped_stale_total")) if isinstance(prev, dict) else 0
+    staleness = observed.get("local_staleness")
+    return {"generator_busy": float(gen) if isinstance(gen, (int, float)) else None,
+            "trainer_busy": float(train),
+            "staleness": _int(staleness) if isinstance(staleness, int) else None,
+            "dropped_stale_total": dropped + _int(observed.get("dropped_stale"))}
+
+
+def compute_text(compute: Any) -> str:
+    """``compute`` in one line: how busy the generator and the trainer were last round (the
+    rest is idle: with ``engine.staleness = 0`` each waits on the other), the staleness of
+    the local groups trained and the groups dropped as too stale."""
+    if not isinstance(compute, dict):
+        return "-"
+    gen = compute.get("generator_busy")
+    gen_text = f"{gen:.0%}" if isinstance(gen, (int, float)) else "-"
+    staleness = compute.get("staleness")
+    return (f"generator {gen_text} busy · trainer {compute.get('trainer_busy', 0):.0%} busy"
+            f" · staleness {staleness if staleness is not None else '-'}"
+            f" · dropped stale {_int(compute.get('dropped_stale_total'))}")
 
 
 def heldout_text(heldout: Any) -> str:

@@ -26,7 +26,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from node.status import feeds_alarm, feeds_text, heldout_text, held_off_text, links_text
+from node.status import (compute_text, feeds_alarm, feeds_text, heldout_text, held_off_text,
+                         links_text)
 
 __all__ = ["TerminalView", "render", "sparkline"]
 
@@ -234,6 +235,7 @@ def _rows(s: dict[str, Any], *, width: int, compact: bool, now: float) -> list[t
         ("reward", (f"{reward:.3f} " if isinstance(reward, (int, float)) else "- ") + spark
          + (f" · accuracy {acc:.2f}" if isinstance(acc, (int, float)) else "")
          + (f" · held-out {heldout_text(s['heldout'])}" if s.get("heldout") else "")),
+        ("compute", compute_text(s.get("compute"))),
         # connected peers by link (swarm.holepunch): relayed ones named, direct is the goal
         ("peers", f"{s.get('peers', 0)}"
                   + (f" · {links_text(s['links'], name=0 if compact else 12)}"

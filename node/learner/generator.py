@@ -42,7 +42,7 @@ import threading
 import time
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import torch
 
@@ -75,13 +75,13 @@ def weights_hash(model: Any) -> str:
     return h.hexdigest()
 
 
-def _write_frame(f: BinaryIO, obj: dict[str, Any]) -> None:
+def _write_frame(f: IO[bytes], obj: dict[str, Any]) -> None:
     data = packb(obj)
     f.write(len(data).to_bytes(4, "big") + data)
     f.flush()
 
 
-def _read_frame(f: BinaryIO) -> dict[str, Any] | None:
+def _read_frame(f: IO[bytes]) -> dict[str, Any] | None:
     head = f.read(4)
     if len(head) < 4:
         return None
@@ -208,8 +208,8 @@ class Generator:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      close_fds=True, preexec_fn=die_with_parent(signal.SIGKILL))
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._in: BinaryIO = self.proc.stdin
-        self._out: BinaryIO = self.proc.stdout
+        self._in: IO[bytes] = self.proc.stdin
+        self._out: IO[bytes] = self.proc.stdout
         self._next_id = 0
         self._pending: list[int] = []
         self.version = -1
@@ -310,8 +310,10 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> int:
         prepare_tokenizer(tokenizer)
         model = AutoModelForCausalLM.from_pretrained(
             cfg["source"], dtype=resolve_dtype(cfg["dtype"], device)).to(device).eval()
-        engine_cfg = EngineConfig(**{k: tuple(v) if k == "stop" and v is not None else v
-                                     for k, v in cfg["engine"].items()})
+        fields: dict[str, Any] = dict(cfg["engine"])
+        if fields.get("stop") is not None:
+            fields["stop"] = tuple(fields["stop"])
+        engine_cfg = EngineConfig(**fields)
         engine = TransformersEngine(engine_cfg, model, tokenizer)
         buffer = WeightBuffer.attach(cfg["shm"], cfg["layout"], cfg["lock"])
     except Exception as e:  # noqa: BLE001 - reported to the learner, which raises it

@@ -128,6 +128,12 @@ function render(data) {
   setText("rollouts-in", s.rollouts_received_total);
   setText("rollouts-used", s.external_used_total);
   setText("rejected", s.rejected_total);
+  const c = s.compute;  // engine.staleness: generation and training overlapped, or in turn
+  const pct = x => (typeof x === "number" ? Math.round(100 * x) + " %" : null);
+  setText("generator-busy", c ? pct(c.generator_busy) : null);
+  setText("trainer-busy", c ? pct(c.trainer_busy) : null);
+  setText("staleness", c && c.staleness !== null ? String(c.staleness) : null);
+  setText("dropped-stale", c ? c.dropped_stale_total : 0);
   const reasons = d => Object.entries(d || {}).filter(([, n]) => n).sort().map(([k, n]) => [k, String(n)]);
   rows("rejected-reasons", reasons(s.rejected_by_reason), "none");
   rows("gossip-reasons", reasons(s.gossip_rejected), "none");

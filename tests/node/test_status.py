@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from node.status import StatusBoard, check_status
+from node.status import StatusBoard, check_status, compute_text
 from node.tables import ipc_path_for
 from protocol.records import RoundRecord, Status, StepRecord
 
@@ -141,3 +141,24 @@ def test_each_connected_peer_s_link_and_their_counts_are_in_the_status(tmp_path)
     assert board.state["links"] == {"direct": 2, "relayed": 0,
                                     "peers": {RELAYED: "direct", DIRECT: "direct"}}
     assert {p["peer_id"]: p["link"] for p in board.state["peers_seen"]}[RELAYED] == "direct"
+
+
+def test_the_generator_and_trainer_busy_fractions_and_stale_drops_are_in_the_status(tmp_path):
+    """Issue 34: how much of a round each phase idled, and what staleness cost."""
+    board = StatusBoard(tmp_path / "status.json", log_rounds=False)
+    assert compute_text(board.state["compute"]) == "-"
+    board.on_round(RoundRecord.from_dict({"round": 1, "mean_reward": 0.1, "generator_busy": 0.55,
+                                          "trainer_busy": 0.4, "local_staleness": 0,
+                                          "dropped_stale": 0}))
+    board.on_round(RoundRecord.from_dict({"round": 2, "mean_reward": 0.1, "generator_busy": 0.9,
+                                          "trainer_busy": 0.8, "local_staleness": 2,
+                                          "dropped_stale": 8}))
+    board.on_round(RoundRecord.from_dict({"round": 3, "mean_reward": 0.1, "generator_busy": 0.91,
+                                          "trainer_busy": 0.82, "local_staleness": 1,
+                                          "dropped_stale": 8}))
+    board.flush()
+    s = json.loads((tmp_path / "status.json").read_text())
+    assert s["compute"] == {"generator_busy": 0.91, "trainer_busy": 0.82, "staleness": 1,
+                            "dropped_stale_total": 16}
+    assert compute_text(s["compute"]) == ("generator 91% busy · trainer 82% busy · staleness 1"
+                                          " · dropped stale 16")

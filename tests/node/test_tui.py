@@ -156,3 +156,14 @@ def test_the_peers_row_counts_direct_and_relayed_links_and_names_the_relayed(tmp
     assert "│ peers      │ 2 · 2 direct · 1 relayed (12D3KooWrela…) · reachability unknown" \
         in text, text
     assert "│ 2 · 2 direct · 1 relayed · reachability" in "\n".join(_draw(state, 200, 16))  # compact
+
+
+def test_the_compute_row_shows_busy_fractions_and_staleness(tmp_path):
+    state = _state(tmp_path)
+    assert "│ compute    │ -" in "\n".join(_draw(state, 160, 40))   # no round measured it yet
+    state["compute"] = {"generator_busy": 0.9, "trainer_busy": 0.75, "staleness": 1,
+                        "dropped_stale_total": 3}
+    text = "\n".join(_draw(state, 160, 40))
+    assert "│ compute    │ generator 90% busy · trainer 75% busy · staleness 1 · dropped stale 3" in text
+    small = _draw(state, 80, 24)
+    assert len(small) <= 24 and "│ checkpoint" in "\n".join(small)
