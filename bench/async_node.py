@@ -80,6 +80,8 @@ def run_one(staleness: int, correction: str, seed: int, rounds: int, base: Path)
         "staleness": [r.get("local_staleness") for r in rs],
         "stale_masked": [r["train"].get("stale_masked") for r in rs],
         "stale_token_share": [r["train"].get("stale_token_share") for r in rs],
+        "train_s": [r["seconds"].get("train", 0.0) for r in rs],
+        "generate_s": [r["seconds"].get("generate", r.get("generator_seconds") or 0.0) for r in rs],
     }
 
 
@@ -125,6 +127,10 @@ def summarize(runs: dict[str, list[dict]], rounds: int) -> dict:
             "offpolicy_token_share": _mean([_mean([x for x in r["stale_token_share"] if x is not None]
                                                   or [0.0]) for r in rs]),
             "curve_ma": mean_curve, "curve_t": mean_t, "wall_s": [r["t"][-1] for r in rs],
+            # per round, after the first 5: the trainer's seconds, and the generator's (sync:
+            # on all cores; async: on its own share of them, while the trainer ran)
+            "train_s_mean": _mean([_mean(r["train_s"][5:]) for r in rs]),
+            "generate_s_mean": _mean([_mean(r["generate_s"][5:]) for r in rs]),
         }
     sync = per_arm["sync"]
     target = _mean(sync["final_accuracy"])
@@ -133,6 +139,10 @@ def summarize(runs: dict[str, list[dict]], rounds: int) -> dict:
         a["speedup_groups_per_s"] = a["mean_groups_per_s"] / sync["mean_groups_per_s"]
         t_arm = _first_time(a["curve_t"], a["curve_ma"], target)
         a["time_to_sync_final_accuracy_s"] = t_arm
+        # the crossing of the final value is where the curves are flattest (noisiest): the
+        # times to fractions of it say whether a speed-up holds along the whole curve
+        a["time_to_fraction_of_target_s"] = {
+            str(f): _first_time(a["curve_t"], a["curve_ma"], f * target) for f in (0.5, 0.75, 0.9, 1.0)}
         a["speedup_time_to_accuracy"] = (t_sync / t_arm) if t_arm and t_sync else None
         a["accuracy_per_group_ratio"] = (_mean(a["cumulative_accuracy_per_group"])
                                          / _mean(sync["cumulative_accuracy_per_group"]))

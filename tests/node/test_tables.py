@@ -54,6 +54,9 @@ BAD_VALUES = [
     ('[learner.policy]\ndtype = "int4"\n',
      "[learner.policy] dtype: must be auto/float32/bfloat16/float16, got 'int4'"),
     ("[learner.engine]\ntop_p = 1.5\n", "[learner.engine] top_p: must be in (0, 1], got 1.5"),
+    ('[learner.engine]\nstaleness = 1\nbackend = "vllm"\n',
+     "[learner.engine] staleness: the asynchronous generator runs the transformers backend "
+     "only; set staleness = 0 with backend 'vllm'"),
     ('[learner.tasks]\nfamilies = "tiny_add"\n',
      "[learner.tasks] families: expected a list of strings, got str 'tiny_add'"),
     ('[learner.trainer]\nlr = "fast"\n', "[learner.trainer] lr: expected a number, got str 'fast'"),
