@@ -8,15 +8,14 @@ meet through the relay, then n1/n2's ``HolePuncher`` (swarm.holepunch) tries DCU
   both nodes count the other as a direct peer, the kernel of each host holds an established
   TCP connection to the *other gateway's public IP*, the relayed connection is closed (the
   relay's circuit byte count stops growing), a collective-tunnel echo crosses the direct
-  connection (the relay's count still does not move), and rollout batches published after
-  the switch arrive over the direct connection. Not yet shown: that *no* batch is lost across
-  the switch. The feed stream on the closed relayed connection resets, and swarm.feeds
-  subscribes again only after its 5 s failure cooldown, sending the newest batch as backfill:
-  at one batch per 0.3 s, ~10 batches were lost in that gap (printed here). The fix belongs
-  in swarm.feeds: subscribe again at once when a source's stream ends while the source is
-  still connected.
+  connection (the relay's count still does not move), the status's links (the IPC op
+  ``links``) say ``direct``, and no rollout batch is lost across the switch: the feed stream
+  on the closed relayed connection resets and swarm.feeds subscribes again at once over the
+  direct one, with the newest batch as backfill (before, it waited for its 5 s failure
+  cool-down: at one batch per 0.3 s, ~10 batches were lost in that gap).
 - ``symmetric`` gateways (a random port per connection): the punch fails, the nodes stay
-  ``relayed`` with at most 3 attempts, and the relay still carries the tunnel and gossip.
+  ``relayed`` with at most 3 attempts (the links say ``relayed``), and the relay still
+  carries the tunnel and gossip.
 """
 
 from __future__ import annotations
@@ -124,10 +123,12 @@ def test_home_nats_punch_to_a_direct_connection():
             wait_until(lambda: nodes.stats("n1")["holepunch_relays_closed"] >= 1
                        or nodes.stats("n2")["holepunch_relays_closed"] >= 1,
                        timeout_s=15, what="the relayed connection closed")
+            assert nodes.bridges["n1"].links()[nodes.n2.peer_id] == "direct"
+            assert nodes.bridges["n2"].links()[nodes.n1.peer_id] == "direct"
             before = _circuit_bytes(nodes)
             result = _tunnel_echo(bed, nodes)
             assert result["ok"], result
-            for _ in range(25):  # the feed's 5 s failure cooldown (see the module docstring)
+            for _ in range(10):
                 gossip.step()
                 time.sleep(0.3)
             after_switch = gossip.k
@@ -143,6 +144,9 @@ def test_home_nats_punch_to_a_direct_connection():
             assert grew <= 4096, f"the relay still carries n1 <-> n2 ({grew} bytes)"
             late = [k for k in gossip.sent if k > after_switch and k not in gossip.got]
             assert not late, (late, sorted(gossip.got))  # the feed runs over the direct link
+            # the feed was subscribed again at once when the relayed connection closed
+            assert not gossip.lost(), (gossip.lost(), sorted(gossip.got))
+            assert nodes.stats("n2")["feed_resubscribed"] >= 1, nodes.stats("n2")
             s1, s2 = nodes.stats("n1"), nodes.stats("n2")
             assert s1["holepunch_direct"] + s2["holepunch_direct"] >= 1, (s1, s2)
             print(f"home NATs: direct {took:.1f} s after meeting, tunnel echo of 1 MiB "
@@ -171,6 +175,8 @@ def test_symmetric_nats_stay_relayed_and_working():
                 gossip.step()
                 time.sleep(0.5)
             assert _links(nodes) == ("relayed", "relayed")
+            assert nodes.bridges["n1"].links()[nodes.n2.peer_id] == "relayed"
+            assert nodes.bridges["n2"].links()[nodes.n1.peer_id] == "relayed"
             assert not kernel_direct(bed)
             for n in NATED:
                 s = nodes.stats(n)
