@@ -92,9 +92,9 @@ def test_full_sapo_round_with_a_local_qwen2_chat_model(tmp_path, qwen_dir, monke
         seen["ingest"] = out = real_rescore(received)
         return out
 
-    def step(groups):
+    def step(groups, **kw):
         seen["trained"] = groups
-        return real_step(groups)
+        return real_step(groups, **kw)
 
     b.rescorer.rescore = rescore  # type: ignore[method-assign]
     b.trainer.step = step  # type: ignore[method-assign]
