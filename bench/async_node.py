@@ -22,6 +22,13 @@ accuracy of the node's own samples per round. Reported over seeds:
 
     PYTHONPATH=$PWD python bench/async_node.py --quick      # ~10 min on 2 cores
     PYTHONPATH=$PWD python bench/async_node.py --rounds 1000 --seeds 0,1,2
+    PYTHONPATH=$PWD python bench/async_node.py --quick --long-tail   # partial rollouts
+
+``--long-tail``: APRIL's partial rollouts (``engine.partial_rollouts = 2``) against whole-batch
+generation, both at eta 1, with ``max_new_tokens = 32`` so the embedded model's answers have
+a long tail of lengths (most end within 8 tokens, ~7 % run to the cap). Measured: rollout
+throughput (groups finished per second of generator time), groups trained/s, the share of
+tokens that were resumed and the off-policy token share; writes ``async_node_long_tail_quick.json``.
 
 writes ``bench/results/async_node{_quick}.json`` and ``.png``.
 """
@@ -49,7 +56,8 @@ def arms(etas: list[int]) -> list[tuple[str, int, str]]:
     return out
 
 
-def run_one(staleness: int, correction: str, seed: int, rounds: int, base: Path) -> dict:
+def run_one(staleness: int, correction: str, seed: int, rounds: int, base: Path, *,
+            max_new_tokens: int | None = None, partial: float = 0.0) -> dict:
     """One node, ``rounds`` rounds; per-round times and measurements."""
     import shutil
 
@@ -62,7 +70,8 @@ def run_one(staleness: int, correction: str, seed: int, rounds: int, base: Path)
     shutil.copytree(base, data / "base")
     config = LearnerConfig(data_dir=str(data), seed=seed, checkpoint_every=0,
                            policy=PolicyConfig(device="cpu"),
-                           engine=EngineConfig(staleness=staleness),
+                           engine=EngineConfig(staleness=staleness, max_new_tokens=max_new_tokens,
+                                               partial_rollouts=partial),
                            trainer=TrainerConfig(stale_correction=correction),
                            sapo=SapoConfig(external=0))
     times: list[float] = []
@@ -81,6 +90,8 @@ def run_one(staleness: int, correction: str, seed: int, rounds: int, base: Path)
         "stale_masked": [r["train"].get("stale_masked") for r in rs],
         "stale_token_share": [r["train"].get("stale_token_share") for r in rs],
         "train_s": [r["seconds"].get("train", 0.0) for r in rs],
+        "tokens": [r["tokens_generated"] for r in rs],
+        "resumed_tokens": [r.get("resumed_tokens", 0) for r in rs],
         "generate_s": [r["seconds"].get("generate", r.get("generator_seconds") or 0.0) for r in rs],
     }
 
@@ -149,6 +160,64 @@ def summarize(runs: dict[str, list[dict]], rounds: int) -> dict:
     return {"target_accuracy": target, "sync_time_to_target_s": t_sync, "per_arm": per_arm}
 
 
+LONG_TAIL_MAX_NEW = 32
+"""The embedded model's answers at this cap: most end within 8 tokens, ~7 % run to the cap."""
+
+
+def long_tail(args: argparse.Namespace, seeds: list[int], base: Path, name: str, t0: float,
+              load0: tuple[float, float, float]) -> None:
+    """Partial rollouts (APRIL) against whole-batch generation, both at eta 1, on a long
+    tail of completion lengths; the arms alternate per seed so load drifts hit both."""
+    from bench.sapo_vs_isolated import provenance
+
+    eta = args.long_tail_eta
+    arms_lt = {"whole": 0.0, **{f"partial_{f:g}": f for f in args.partial}}
+    runs: dict[str, list[dict]] = {}
+    for seed in seeds:
+        for arm, partial in arms_lt.items():
+            out = Path(tempfile.mkstemp(suffix=".json")[1])
+            subprocess.run([sys.executable, __file__, "--job", str(eta), "decoupled", str(seed), str(out),
+                            str(LONG_TAIL_MAX_NEW), str(partial), "--base", str(base),
+                            "--rounds", str(args.rounds)], check=True)
+            runs.setdefault(arm, []).append(json.loads(out.read_text()))
+            out.unlink()
+            r = runs[arm][-1]
+            print(f"{arm:12s} seed {seed}: {sum(r['groups'][5:]) / sum(r['generate_s'][5:]):6.1f} groups per "
+                  f"generator-second, {sum(r['groups'][5:]) / (r['t'][-1] - r['t'][4]):6.1f} groups/s", flush=True)
+    per_arm = {}
+    for arm, rs in runs.items():
+        per_arm[arm] = {
+            "rollout_throughput": [sum(r["groups"][5:]) / sum(r["generate_s"][5:]) for r in rs],
+            "groups_per_s": [sum(r["groups"][5:]) / (r["t"][-1] - r["t"][4]) for r in rs],
+            "tokens_per_group": [sum(r["tokens"]) / max(1, sum(r["groups"])) for r in rs],
+            "resumed_tokens_per_round": [_mean(r["resumed_tokens"]) for r in rs],
+            "offpolicy_token_share": [_mean([x for x in r["stale_token_share"] if x is not None] or [0.0])
+                                      for r in rs],
+            "staleness_max": max(max((x for x in r["staleness"] if x is not None), default=0) for r in rs),
+            "dropped_stale": [r["dropped_stale"] for r in rs],
+            "accuracy_per_round": [_mean(r["accuracy"]) for r in rs],
+        }
+    whole = per_arm["whole"]
+    for a in per_arm.values():
+        a["rollout_throughput_gain_per_seed"] = [p / w for p, w in zip(a["rollout_throughput"],
+                                                                      whole["rollout_throughput"])]
+        a["groups_per_s_gain"] = _mean(a["groups_per_s"]) / _mean(whole["groups_per_s"])
+    best = max(per_arm, key=lambda a: _mean(per_arm[a]["rollout_throughput_gain_per_seed"]))
+    result = {
+        "seeds": seeds, "rounds": args.rounds, "max_new_tokens": LONG_TAIL_MAX_NEW, "eta": eta,
+        "partial_rollouts": arms_lt[best], "best_arm": best,
+        "rollout_throughput_gain": _mean(per_arm[best]["rollout_throughput_gain_per_seed"]),
+        "groups_per_s_gain": per_arm[best]["groups_per_s_gain"],
+        "per_arm": per_arm, "wall_seconds": time.monotonic() - t0,
+        "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()), **provenance(base),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("per_arm", "machine", "torch")}, indent=1))
+    for arm, a in per_arm.items():
+        print(arm, {k: (round(_mean(v), 4) if isinstance(v, list) else v) for k, v in a.items()})
+
+
 def plot(summary: dict, path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -180,17 +249,25 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--etas", default="1,2,4")
     ap.add_argument("--name", default=None)
-    ap.add_argument("--job", nargs=4, metavar=("STALENESS", "CORRECTION", "SEED", "OUT"),
+    ap.add_argument("--long-tail", action="store_true",
+                    help="partial rollouts instead: eta 1 with max_new_tokens 32 (a long tail of "
+                         "completion lengths), without and with partial_rollouts = 2")
+    ap.add_argument("--long-tail-eta", type=int, default=2,
+                    help="--long-tail: the staleness bound (a resumed group is at least 2 versions old)")
+    ap.add_argument("--partial", type=lambda v: [float(x) for x in v.split(",")], default=[1.0, 2.0],
+                    help="--long-tail: the partial_rollouts factors to compare with whole batches")
+    ap.add_argument("--job", nargs=6, metavar=("STALENESS", "CORRECTION", "SEED", "OUT", "MAX_NEW", "PARTIAL"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--base", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.job:
-        staleness, correction, seed, out = args.job
-        result = run_one(int(staleness), correction, int(seed), args.rounds, Path(args.base))
+        staleness, correction, seed, out, max_new, partial = args.job
+        result = run_one(int(staleness), correction, int(seed), args.rounds, Path(args.base),
+                         max_new_tokens=int(max_new) or None, partial=float(partial))
         Path(out).write_text(json.dumps(result))
         return
     if args.quick:
-        args.rounds = 300
+        args.rounds = 150 if args.long_tail else 300
     seeds = [int(s) for s in args.seeds.split(",")]
     etas = [int(e) for e in args.etas.split(",")]
     name = args.name or ("async_node_quick" if args.quick else "async_node")
@@ -201,12 +278,16 @@ def main() -> None:
     base = ensure_embedded(Path(tempfile.mkdtemp(prefix="async-base-")) / "base")
     t0, load0 = time.monotonic(), os.getloadavg()
     runs: dict[str, list[dict]] = {}
+    if args.long_tail:
+        long_tail(args, seeds, base, name.replace("async_node", "async_node_long_tail"), t0, load0)
+        return
     for arm, staleness, correction in arms(etas):
         for seed in seeds:
             out = Path(tempfile.mkstemp(suffix=".json")[1])
             t = time.monotonic()
             subprocess.run([sys.executable, __file__, "--job", str(staleness), correction, str(seed),
-                            str(out), "--base", str(base), "--rounds", str(args.rounds)], check=True)
+                            str(out), "0", "0", "--base", str(base), "--rounds", str(args.rounds)],
+                           check=True)
             runs.setdefault(arm, []).append(json.loads(out.read_text()))
             out.unlink()
             r = runs[arm][-1]

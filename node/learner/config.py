@@ -115,6 +115,16 @@ class EngineConfig:
     generation_threads: int = 0
     """With ``staleness`` >= 1 on a CPU: the generator's torch threads; 0: half the cores
     (at least 1), the trainer keeps the rest unless ``policy.threads`` says otherwise."""
+    partial_rollouts: float = 0.0
+    """With ``staleness`` >= 1: APRIL's partial rollouts. 0: off (every round's groups are
+    sampled to the end in one batch, whose longest completion sets its time). F >= 1: the
+    generator keeps up to F x I groups going, ``partial_segment_tokens`` at a time, hands the
+    round the first I that finish, and resumes the unfinished ones next round (their tokens
+    keep the version that sampled them; a group more than ``staleness`` versions old is
+    dropped)."""
+    partial_segment_tokens: int = 8
+    """With ``partial_rollouts``: tokens sampled per segment (between segments the generator
+    takes the newest weights and checks which groups finished)."""
 
     def __post_init__(self) -> None:
         if self.stop is not None:
@@ -136,6 +146,12 @@ class EngineConfig:
             raise TableError("gpu_memory_utilization", f"must be in (0, 1), "
                              f"got {self.gpu_memory_utilization}")
         non_negative(self, "staleness", "generation_threads")
+        positive(self, "partial_segment_tokens")
+        if self.partial_rollouts and not (self.partial_rollouts >= 1 and math.isfinite(self.partial_rollouts)):
+            raise TableError("partial_rollouts", f"must be 0 (off) or >= 1, got {self.partial_rollouts}")
+        if self.partial_rollouts and not self.staleness:
+            raise TableError("partial_rollouts", "resumed completions are sampled by older policy "
+                             "versions: set staleness >= 1 with partial rollouts")
         if self.staleness and self.backend != "transformers":
             raise TableError("staleness", f"the asynchronous generator runs the transformers "
                              f"backend only; set staleness = 0 with backend {self.backend!r}")

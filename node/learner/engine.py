@@ -169,15 +169,67 @@ class TransformersEngine:
                  greedy: bool = False) -> list[list[Completion]]:
         if n < 1 or not prompts:
             raise EngineError(f"need n >= 1 and at least one prompt (n={n}, {len(prompts)} prompts)")
+        batch = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        new, logprobs = self._sample(batch["input_ids"], batch["attention_mask"], n=n,
+                                     max_new_tokens=self.config.max_new_tokens or 1, seed=seed,
+                                     greedy=greedy)
+        results: list[list[Completion]] = []
+        for p in range(len(prompts)):
+            group = []
+            for k in range(p * n, (p + 1) * n):
+                ids = self._until_eos(new[k])
+                group.append(self.completion(ids, logprobs[k][:len(ids)]))
+            results.append(group)
+        return results
+
+    def completion(self, ids: list[int], logprobs: list[float]) -> Completion:
+        """The completion of these sampled token ids (text: special tokens dropped, cut after
+        the first stop string)."""
+        text = self.tokenizer.decode([i for i in ids if i not in self._special])
+        return Completion(text=cut_at_stop(text, self._stop), token_count=len(ids),
+                          token_ids=tuple(ids), logprobs=tuple(logprobs))
+
+    @torch.no_grad()
+    def continue_ids(self, prefixes: list[list[int]], *, prompt_lengths: list[int],
+                     max_new_tokens: int, seed: int) -> list[tuple[list[int], list[float], bool]]:
+        """Sample up to ``max_new_tokens`` more tokens after each prefix (prompt ids followed
+        by a completion so far; ``prompt_lengths``: where each completion starts): per prefix,
+        the new ids, their behaviour log-probs and whether the completion is finished (an
+        end-of-sequence or stop, or ``config.max_new_tokens`` tokens in all). The prefix is
+        prefilled afresh under the current weights (partial rollouts, ``generator.py``)."""
+        if not prefixes:
+            return []
+        width = max(len(p) for p in prefixes)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(prefixes), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prefixes), width), dtype=torch.long)
+        for b, p in enumerate(prefixes):  # left padding, as the tokenizer pads prompts
+            input_ids[b, width - len(p):] = torch.tensor(p)
+            attention[b, width - len(p):] = 1
+        new, logprobs = self._sample(input_ids, attention, n=1, max_new_tokens=max_new_tokens,
+                                     seed=seed, greedy=False)
+        cap = self.config.max_new_tokens or 1
+        out = []
+        for p, start, ids, lps in zip(prefixes, prompt_lengths, new, logprobs):
+            done_before = len(p) - start
+            ids = self._until_eos(ids)[:max(0, cap - done_before)]
+            whole = p[start:] + ids
+            finished = ((bool(ids) and ids[-1] in self._eos_ids) or len(whole) >= cap
+                        or any(stop in self.tokenizer.decode(whole) for stop in self._multi_token_stops))
+            out.append((ids, lps[:len(ids)], finished))
+        return out
+
+    def _sample(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, n: int,
+                max_new_tokens: int, seed: int, greedy: bool) -> tuple[list[list[int]], list[list[float]]]:
+        """``model.generate`` on a left-padded batch: the new ids of each of its ``n`` samples
+        per row and their behaviour log-probs (``BehaviourRecorder``)."""
         tok, cfg = self.tokenizer, self.config
-        batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        batch = {k: v.to(self.model.device) for k, v in batch.items()}
         sampling: dict[str, Any] = (dict(do_sample=False, temperature=None, top_p=None, top_k=None)
                                     if greedy else
                                     dict(do_sample=True, temperature=cfg.temperature,
                                          top_p=cfg.top_p, top_k=0))
         kwargs: dict[str, Any] = dict(
-            **sampling, max_new_tokens=cfg.max_new_tokens, num_return_sequences=n,
+            **sampling, max_new_tokens=max_new_tokens, num_return_sequences=n,
             eos_token_id=self._eos_ids, pad_token_id=tok.pad_token_id)
         if self._multi_token_stops:
             kwargs.update(stop_strings=self._multi_token_stops, tokenizer=tok)
@@ -186,21 +238,13 @@ class TransformersEngine:
         self.model.eval()
         with torch.random.fork_rng(devices=[self.model.device] if self.model.device.type == "cuda" else []):
             torch.manual_seed(seed)
-            out = self.model.generate(**batch, **kwargs, logits_processor=[recorder])
+            out = self.model.generate(input_ids=input_ids.to(self.model.device),
+                                      attention_mask=attention_mask.to(self.model.device),
+                                      **kwargs, logits_processor=[recorder])
         self.model.train(was_training)
-        new_ids = out[:, batch["input_ids"].shape[1]:]
+        new_ids = out[:, input_ids.shape[1]:]
         logprobs = recorder.finish(new_ids[:, -1]).tolist() if new_ids.shape[1] else [[]] * len(new_ids)
-        new = new_ids.tolist()
-        results: list[list[Completion]] = []
-        for p in range(len(prompts)):
-            group = []
-            for k in range(p * n, (p + 1) * n):
-                ids = self._until_eos(new[k])
-                text = tok.decode([i for i in ids if i not in self._special])
-                group.append(Completion(text=cut_at_stop(text, self._stop), token_count=len(ids),
-                                        token_ids=tuple(ids), logprobs=tuple(logprobs[k][:len(ids)])))
-            results.append(group)
-        return results
+        return new_ids.tolist(), logprobs
 
     def _until_eos(self, ids: list[int]) -> list[int]:
         for i, t in enumerate(ids):

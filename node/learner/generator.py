@@ -17,9 +17,20 @@ Frames on the pipes are 4-byte big-endian lengths and msgpack maps (nothing is p
     client -> {"init": {source, device, dtype, threads, engine: EngineConfig fields,
                         shm, lock, layout: [[name, dtype, shape, offset, nbytes], ...]}}
     worker -> {"ready": true}
-    client -> {"id": int, "prompts": [str], "n": int, "seed": int}
-    worker -> {"id": int, "version": int, "seconds": float,
-               "completions": [[[text, token_count, [ids], [logprobs]], ...], ...]}
+    client -> {"id": int, "keys": [str], "prompts": [str], "n": int, "seed": int, "want": int}
+    worker -> {"id": int, "seconds": float, "resumed_tokens": int, "pending": int,
+               "groups": [[key, version, [[text, token_count, [ids], [logprobs]], ...]], ...],
+               "unused": [key], "dropped": [key]}
+
+Without partial rollouts a reply's groups are the request's prompts, in order, all sampled at
+one version. With ``engine.partial_rollouts`` = F >= 1 (APRIL's over-provisioning, a
+``PartialPool``) the worker keeps up to ``ceil(F x want)`` groups going, samples them
+``partial_segment_tokens`` at a time (the newest weights before every segment: each token
+carries the version that sampled it), and replies with the first ``want`` groups whose
+completions all finished, oldest first; the unfinished ones stay for the next request, where
+they are resumed first (their prefix prefilled afresh under the then current weights). A
+group's version is its oldest token's; a kept group more than ``staleness`` versions old is
+dropped (``dropped``), and prompts it had no room for are handed back (``unused``).
     client -> {"hash": true}
     worker -> {"hash": str, "version": int}      sha256 of the weights it samples from
 
@@ -33,6 +44,7 @@ import dataclasses
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import queue
 import signal
@@ -42,7 +54,7 @@ import threading
 import time
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, Callable
 
 import torch
 
@@ -183,12 +195,17 @@ class WeightBuffer:
 
 @dataclasses.dataclass(frozen=True)
 class Reply:
-    """One request's completions, the policy version that sampled them and the seconds the
-    worker spent generating them."""
+    """A request's finished groups as ``(key, version, completions)`` (the version is the
+    oldest that sampled any of their tokens), the keys it did not start or dropped as too
+    stale, the seconds the worker spent sampling, the tokens of the returned groups that an
+    earlier request started (resumed partial rollouts), and the groups still kept."""
 
-    completions: list[list[Completion]]
-    version: int
+    groups: list[tuple[str, int, list[Completion]]]
+    unused: list[str]
+    dropped: list[str]
     seconds: float
+    resumed_tokens: int = 0
+    pending: int = 0
 
 
 class Generator:
@@ -228,11 +245,13 @@ class Generator:
         self.buffer.write(model, version)
         self.version = version
 
-    def submit(self, prompts: list[str], *, n: int, seed: int) -> int:
-        """Queue a request; returns its id (replies come back in submission order)."""
+    def submit(self, keys: list[str], prompts: list[str], *, n: int, seed: int, want: int) -> int:
+        """Queue a request for ``want`` finished groups (``prompts``, named by ``keys``);
+        returns its id (replies come back in submission order)."""
         rid = self._next_id
         self._next_id += 1
-        _write_frame(self._in, {"id": rid, "prompts": prompts, "n": n, "seed": seed})
+        _write_frame(self._in, {"id": rid, "keys": keys, "prompts": prompts, "n": n, "seed": seed,
+                                "want": want})
         self._pending.append(rid)
         return rid
 
@@ -249,10 +268,12 @@ class Generator:
         if frame.get("id") != rid:
             raise EngineError(f"generator: reply {frame.get('id')!r} for request {rid}: "
                               f"{frame.get('error', '')}")
-        groups = [[Completion(text=str(t), token_count=int(c), token_ids=tuple(int(i) for i in ids),
-                              logprobs=tuple(float(x) for x in lps))
-                   for t, c, ids, lps in group] for group in frame["completions"]]
-        return Reply(groups, int(frame["version"]), float(frame["seconds"]))
+        groups = [(str(key), int(version),
+                   [Completion(text=str(t), token_count=int(c), token_ids=tuple(int(i) for i in ids),
+                               logprobs=tuple(float(x) for x in lps)) for t, c, ids, lps in group])
+                  for key, version, group in frame["groups"]]
+        return Reply(groups, [str(k) for k in frame["unused"]], [str(k) for k in frame["dropped"]],
+                     float(frame["seconds"]), int(frame["resumed_tokens"]), int(frame["pending"]))
 
     def drain(self) -> None:
         """Wait for and drop every pending reply (after a stop, before a weight change that
@@ -293,6 +314,88 @@ class Generator:
         self.buffer.close()
 
 
+@dataclasses.dataclass
+class _Row:
+    """One completion in progress: its tokens so far, their behaviour log-probs and versions."""
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    done: bool = False
+
+
+@dataclasses.dataclass
+class _Group:
+    key: str
+    prompt_ids: list[int]
+    rows: list[_Row]
+    started: int
+    """The request that started it (a resumed group's tokens before this one are resumed)."""
+
+    @property
+    def done(self) -> bool:
+        return all(r.done for r in self.rows)
+
+    def oldest(self, default: int) -> int:
+        return min((v for r in self.rows for v in r.versions), default=default)
+
+
+class PartialPool:
+    """APRIL's partial rollouts: over-provision, return the first groups that finish, resume
+    the rest next time (within the staleness bound). See the module docstring."""
+
+    def __init__(self, engine: Any, *, over: float, segment: int, staleness: int) -> None:
+        self.engine = engine
+        self.over = over
+        self.segment = segment
+        self.staleness = staleness
+        self.pending: list[_Group] = []
+        self.row_steps = 0
+        """Rows x tokens asked of the engine so far (what the long tail costs)."""
+
+    def run(self, req: dict[str, Any], request: int, refresh: Callable[[], int]) -> dict[str, Any]:
+        want, n, seed = int(req["want"]), int(req["n"]), int(req["seed"])
+        version = refresh()
+        dropped = [g.key for g in self.pending if version - g.oldest(version) > self.staleness]
+        self.pending = [g for g in self.pending if g.key not in set(dropped)]
+        room = max(0, math.ceil(self.over * want) - len(self.pending))
+        tok = self.engine.tokenizer
+        new = list(zip(req["keys"], req["prompts"]))
+        active = self.pending + [_Group(key, tok.encode(prompt, add_special_tokens=False),
+                                        [_Row() for _ in range(n)], request)
+                                 for key, prompt in new[:room]]
+        unused = [key for key, _ in new[room:]]
+        segment = 0
+        while sum(g.done for g in active) < want:
+            rows = [(g, r) for g in active for r in g.rows if not r.done]
+            if not rows:
+                break
+            if segment:
+                version = refresh()  # in-flight weight updates: each token keeps its version
+            outs = self.engine.continue_ids([g.prompt_ids + r.ids for g, r in rows],
+                                            prompt_lengths=[len(g.prompt_ids) for g, _ in rows],
+                                            max_new_tokens=self.segment, seed=seed + segment)
+            self.row_steps += len(rows) * self.segment
+            for (g, r), (ids, lps, finished) in zip(rows, outs):
+                r.ids += ids
+                r.logprobs += lps
+                r.versions += [version] * len(ids)
+                r.done = finished
+            segment += 1
+        taken = [g for g in active if g.done][:want]
+        self.pending = [g for g in active if g not in taken]
+        resumed = sum(len(r.ids) for g in taken if g.started < request for r in g.rows)
+        return {"groups": [[g.key, g.oldest(version),
+                            [_wire(self.engine.completion(r.ids, r.logprobs)) for r in g.rows]]
+                           for g in taken],
+                "unused": unused, "dropped": dropped, "resumed_tokens": resumed,
+                "pending": len(self.pending)}
+
+
+def _wire(c: Completion) -> list[Any]:
+    return [c.text, c.token_count, list(c.token_ids), list(c.logprobs)]
+
+
 def _serve(inp: BinaryIO, out: BinaryIO) -> int:
     init = _read_frame(inp)
     if init is None or "init" not in init:
@@ -316,6 +419,9 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> int:
         engine_cfg = EngineConfig(**fields)
         engine = TransformersEngine(engine_cfg, model, tokenizer)
         buffer = WeightBuffer.attach(cfg["shm"], cfg["layout"], cfg["lock"])
+        pool = (PartialPool(engine, over=engine_cfg.partial_rollouts,
+                            segment=engine_cfg.partial_segment_tokens, staleness=engine_cfg.staleness)
+                if engine_cfg.partial_rollouts else None)
     except Exception as e:  # noqa: BLE001 - reported to the learner, which raises it
         _write_frame(out, {"ready": False, "error": f"{type(e).__name__}: {e}"})
         return 1
@@ -331,20 +437,30 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> int:
     threading.Thread(target=reader, daemon=True).start()
     _write_frame(out, {"ready": True})
     version = -1
-    while (req := requests.get()) is not None:
+
+    def refresh() -> int:
+        nonlocal version
         version = buffer.read_into(model, version)
+        return version
+
+    while (req := requests.get()) is not None:
+        refresh()
         if req.get("hash"):
             _write_frame(out, {"hash": weights_hash(model), "version": version})
             continue
         t = time.perf_counter()
         try:
-            groups = engine.generate(list(req["prompts"]), n=int(req["n"]), seed=int(req["seed"]))
+            if pool is not None:
+                reply = pool.run(req, int(req["id"]), refresh)
+            else:
+                groups = engine.generate(list(req["prompts"]), n=int(req["n"]), seed=int(req["seed"]))
+                reply = {"groups": [[key, version, [_wire(c) for c in g]]
+                                    for key, g in zip(req["keys"], groups)],
+                         "unused": [], "dropped": [], "resumed_tokens": 0, "pending": 0}
         except Exception as e:  # noqa: BLE001
             _write_frame(out, {"id": req["id"], "error": f"{type(e).__name__}: {e}"})
             continue
-        _write_frame(out, {"id": req["id"], "version": version, "seconds": time.perf_counter() - t,
-                           "completions": [[[c.text, c.token_count, list(c.token_ids), list(c.logprobs)]
-                                            for c in g] for g in groups]})
+        _write_frame(out, {"id": req["id"], "seconds": time.perf_counter() - t, **reply})
     buffer.close()
     return 0
 

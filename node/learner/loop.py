@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import random
 import threading
@@ -162,6 +163,9 @@ class Learner:
         in this run. Local groups carry the version that sampled them (``staleness``)."""
         self.generator: Generator | None = None
         self._requests: collections.deque[_Request] = collections.deque()
+        self._open: dict[str, Any] = {}
+        """Tasks submitted to the generator and not yet returned, by key (a kept partial
+        rollout's task lives here until its group finishes or is dropped)."""
         self._next_request = self.round
         self.dropped_stale = 0
         """Local groups dropped for being more than ``staleness`` versions old, this run."""
@@ -252,18 +256,24 @@ class Learner:
                     n=cfg.sapo.completions_per_question,
                     seed=_derive_seed(cfg.seed, self.peer_id, self.round, "gen")
                 ) if tasks else []  # I = 0: a pure consumer round
-            made_at = self.version
+            versions = [self.version] * len(tasks)
+            resumed_tokens = 0
             seconds["generate"] = time.perf_counter() - t
         else:
             self.progress.report("generate")
-            tasks, completions, made_at, generator_seconds = self._take_generated(n_local)
-            if tasks and self.version - made_at > cfg.engine.staleness:
-                dropped_stale = len(tasks)
+            tasks, completions, versions, generator_seconds, resumed_tokens = \
+                self._take_generated(n_local)
+            fresh = [self.version - v <= cfg.engine.staleness for v in versions]
+            dropped_stale = fresh.count(False)
+            if dropped_stale:
                 self.dropped_stale += dropped_stale
                 log.info("round %d: %d local groups made at version %d dropped (now %d, "
-                         "staleness %d)", self.round, len(tasks), made_at, self.version,
+                         "staleness %d)", self.round, dropped_stale, min(versions), self.version,
                          cfg.engine.staleness)
-                tasks, completions = [], []
+                keep = [i for i, ok in enumerate(fresh) if ok]
+                tasks = [tasks[i] for i in keep]
+                completions = [completions[i] for i in keep]
+                versions = [versions[i] for i in keep]
             seconds["wait_generated"] = time.perf_counter() - t
         if stopped():
             return None
@@ -274,8 +284,8 @@ class Learner:
                                rewards=tuple(task.score(c.text) for c in group),
                                completion_ids=(tuple(c.token_ids for c in group)
                                                if all(c.token_ids for c in group) else None),
-                               behaviour_logp=tuple(c.logprobs for c in group), version=made_at)
-                 for task, group in zip(tasks, completions)]
+                               behaviour_logp=tuple(c.logprobs for c in group), version=version)
+                 for task, group, version in zip(tasks, completions, versions)]
         by_family: dict[str, list[tuple[float, ...]]] = collections.defaultdict(list)
         for task, g in zip(tasks, local):
             by_family[task.spec.family].append(g.rewards)
@@ -328,7 +338,8 @@ class Learner:
         record["received_at"] = round(received_at, 3)
         record["published_at"] = round(published_at, 3)
         record["policy_version"] = self.version
-        record["local_staleness"] = trained_at - made_at if local else None
+        record["local_staleness"] = trained_at - min(versions) if local else None
+        record["resumed_tokens"] = resumed_tokens
         wall = sum(seconds.values())
         record["trainer_busy"] = round(seconds["train"] / wall, 4) if wall > 0 else None
         gen = seconds.get("generate", generator_seconds)
@@ -338,28 +349,38 @@ class Learner:
             record["generator_seconds"] = round(generator_seconds, 4)
         return record
 
-    def _take_generated(self, n_local: int) -> tuple[list[Any], list[list[Completion]], int, float]:
+    def _take_generated(self, n_local: int) -> tuple[list[Any], list[list[Completion]], list[int], float, int]:
         """This round's local groups from the generator: (tasks, completions, the version
-        that sampled them, the generator's seconds on them). Queues the requests of rounds up
-        to ``staleness`` ahead first (each with this round's planned I), so the generator
-        works on them while this round trains."""
+        that sampled each group (its oldest token's), the generator's seconds on them, the
+        tokens of resumed partial rollouts among them). Queues the requests of rounds up to
+        ``staleness`` ahead first (each with this round's planned I; with partial rollouts
+        ``ceil(F x I)`` prompts, of which the worker starts what it has room for), so the
+        generator works on them while this round trains."""
         assert self.generator is not None
         cfg = self.config
+        over = cfg.engine.partial_rollouts or 1.0
         while self._next_request <= self.round + cfg.engine.staleness:
             k = self._next_request
             rng = random.Random(_derive_seed(cfg.seed, self.peer_id, k))
-            tasks = [build_task(self._sample_spec(rng)) for _ in range(n_local)]
+            tasks = [build_task(self._sample_spec(rng)) for _ in range(math.ceil(over * n_local))]
             if tasks:
-                self.generator.submit([self.prompts.render(task.prompt) for task in tasks],
-                                      n=cfg.sapo.completions_per_question,
+                keys = [f"{k}:{i}" for i in range(len(tasks))]
+                self._open.update(zip(keys, tasks))
+                self.generator.submit(keys, [self.prompts.render(task.prompt) for task in tasks],
+                                      n=cfg.sapo.completions_per_question, want=n_local,
                                       seed=_derive_seed(cfg.seed, self.peer_id, k, "gen"))
             self._requests.append(_Request(round=k, tasks=tasks, submitted=bool(tasks)))
             self._next_request += 1
         request = self._requests.popleft()
         if not request.submitted:
-            return [], [], self.version, 0.0
+            return [], [], [], 0.0, 0
         reply = self.generator.take()
-        return request.tasks, reply.completions, reply.version, reply.seconds
+        for key in reply.unused + reply.dropped:
+            self._open.pop(key, None)
+        self.dropped_stale += len(reply.dropped)
+        tasks = [self._open.pop(key) for key, _, _ in reply.groups]
+        return (tasks, [c for _, _, c in reply.groups], [v for _, v, _ in reply.groups],
+                reply.seconds, reply.resumed_tokens)
 
     def _as_seen(self, groups: list[TrainingGroup]) -> list[TrainingGroup]:
         """The groups with their prompts rendered for this model (``prompting.py``)."""

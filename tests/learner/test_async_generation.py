@@ -174,3 +174,72 @@ def test_staleness_config_is_checked_at_the_door():
         TrainerConfig(stale_weight_cap=1.0)
     with pytest.raises(TableError, match="generation_device"):
         EngineConfig(generation_device="tpu")
+
+
+def test_a_resumed_partial_rollout_continues_the_same_token_sequence(data_dir):
+    """PartialPool (generator.py) over the real engine: a group left unfinished by one request
+    comes back later with its first tokens, their log-probs and versions unchanged, and every
+    token's log-prob is the policy's at the version that sampled it (left-padded prefixes)."""
+    from node.learner.generator import PartialPool
+
+    learner = Learner(LearnerConfig(data_dir=str(data_dir), seed=3, policy=PolicyConfig(device="cpu"),
+                                    checkpoint_every=0, sapo=SapoConfig(external=0),
+                                    engine=EngineConfig(max_new_tokens=32, staleness=1,
+                                                        partial_rollouts=3.0, partial_segment_tokens=2)),
+                      peer_id="p")
+    learner.close()  # the test drives a PartialPool over the in-process engine itself
+    tok, model, engine = learner.policy.tokenizer, learner.policy.model, learner.engine
+    pool = PartialPool(engine, over=3.0, segment=2, staleness=1)
+    version = [0]
+    prompts = [learner.prompts.render(f"Sort the letters: {w}") for w in ("dcba", "zyxw", "qpon")]
+    first = pool.run({"keys": ["a", "b", "c"], "prompts": prompts, "n": 4, "seed": 1, "want": 1},
+                     0, lambda: version[0])
+    assert len(first["groups"]) == 1 and first["unused"] == []
+    kept = {g.key: [(list(r.ids), list(r.logprobs), list(r.versions)) for r in g.rows] for g in pool.pending}
+    assert len(kept) == 2 and any(r[0] for rows in kept.values() for r in rows)
+    version[0] = 1  # the trainer stepped: the rest is sampled by version 1
+    second = pool.run({"keys": ["d"], "prompts": [prompts[0]], "n": 4, "seed": 2, "want": 2}, 1,
+                      lambda: version[0])
+    resumed = {key: group for key, _, group in second["groups"] if key in kept}
+    assert resumed, second["groups"]
+    for key, group in resumed.items():
+        for (ids, lps, versions), c in zip(kept[key], group):
+            assert list(c[2][:len(ids)]) == ids and c[3][:len(lps)] == lps   # same tokens, same log-probs
+            assert all(v == 0 for v in versions)
+    assert second["resumed_tokens"] > 0
+    oldest = {key: v for key, v, _ in second["groups"]}
+    assert all(oldest[k] == 0 for k in resumed if any(kept[k][i][0] for i in range(4)))
+    # every token of a finished group is the policy's sample: its log-prob is a fresh forward
+    # pass's at the version that sampled it (weights unchanged here, so at the current ones)
+    key, _, group = second["groups"][0]
+    prompt_ids = tok.encode(next(p for k, p in zip("abcd", prompts + [prompts[0]]) if k == key),
+                            add_special_tokens=False)
+    for text, count, ids, lps in group:
+        full = torch.tensor([prompt_ids + list(ids)])
+        positions = torch.zeros((1, full.shape[1] - 1), dtype=torch.bool)
+        positions[0, len(prompt_ids) - 1:] = True
+        with torch.no_grad():
+            logp, _ = token_logprobs(model, full, torch.ones_like(full), temperature=1.0, positions=positions)
+        assert torch.allclose(logp[0, len(prompt_ids) - 1:], torch.tensor(lps), atol=1e-4)
+
+
+def test_partial_rollouts_in_a_node_resume_the_long_tail_within_the_bound(data_dir):
+    """A node with partial rollouts (max_new_tokens 32: most answers end in under 8 tokens,
+    a few run to the cap) trains on resumed groups and never on one older than eta."""
+    config = LearnerConfig(data_dir=str(data_dir), seed=3, policy=PolicyConfig(device="cpu"),
+                           checkpoint_every=0, sapo=SapoConfig(external=0),
+                           engine=EngineConfig(max_new_tokens=32, staleness=1, partial_rollouts=2.0,
+                                               partial_segment_tokens=4))
+    report = run_learner(config, LoopbackHub().bridge(Identity.from_seed(b"\x09" * 32)), rounds=10)
+    rounds = report["rounds"]
+    assert all(r["local_used"] == 8 or r["dropped_stale"] for r in rounds)
+    assert sum(r["resumed_tokens"] for r in rounds) > 0
+    assert max(r["local_staleness"] for r in rounds if r["local_staleness"] is not None) <= 1
+    assert any(r["train"].get("stale_token_share", 0) > 0 for r in rounds)
+
+
+def test_partial_rollouts_need_a_staleness_bound():
+    with pytest.raises(TableError, match="partial_rollouts"):
+        EngineConfig(partial_rollouts=2.0)
+    with pytest.raises(TableError, match="partial_rollouts"):
+        EngineConfig(staleness=1, partial_rollouts=0.5)
