@@ -29,10 +29,12 @@ optionally with an external correction (``TrainerConfig``'s
 ``external_correction`` and ``external_surprise_bound``, node/learner/offpolicy.py) after a
 colon: ``4/4:mask@1.0`` is 4/4 with external completions masked above 1 nat per token of excess
 surprise; ``4/4:mask@1e6`` masks nothing but records the surprise diagnostics per round.
-``--seed-list`` runs some seeds only (split a long run into chunks); ``--reuse A.json,B.json``
-takes the (arm, seed) runs those files hold instead of running them again (cut to ``--rounds``;
-runs are deterministic per seed, so a prefix of a longer run is the shorter run), so a last
-call can summarise chunks, or add an arm to arms already measured.
+``--family`` trains every node on another task family (built-in or a vetted ReasoningGYM one;
+default ``letter_sort``; the JSON records it as ``family``). ``--seed-list`` runs some seeds only
+(split a long run into chunks); ``--reuse A.json,B.json`` takes the (arm, seed) runs those
+files hold instead of running them again (cut to ``--rounds``; runs are deterministic per seed,
+so a prefix of a longer run is the shorter run), so a last call can summarise chunks, or add an
+arm to arms already measured.
 
     PYTHONPATH=$PWD python bench/sapo_vs_isolated.py --quick --rounds 1000 \
         --splits 8/0,4/4,4/4:mask@1.0 --reuse bench/results/sapo_vs_isolated_quick_1000.json
@@ -84,10 +86,10 @@ def parse_arm(arm: str) -> tuple[str, dict]:
 
 
 def run_swarm(*, nodes: int, rounds: int, split: str, budget: int, seed: int, lr: float | None,
-              base: Path) -> dict:
+              base: Path, family: str = "letter_sort") -> dict:
     """One arm, one seed: ``nodes`` learners round-robin; one shared hub unless J = 0."""
     from node.bridge import LoopbackHub
-    from node.learner import LearnerConfig, PolicyConfig, SapoConfig, TrainerConfig
+    from node.learner import LearnerConfig, PolicyConfig, SapoConfig, TaskConfig, TrainerConfig
     from node.learner.loop import Learner
     from protocol import Identity
 
@@ -108,7 +110,8 @@ def run_swarm(*, nodes: int, rounds: int, split: str, budget: int, seed: int, lr
     for k, ident in enumerate(ids):
         shutil.copytree(base, root / f"n{k}" / "base")
         cfg = LearnerConfig(data_dir=str(root / f"n{k}"), seed=seed * 1000 + k, checkpoint_every=0,
-                            policy=PolicyConfig(device="cpu", threads=1), sapo=sapo, trainer=trainer)
+                            policy=PolicyConfig(device="cpu", threads=1), sapo=sapo, trainer=trainer,
+                            tasks=TaskConfig(families=(family,)))
         learners.append(Learner(cfg, peer_id=ident.peer_id))
     recs: list[list[dict]] = [[] for _ in range(nodes)]
     t0 = time.monotonic()
@@ -188,7 +191,8 @@ def _tenths(by: dict, split: str, seeds: list[int]) -> list[float]:
             for i in range(0, w * (rounds // w), w)]
 
 
-def reuse(paths: list[Path], *, nodes: int, rounds: int, budget: int, lr: float | None) -> dict:
+def reuse(paths: list[Path], *, nodes: int, rounds: int, budget: int, lr: float | None,
+          family: str = "letter_sort") -> dict:
     """(arm, seed) -> run from earlier results files with the same set-up, cut to ``rounds``."""
     out: dict = {}
     for path in paths:
@@ -196,6 +200,8 @@ def reuse(paths: list[Path], *, nodes: int, rounds: int, budget: int, lr: float 
         if (data["nodes"], data["budget"], data["lr"]) != (nodes, budget, lr) or data["rounds"] < rounds:
             raise SystemExit(f"{path}: nodes/budget/lr/rounds {data['nodes']}/{data['budget']}/"
                              f"{data['lr']}/{data['rounds']} do not fit {nodes}/{budget}/{lr}/{rounds}")
+        if data.get("family", "letter_sort") != family:
+            raise SystemExit(f"{path}: family {data.get('family', 'letter_sort')} is not {family}")
         for run in data["runs"]:
             cut = {k: (v[:rounds] if isinstance(v, list) else v) for k, v in run.items()}
             if "diagnostics" in run:
@@ -271,7 +277,8 @@ def provenance(base: Path) -> dict:
 
 def _job(args: argparse.Namespace, split: str, seed: int, base: Path, out: Path) -> dict:
     cmd = [sys.executable, __file__, "--job", split, str(seed), "--base", str(base), "--out", str(out),
-           "--nodes", str(args.nodes), "--rounds", str(args.rounds), "--budget", str(args.budget)]
+           "--nodes", str(args.nodes), "--rounds", str(args.rounds), "--budget", str(args.budget),
+           "--family", args.family]
     if args.lr:
         cmd += ["--lr", str(args.lr)]
     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -293,6 +300,8 @@ def main() -> None:
                     "(arm, seed) runs are taken instead of rerun")
     ap.add_argument("--budget", type=int, default=8, help="question groups per node and round")
     ap.add_argument("--lr", type=float, default=None, help="override TrainerConfig.lr")
+    ap.add_argument("--family", default="letter_sort", help="task family every node trains on "
+                    "(built-in or a vetted ReasoningGYM family; default letter_sort)")
     ap.add_argument("--jobs", type=int, default=2, help="(split, seed) runs at a time")
     ap.add_argument("--name", default=None)
     ap.add_argument("--job", nargs=2, metavar=("SPLIT", "SEED"), help=argparse.SUPPRESS)
@@ -302,7 +311,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if args.job:
         result = run_swarm(nodes=args.nodes, rounds=args.rounds, split=args.job[0], budget=args.budget,
-                           seed=int(args.job[1]), lr=args.lr, base=args.base)
+                           seed=int(args.job[1]), lr=args.lr, base=args.base, family=args.family)
         args.out.write_text(json.dumps(result))
         return
 
@@ -320,7 +329,7 @@ def main() -> None:
     from node.learner.tiny_model import ensure_embedded
 
     reused = reuse([Path(p) for p in args.reuse.split(",")], nodes=args.nodes, rounds=args.rounds,
-                   budget=args.budget, lr=args.lr) if args.reuse else {}
+                   budget=args.budget, lr=args.lr, family=args.family) if args.reuse else {}
     if "adaptive" in splits and "adaptive_external" not in {f.name for f in dataclasses.fields(SapoConfig)}:
         print("note: SapoConfig has no adaptive_external here; skipping the 'adaptive' split", flush=True)
         splits.remove("adaptive")
@@ -346,7 +355,7 @@ def main() -> None:
         "ci_low": ci_low, "ci_high": ci_high, "ci_reward": head.get("ci_reward"),
         "seeds": seeds, "splits": splits, "nodes": args.nodes, "rounds": args.rounds,
         "budget": args.budget, "completions_per_question": SapoConfig().completions_per_question,
-        "lr": args.lr, "per_split": per_split, "paper_cumulative_reward": PAPER,
+        "lr": args.lr, "family": args.family, "per_split": per_split, "paper_cumulative_reward": PAPER,
         "paper_ratio_4_4": PAPER["4/4"] / PAPER["8/0"], "wall_seconds": time.monotonic() - t0,
         "loadavg_start": load0, "loadavg_end": os.getloadavg(), "jobs": args.jobs,
         "ran": [f"{split} seed {seed}" for split, seed in jobs], **origin,
@@ -354,7 +363,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({**summary, "runs": runs}))
     plot(runs, splits, seeds, RESULTS / f"{name}.png",
-         title=f"{args.nodes} nodes, {args.rounds} rounds, {len(seeds)} seeds, letter_sort (0/1)")
+         title=f"{args.nodes} nodes, {args.rounds} rounds, {len(seeds)} seeds, {args.family}")
     print(json.dumps({k: v for k, v in summary.items() if k != "per_split"}, indent=1))
     for split, s in per_split.items():
         print(split, {k: v for k, v in s.items() if k not in ("cumulative_accuracy", "cumulative_reward")})

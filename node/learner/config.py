@@ -116,7 +116,7 @@ class EngineConfig:
     """With ``staleness`` >= 1 on a CPU: the generator's torch threads; 0: half the cores
     (at least 1), the trainer keeps the rest unless ``policy.threads`` says otherwise."""
     partial_rollouts: float = 0.0
-    """With ``staleness`` >= 1: APRIL's partial rollouts. 0: off (every round's groups are
+    """With ``staleness`` >= 2: APRIL's partial rollouts. 0: off (every round's groups are
     sampled to the end in one batch, whose longest completion sets its time). F >= 1: the
     generator keeps up to F x I groups going, ``partial_segment_tokens`` at a time, hands the
     round the first I that finish, and resumes the unfinished ones next round (their tokens
@@ -149,9 +149,10 @@ class EngineConfig:
         positive(self, "partial_segment_tokens")
         if self.partial_rollouts and not (self.partial_rollouts >= 1 and math.isfinite(self.partial_rollouts)):
             raise TableError("partial_rollouts", f"must be 0 (off) or >= 1, got {self.partial_rollouts}")
-        if self.partial_rollouts and not self.staleness:
-            raise TableError("partial_rollouts", "resumed completions are sampled by older policy "
-                             "versions: set staleness >= 1 with partial rollouts")
+        if self.partial_rollouts and self.staleness < 2:
+            raise TableError("partial_rollouts", "a resumed group is at least 2 policy versions "
+                             "old when trained (it started while the round before trained): set "
+                             "staleness >= 2 with partial rollouts")
         if self.staleness and self.backend != "transformers":
             raise TableError("staleness", f"the asynchronous generator runs the transformers "
                              f"backend only; set staleness = 0 with backend {self.backend!r}")

@@ -184,7 +184,7 @@ def test_a_resumed_partial_rollout_continues_the_same_token_sequence(data_dir):
 
     learner = Learner(LearnerConfig(data_dir=str(data_dir), seed=3, policy=PolicyConfig(device="cpu"),
                                     checkpoint_every=0, sapo=SapoConfig(external=0),
-                                    engine=EngineConfig(max_new_tokens=32, staleness=1,
+                                    engine=EngineConfig(max_new_tokens=32, staleness=2,
                                                         partial_rollouts=3.0, partial_segment_tokens=2)),
                       peer_id="p")
     learner.close()  # the test drives a PartialPool over the in-process engine itself
@@ -225,16 +225,16 @@ def test_a_resumed_partial_rollout_continues_the_same_token_sequence(data_dir):
 
 def test_partial_rollouts_in_a_node_resume_the_long_tail_within_the_bound(data_dir):
     """A node with partial rollouts (max_new_tokens 32: most answers end in under 8 tokens,
-    a few run to the cap) trains on resumed groups and never on one older than eta."""
+    a few run to the cap) trains on resumed groups and never on one older than eta = 2."""
     config = LearnerConfig(data_dir=str(data_dir), seed=3, policy=PolicyConfig(device="cpu"),
                            checkpoint_every=0, sapo=SapoConfig(external=0),
-                           engine=EngineConfig(max_new_tokens=32, staleness=1, partial_rollouts=2.0,
+                           engine=EngineConfig(max_new_tokens=32, staleness=2, partial_rollouts=2.0,
                                                partial_segment_tokens=4))
     report = run_learner(config, LoopbackHub().bridge(Identity.from_seed(b"\x09" * 32)), rounds=10)
     rounds = report["rounds"]
     assert all(r["local_used"] == 8 or r["dropped_stale"] for r in rounds)
     assert sum(r["resumed_tokens"] for r in rounds) > 0
-    assert max(r["local_staleness"] for r in rounds if r["local_staleness"] is not None) <= 1
+    assert max(r["local_staleness"] for r in rounds if r["local_staleness"] is not None) <= 2
     assert any(r["train"].get("stale_token_share", 0) > 0 for r in rounds)
 
 
@@ -242,4 +242,6 @@ def test_partial_rollouts_need_a_staleness_bound():
     with pytest.raises(TableError, match="partial_rollouts"):
         EngineConfig(partial_rollouts=2.0)
     with pytest.raises(TableError, match="partial_rollouts"):
-        EngineConfig(staleness=1, partial_rollouts=0.5)
+        EngineConfig(staleness=2, partial_rollouts=0.5)
+    with pytest.raises(TableError, match="at least 2 policy versions"):
+        EngineConfig(staleness=1, partial_rollouts=2.0)
