@@ -102,6 +102,8 @@ def test_one_hostile_identity_does_not_slow_honest_averaging(stall, baseline, tm
         assert led[n] <= 1, (stall, n, led)
     # every honest peer saw the hostile and says so by reason in its step records (which
     # reason depends on where it met it first: as genesis leader, or after)
-    reasons = {"member": {"exchange_missing", "leader_stalled", "leader_refused"}}.get(
+    # (a `member` that holds our state but was left out of a group formed is a no-show there:
+    # fresh-clone CI run H under load counted one for each honest peer)
+    reasons = {"member": {"exchange_missing", "leader_stalled", "leader_refused", "no_show"}}.get(
         stall, {"no_show", "leader_stalled", "leader_refused"})
     assert all(blames[n] and set(blames[n]) <= reasons for n in HONEST), (stall, blames)
