@@ -47,6 +47,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.learner_curve import moving_average  # noqa: E402 - after the path insert
+
 
 def arms(etas: list[int]) -> list[tuple[str, int, str]]:
     """(name, staleness, stale_correction) per arm."""
@@ -96,16 +98,6 @@ def run_one(staleness: int, correction: str, seed: int, rounds: int, base: Path,
     }
 
 
-def _ma(xs: list[float], k: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x
-        if i >= k:
-            acc -= xs[i - k]
-        out.append(acc / min(i + 1, k))
-    return out
-
-
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
@@ -119,7 +111,7 @@ def summarize(runs: dict[str, list[dict]], rounds: int) -> dict:
     per_arm: dict[str, dict] = {}
     for arm, rs in runs.items():
         gps = [(sum(r["groups"][5:]) / (r["t"][-1] - r["t"][4])) for r in rs]
-        curves = [_ma(r["accuracy"], window) for r in rs]
+        curves = [moving_average(r["accuracy"], window) for r in rs]
         mean_curve = [_mean([c[i] for c in curves]) for i in range(rounds)]
         mean_t = [_mean([r["t"][i] for r in rs]) for i in range(rounds)]
         busy = lambda key: _mean([_mean([x for x in r[key][5:] if x is not None]) for r in rs])  # noqa: E731

@@ -40,6 +40,7 @@ The worker exits when its stdin closes; it dies with the learner (``die_with_par
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -47,6 +48,7 @@ import logging
 import math
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -54,7 +56,7 @@ import threading
 import time
 from multiprocessing import shared_memory
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Callable
+from typing import IO, Any, BinaryIO, Callable, Iterator
 
 import torch
 
@@ -169,16 +171,13 @@ class WeightBuffer:
                 state[name].copy_(view)
         return version
 
-    def _locked(self, how: int) -> Any:
-        fd = self._lock_fd
-
-        class _Held:
-            def __enter__(self) -> None:
-                fcntl.flock(fd, how)
-
-            def __exit__(self, *exc: Any) -> None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        return _Held()
+    @contextlib.contextmanager
+    def _locked(self, how: int) -> Iterator[None]:
+        fcntl.flock(self._lock_fd, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         self._views.clear()
@@ -291,7 +290,6 @@ class Generator:
         return str(frame["hash"]), int(frame["version"])
 
     def _read(self, timeout_s: float) -> dict[str, Any]:
-        import select
         if not select.select([self._out], [], [], timeout_s)[0]:
             raise EngineError(f"generator: no reply in {timeout_s:.0f} s")
         frame = _read_frame(self._out)
