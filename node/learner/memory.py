@@ -12,8 +12,9 @@ What a GRPO step holds (``estimate_step_memory``; P parameters of ``b`` bytes ea
     head         2 * C * V * 4 + V * H * b one chunk of C positions' fp32 logits (turned into
                                            their gradient in place) and its transient
                                            temporary, and the head's weight-gradient buffer
-                                           (logprobs.py); entropy (entropy_coef > 0) adds
-                                           2 * C * V * 4 more
+                                           (logprobs.py); the entropy (entropy_coef > 0,
+                                           or an external_correction other than
+                                           off: its first epoch) adds 2 * C * V * 4 more
 
 with ``per_layer = (16 H + 4 I) * b + 4 H * 4 + heads * S * 4 * 2`` bytes per token: the
 tensors a Llama/Qwen2 block keeps for backward (norm inputs and outputs in fp32, q/k/v and
@@ -98,7 +99,7 @@ def estimate_step_memory(model_config: Any, n_params: int, trainer: TrainerConfi
         activations = tokens * layers * per_layer
     activations += tokens * h * 4 * 2  # final norm output in fp32 and the gathered positions
     chunk = min(chunk_tokens_for(vocab, trainer.logits_chunk_mb), tokens)
-    copies = 4 if trainer.entropy_coef > 0 else 2
+    copies = 4 if trainer.entropy_coef > 0 or trainer.external_correction != "off" else 2
     weights = n_params * param_bytes
     return MemoryEstimate(weights=weights, gradients=weights, optimizer=2 * weights,
                           reference=weights if trainer.kl_coef > 0 else 0, activations=activations,

@@ -38,7 +38,8 @@ GROUPS = [
                   rewards=(1.0, 0.2, 1.0, 0.0), source="external"),
     TrainingGroup(prompt="bab=", completions=("abb\n", "abb\n"), rewards=(1.0, 1.0)),  # flat
 ]
-CONFIG = TrainerConfig(epochs=2, max_completion_tokens=8)  # the default lr, clip range, grad clip
+CONFIG = TrainerConfig(epochs=2, max_completion_tokens=8,  # the default lr, clip range, grad clip
+                       external_correction="off")  # the paper's update (test_offpolicy.py: the rest)
 ROUNDS = 3
 KEYS = ("loss", "pg_loss", "approx_kl", "clipfrac", "grad_norm")
 

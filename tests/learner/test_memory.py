@@ -234,6 +234,7 @@ def test_step_peak_rss_stays_under_the_config_estimate(local_qwen):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["train_tokens"] == 4 * 8 * 256 and r["oom_retries"] == 0 and r["microbatches"] >= 3
     full_logits = r["train_tokens"] * r["vocab"] * 4 * 2  # fp32 logits + their log-softmax
-    assert r["estimate_step_extra"] * 20 < full_logits
+    # 1/17 with the default external correction's entropy pass (1/23 without)
+    assert r["estimate_step_extra"] * 15 < full_logits
     assert r["step_peak_bytes"] <= r["estimate_step_extra"], r
     assert r["estimate_step_extra"] <= 4 * r["step_peak_bytes"], r  # the estimate is not vacuous

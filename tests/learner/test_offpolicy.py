@@ -89,8 +89,15 @@ def _train(base, config: TrainerConfig, groups: list[TrainingGroup], steps: int 
         torch.set_num_threads(threads)
 
 
-def test_correction_that_keeps_everything_is_today_s_update_bit_for_bit(embedded_base):
-    cfg = TrainerConfig(epochs=2, max_completion_tokens=8)
+def test_the_default_weighs_external_completions_by_their_excess_surprise_from_0():
+    """The default (bench/results/sapo_vs_isolated_quick_1000_4seeds.json: above the isolated
+    nodes at 1000 rounds, where the paper's uncorrected update falls below them)."""
+    cfg = TrainerConfig()
+    assert (cfg.external_correction, cfg.external_surprise_bound) == ("weight", 0.0)
+
+
+def test_correction_that_keeps_everything_is_the_paper_s_update_bit_for_bit(embedded_base):
+    cfg = TrainerConfig(epochs=2, max_completion_tokens=8, external_correction="off")
     off, off_stats = _train(embedded_base, cfg, [LOCAL, FAR])
     kept, kept_stats = _train(embedded_base, TrainerConfig(
         epochs=2, max_completion_tokens=8, external_correction="mask",
@@ -107,8 +114,9 @@ def test_a_masked_external_group_moves_the_model_as_if_it_were_absent(embedded_b
     masked_cfg = TrainerConfig(max_completion_tokens=8, external_correction="mask",
                                external_surprise_bound=1.0)
     masked, stats = _train(embedded_base, masked_cfg, [LOCAL, FAR], steps=1)
-    alone, _ = _train(embedded_base, TrainerConfig(max_completion_tokens=8), [LOCAL], steps=1)
-    off, _ = _train(embedded_base, TrainerConfig(max_completion_tokens=8), [LOCAL, FAR], steps=1)
+    plain = TrainerConfig(max_completion_tokens=8, external_correction="off")
+    alone, _ = _train(embedded_base, plain, [LOCAL], steps=1)
+    off, _ = _train(embedded_base, plain, [LOCAL, FAR], steps=1)
     assert stats[0]["external_downweighted"] == 1.0 and stats[0]["external_surprise"] > 1.0
     assert abs(stats[0]["local_surprise"]) < stats[0]["external_surprise"]
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(masked, alone))
