@@ -43,7 +43,9 @@ def check_clock(results: list[dict[str, Any]], *, max_future_s: float) -> Check:
                     "swarm-node do not answer the time question)")
     worst = max(told, key=lambda r: abs(r["clock_offset_ms"]))
     offset_s = worst["clock_offset_ms"] / 1000
-    error_s = worst.get("clock_rtt_ms", 0) / 2000
+    # half the round trip, plus the millisecond both integers are rounded to: on one machine
+    # the probe measured rtt 0 and offset 1 ms, which is agreement, not "0.0 s behind"
+    error_s = (worst.get("clock_rtt_ms", 0) / 2 + 1) / 1000
     peer = str(worst.get("peer", "?"))[:16]
     direction = "behind" if offset_s > 0 else "ahead of"
     found = f"this clock is {abs(offset_s):.1f} s {direction} {peer}…'s (±{error_s:.2f} s)"

@@ -127,7 +127,7 @@ def test_join_refuses_a_model_that_cannot_fit_before_any_child(tmp_path: Path) -
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"cannot start: model {str(model)!r} does not fit cpu: its "
-                               "training step needs 553.6 GiB (566910 MiB = weights "), lines
+                               "training step needs 553.7 GiB (567032 MiB = weights "), lines
     assert "is available; fix: it fits with --model embedded" in lines[0], lines
     assert not (data / "status.json").exists() and not (data / "identity.key").exists()
 
@@ -255,6 +255,7 @@ SYNC = ("fix: turn on time sync: `timedatectl set-ntp true` (systemd), or run ch
 
 @pytest.mark.parametrize(("answers", "want"), [
     ([_told(12)], f"ok    clock      this clock agrees with {PEER[:16]}…'s to within 0.02 s"),
+    ([_told(-1, rtt_ms=0)], f"ok    clock      this clock agrees with {PEER[:16]}…'s to within 0.00 s"),
     ([_told(-1500)], f"ok    clock      this clock is 1.5 s ahead of {PEER[:16]}…'s (±0.02 s)"),
     ([_told(800), _told(9000)],
      f"warn  clock      this clock is 9.0 s behind {PEER[:16]}…'s (±0.02 s); at 30 s messages "
