@@ -14,7 +14,7 @@ TORCH ?= torch==2.13.0
 UV ?= uv==0.13.8
 BIN := $(VENV)/bin
 NODES ?= 3
-ROUNDS ?= 5
+ROUNDS ?= 150
 CONSTRAINTS := deploy/constraints.txt
 PINS_VENV ?= .venv-pins
 

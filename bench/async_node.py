@@ -47,7 +47,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.learner_curve import moving_average  # noqa: E402 - after the path insert
+from node.report import moving_average  # noqa: E402 - after the path insert
 
 
 def arms(etas: list[int]) -> list[tuple[str, int, str]]:

@@ -21,20 +21,11 @@ from pathlib import Path
 from node.bridge import LoopbackHub
 from node.learner import (EngineConfig, LearnerConfig, PolicyConfig, SapoConfig, TaskConfig,
                           TrainerConfig, run_learner)
+from node.report import moving_average
 from protocol import Identity
 from protocol.records import RoundRecord
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def moving_average(xs: list[float], k: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x
-        if i >= k:
-            acc -= xs[i - k]
-        out.append(acc / min(i + 1, k))
-    return out
 
 
 def main() -> None:

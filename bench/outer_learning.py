@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.learner_curve import moving_average  # noqa: E402
+from node.report import moving_average  # noqa: E402
 from bench.sapo_vs_isolated import bootstrap_ratio  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

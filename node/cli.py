@@ -196,7 +196,7 @@ def status(data_dir: Path, max_age: float) -> None:
 
 @cli.command()
 @click.option("--nodes", type=click.IntRange(1, 64), default=3, show_default=True)
-@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--rounds", type=click.IntRange(min=1), default=150, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("swarm-report.json"), show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,

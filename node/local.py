@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.report import heldout_points, plot_rewards, write_json
+from node.report import learning, plot_rewards, write_json
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,20 @@ LOCAL_DEFAULTS = ("[outer]\nevery_rounds = 2\n\n[outer.optimizer]\nlr = 1.0\nmom
                   "final_wait_s = 60.0\n\n"
                   "[learner]\ncheckpoint_every = 2\neval_every = 10\n")
 BOOTSTRAP_TIMEOUT_S = 120.0
+
+
+def _learned(summary: dict[str, Any] | None) -> str:
+    """One node's learning in words (``node.report.learning``)."""
+    if summary is None:
+        return "no round scored"
+    k = summary["window"]
+    text = (f"training accuracy {summary['first']:.2f} over its first {k} round{'s' * (k > 1)}"
+            f" -> {summary['last']:.2f} over its last {k}")
+    if "heldout_last" in summary:
+        a, b = summary["heldout_first"], summary["heldout_last"]
+        text += (f"; held-out greedy {a['greedy']:.2f} after {a['after_rounds']} rounds -> "
+                 f"{b['greedy']:.2f} after {b['after_rounds']}")
+    return text
 
 
 @dataclass
@@ -150,7 +164,8 @@ class LocalSwarm:
             except (OSError, json.JSONDecodeError):
                 missing.append(name)
                 continue
-            nodes.append({**node, "name": name, "exit_code": code, "data_dir": str(base / name)})
+            nodes.append({**node, "name": name, "exit_code": code, "data_dir": str(base / name),
+                          "learning": learning(node.get("rounds", []))})
         ok = not missing and all(c == 0 for c in codes.values())
         report = {"nodes": nodes, "swarm_id": self.swarm_id, "rounds": self.rounds,
                   "seconds": round(seconds, 1), "base_dir": str(base), "ok": ok,
@@ -160,14 +175,9 @@ class LocalSwarm:
         plot_rewards(nodes, png, title=f"{len(nodes)} nodes, {self.rounds} rounds")
         for n in nodes:
             rs = n.get("rounds", [])
-            held = heldout_points(rs)
-            log.info("%s %s: %d rounds, received %d, external used %d, last reward %s, "
-                     "held-out accuracy %s", n["name"], n.get("peer_id", "")[-8:], len(rs),
-                     sum(r.get("rollouts_received", 0) for r in rs),
-                     sum(r.get("external_used", 0) for r in rs),
-                     rs[-1].get("mean_reward") if rs else None,
-                     (f"greedy {held[-1][1]:.3f} sampled {held[-1][2]:.3f} after {held[-1][0]} "
-                      f"rounds" if held else "none (eval_every rounds not reached)"))
+            log.info("%s %s: %d rounds, received %d, external used %d; %s", n["name"],
+                     n.get("peer_id", "")[-8:], len(rs), sum(r.get("rollouts_received", 0) for r in rs),
+                     sum(r.get("external_used", 0) for r in rs), _learned(learning(rs)))
         log.info("swarm report: %s, curves: %s (%s)", self.report, png,
                  "ok" if ok else f"FAILED: exit codes {codes}, missing {missing}")
         return 0 if ok else 1

@@ -42,6 +42,38 @@ def discarded_rounds(outer_steps: list[dict[str, Any]]) -> int:
     return total + last
 
 
+def moving_average(xs: list[float], k: int) -> list[float]:
+    """Trailing mean over the last ``k`` values (fewer at the start)."""
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= k:
+            acc -= xs[i - k]
+        out.append(acc / min(i + 1, k))
+    return out
+
+
+def smoothing_window(n: int) -> int:
+    """The moving-average window the plots use for a curve of ``n`` points (1: none)."""
+    return 1 if n < 20 else max(5, n // 15)
+
+
+def learning(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a node learned over its rounds: its mean training accuracy over the first and
+    the last tenth of them (at least one round each), and its first and last held-out greedy
+    accuracy, when scored. None without a round that has an accuracy."""
+    acc = [float(r["accuracy"]) for r in rounds if isinstance(r.get("accuracy"), (int, float))]
+    if not acc:
+        return None
+    k = max(1, len(acc) // 10)
+    out: dict[str, Any] = {"window": k, "first": sum(acc[:k]) / k, "last": sum(acc[-k:]) / k}
+    held = heldout_points(rounds)
+    if held:
+        out["heldout_first"] = {"after_rounds": held[0][0], "greedy": held[0][1]}
+        out["heldout_last"] = {"after_rounds": held[-1][0], "greedy": held[-1][1]}
+    return out
+
+
 def heldout_points(rounds: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
     """(rounds trained, greedy accuracy, sampled accuracy) of every held-out score in a
     node's round records (``heldout``, every ``eval_every`` rounds)."""
@@ -55,7 +87,8 @@ def heldout_points(rounds: list[dict[str, Any]]) -> list[tuple[int, float, float
 
 
 def plot_rewards(nodes: list[dict[str, Any]], path: Path, *, title: str = "") -> None:
-    """One reward curve per node (round → mean reward of its local rollouts) and, when any
+    """One reward curve per node (round → mean reward of its local rollouts; past 20 rounds
+    thin, under its moving average, so a rise shows through the noise) and, when any
     node scored the held-out set, a second panel: per node its training accuracy (thin) and
     held-out greedy (solid, dots) and sampled (dashed) accuracy, against rounds trained."""
     import matplotlib
@@ -71,9 +104,16 @@ def plot_rewards(nodes: list[dict[str, Any]], path: Path, *, title: str = "") ->
     for node in nodes:
         pts = [(r["round"], r["mean_reward"]) for r in node.get("rounds", [])
                if r.get("mean_reward") is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o", ms=3, label=str(node.get("peer_id", "?"))[-8:])
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        name, window = str(node.get("peer_id", "?"))[-8:], smoothing_window(len(pts))
+        if window == 1:
+            ax.plot(xs, ys, marker="o", ms=3, label=name)
+            continue
+        line, = ax.plot(xs, ys, lw=0.6, alpha=0.35)
+        ax.plot(xs, moving_average(list(ys), window), color=line.get_color(), lw=2,
+                label=f"{name} (mean of {window} rounds)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("mean reward (local rollouts)")
