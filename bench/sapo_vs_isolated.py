@@ -3,8 +3,9 @@
 The SAPO paper's controlled protocol (docs/notes/sapo.md) on the node's defaults (the embedded
 warm-started model on ``letter_sort``, 0/1 correctness): N nodes, an equal budget of
 ``questions_per_round`` groups x 8 completions per node and round in every split, the
-zero-advantage filter on external groups, splits ``I/J`` (and ``adaptive``, when SapoConfig has
-``adaptive_external``), several seeds. Figures of merit: cumulative accuracy and cumulative
+zero-advantage filter on external groups, splits ``I/J`` (and ``adaptive``: SapoConfig's
+``adaptive_external`` picking J each round between a quarter and three quarters of the budget,
+the paper's 6/2 to 2/6), several seeds. Figures of merit: cumulative accuracy and cumulative
 reward (sum over nodes and rounds of the per-round mean over each node's own local rollouts),
 each split over 8/0 with a 95% bootstrap interval over seeds (seeds resampled, paired).
 
@@ -95,11 +96,11 @@ def run_swarm(*, nodes: int, rounds: int, split: str, budget: int, seed: int, lr
 
     arm = split
     split, correction = parse_arm(arm)
-    adaptive = split == "adaptive"
-    local, external = (budget // 2, budget - budget // 2) if adaptive else map(int, split.split("/"))
+    adaptive = split == "adaptive"  # J each round in [budget/4, 3 budget/4]: 6/2 to 2/6 at 8
+    local, external = (budget // 4, budget - budget // 4) if adaptive else map(int, split.split("/"))
     if local + external != budget:
         raise SystemExit(f"split {split}: I + J must equal the budget ({budget})")
-    extra = {"adaptive_external": True} if adaptive else {}
+    extra = {"adaptive_external": True, "min_external": budget // 4} if adaptive else {}
     sapo = SapoConfig(questions_per_round=budget, external=external, **extra)
     trainer = TrainerConfig(**({"lr": lr} if lr else {}), **correction)
     ids = [Identity.from_seed(bytes([seed % 256, i + 1]) * 16) for i in range(nodes)]
