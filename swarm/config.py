@@ -226,9 +226,17 @@ class RelayConfig:
     hole_punch_idle_s: float = 10.0
     """After a punch, the relayed connection is closed once none of its collective tunnels
     moved a byte for this long (new tunnels already go direct; a running exchange is not cut)."""
+    upnp: bool = True
+    """Ask the router on the LAN (UPnP-IGD, swarm.upnp) to forward the swarm port and the
+    collective port to this node, so that peers dial it directly (``public``, no relay); the
+    mappings are renewed and removed when the node stops. Not tried with ``announce`` set or
+    when listening on loopback only; a node without such a router carries on as without it."""
+    upnp_lease_s: float = 3600.0
+    """Lease asked for each UPnP mapping (>= 10); renewed at half of it, so a node that dies
+    without removing its mappings leaves them to the router for at most this long."""
 
     def __post_init__(self) -> None:
-        for name in ("service", "hole_punch"):
+        for name in ("service", "hole_punch", "upnp"):
             if not isinstance(getattr(self, name), bool):
                 raise TableError(name, "must be a bool")
         positive(self, "reachability_interval_s", "reservations", "max_reservations",
@@ -236,6 +244,8 @@ class RelayConfig:
                   "hole_punch_idle_s")
         if self.reservation_ttl_s < 120:
             raise TableError("reservation_ttl_s", "must be >= 120 (refreshed 60 s before expiry)")
+        if not self.upnp_lease_s >= 10:
+            raise TableError("upnp_lease_s", "must be >= 10 (renewed at half of it)")
 
 
 _SECTIONS: dict[str, type] = {"peers": PeersConfig, "announcements": AnnouncementsConfig,

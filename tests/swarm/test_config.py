@@ -51,7 +51,8 @@ def _at(config: GossipConfig, dotted: str) -> object:
     return value
 
 
-ADDED_SINCE = {"feeds.probe_rounds", "feeds.probe_s", "relay.hole_punch", "relay.hole_punch_idle_s"}
+ADDED_SINCE = {"feeds.probe_rounds", "feeds.probe_s", "relay.hole_punch", "relay.hole_punch_idle_s",
+               "relay.upnp", "relay.upnp_lease_s"}
 """Sub-table keys added after the split (issues 32, 33): they never had a flat name."""
 
 
