@@ -14,6 +14,7 @@ Modules, bottom up::
     reachability – dial-back protocol: can peers dial us? (public / relayed / unreachable)
     clock        – time protocol: a peer's clock offset from ours (doctor's skew check)
     relay        – circuit relay v2: serve as a relay, hold reservations, dial via relays
+    upnp         – PortMapper: the router's port mappings (UPnP-IGD), leased and renewed
     nat          – NatManager: reachability checks, relay service and reservations, addrs
     tunnel       – TunnelHub: the collective's TCP to a peer nobody can dial, over libp2p
     ipc_server   – Unix-socket server for node.ipc_client.SocketBridge

@@ -6,6 +6,11 @@ reservations on up to ``relay.reservations`` relays (bootstrap peers first) and 
 ``p2p-circuit`` addresses instead of our private ones. Alongside, ``HolePuncher``
 (swarm.holepunch) turns relayed connections into direct ones where both NATs allow it;
 ``stats()`` counts peers by link (``peers_direct``, ``peers_relayed``) and the punches.
+Before the first check, ``PortMapper`` (swarm.upnp) asks the router on the LAN to forward
+the swarm port (and the collective port once the learner announces it): where it does, the
+dial-back reaches us at the mapped port, we are ``public`` and announce the mapped addresses
+(the collective one too), so peers dial us directly; the first check waits for it at most
+``UPNP_SETTLE_S``, and a mapping gained or lost triggers a check at once.
 Every change of state or addresses is logged once with what it means and what to do, and
 handed to ``on_addrs`` (the service re-announces). Re-checks every
 ``relay.reachability_interval_s``, and at once when a relay is lost.
@@ -36,6 +41,7 @@ from swarm.reachability import (
     decide,
 )
 from swarm.relay import RelayHub
+from swarm.upnp import CALL_TIMEOUT_S, DISCOVER_TIMEOUT_S, collective_port, port_mapper
 
 __all__ = ["NatManager"]
 
@@ -45,6 +51,9 @@ MAX_ASKED = 4
 """Peers asked per check besides the bootstrap peers."""
 PUNCH_DIAL_TIMEOUT_S = 5.0
 """Upper bound of one hole-punch dial (a round lasts 5 s in py-libp2p 0.8.1)."""
+UPNP_SETTLE_S = DISCOVER_TIMEOUT_S + CALL_TIMEOUT_S
+"""Longest the first reachability check waits for the UPnP mapping: without a router on the
+LAN, discovery's bound (2 s); with one, until it mapped the swarm port or failed to."""
 
 
 class NatManager:
@@ -63,6 +72,10 @@ class NatManager:
         self.puncher = HolePuncher(
             host, dial_timeout_s=min(PUNCH_DIAL_TIMEOUT_S, config.peers.dial_timeout_s),
             idle_s=config.relay.hole_punch_idle_s) if config.relay.hole_punch else None
+        self.mapper = port_mapper(config, on_change=self._mapping_changed)
+        self._check_soon = False
+        self._unmapped_logged = False
+        self.want_collective(config.collective_addrs)
 
     def watch_tunnels(self, last_io: Callable[[INetStream], float | None]) -> None:
         """Keep a punched peer's relayed connection while its tunnels are busy (swarm.tunnel)."""
@@ -73,7 +86,30 @@ class NatManager:
         return {**self.state.stats(), **self.relay.serving(),
                 "relay_reservations": len(self.relay.held()), "relay_lost": self.lost_relays,
                 "dialback_served": self.server.served, "dialback_refused": self.server.refused,
-                **(self.puncher.stats() if self.puncher is not None else {})}
+                **(self.puncher.stats() if self.puncher is not None else {}),
+                **(self.mapper.stats() if self.mapper is not None else {})}
+
+    # -- UPnP ------------------------------------------------------------------------------
+    def want_collective(self, collective_addrs: tuple[str, ...] | list[str]) -> None:
+        """The learner announced its collective (p2pd) addresses: map that port too."""
+        port = collective_port(collective_addrs)
+        if self.mapper is not None and port is not None:
+            self.mapper.want("collective", port)
+
+    def collective_addrs(self, addrs: tuple[str, ...] | list[str]) -> list[str]:
+        """The learner's collective addresses, behind the router's mapping of that port while
+        peers can dial us (what to announce)."""
+        mapping = self.mapper.get("collective") if self.mapper is not None else None
+        if mapping is None or self.state.state != "public" or \
+                mapping.internal_port != collective_port(addrs):
+            return list(addrs)
+        ip = self.state.observed_ip if "." in self.state.observed_ip else mapping.external_ip
+        mapped = f"/ip4/{ip}/tcp/{mapping.external_port}/p2p/{self.host.get_id()}"
+        return [mapped, *(a for a in addrs if a != mapped)]
+
+    def _mapping_changed(self) -> None:
+        self._check_soon = True  # the dial-back says whether the mapping works
+        self.on_addrs(self._addrs)  # re-announced: the collective's mapped address too
 
     async def run(self, direct_addrs: list[str], *,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -89,11 +125,19 @@ class NatManager:
             await nursery.start(self.relay.run)
             if self.config.bootstrap_only:  # the operator publishes its address: a relay
                 self.relay.enable_hop()
+            if self.mapper is not None:
+                nursery.start_soon(self.mapper.run)
+                if self._listen_port():
+                    self.mapper.want("swarm", self._listen_port())
             task_status.started()
+            if self.mapper is not None:  # the first check finds a mapping in place
+                with trio.move_on_after(UPNP_SETTLE_S):
+                    await self.mapper.settled.wait()
             next_check = 0.0
             while True:
                 now = trio.current_time()
-                if now >= next_check:
+                if now >= next_check or self._check_soon:
+                    self._check_soon = False
                     await self.check()
                     decided = self.state.state != "unknown"
                     next_check = now + (self.config.relay.reachability_interval_s if decided
@@ -103,6 +147,13 @@ class NatManager:
 
     # -- reachability ----------------------------------------------------------------------
     def _port(self) -> int:
+        """The swarm port peers dial: the router's mapping of it, else ours."""
+        mapping = self.mapper.get("swarm") if self.mapper is not None else None
+        if mapping is not None:
+            return mapping.external_port
+        return self._listen_port()
+
+    def _listen_port(self) -> int:
         for text in (*self.config.announce, *map(str, self.host.get_transport_addrs())):
             try:
                 return int(multiaddr.Multiaddr(text).value_for_protocol("tcp"))
@@ -143,11 +194,19 @@ class NatManager:
             return
         self.state.observed_ip = observed
         self.state.checked_at = time.time()
+        mapping = self.mapper.get("swarm") if self.mapper is not None else None
         if public:
-            self._set("public", f"peers dialled us back at {observed}:{self._port()}")
+            self._set("public", f"peers dialled us back at {observed}:{self._port()}"
+                      + (" (the router forwards it: UPnP)" if mapping is not None else ""))
             self.relay.enable_hop()
             self._publish(self._with_observed(observed))
         else:
+            if mapping is not None and not self._unmapped_logged:
+                self._unmapped_logged = True
+                logger.warning("UPnP: the router forwards %s:%d to us, yet no peer could dial "
+                               "%s:%d: another NAT or a firewall in front of the router",
+                               mapping.external_ip, mapping.external_port, observed,
+                               mapping.external_port)
             await self._keep_relays(force=True)
 
     def _relayed(self, peer: ID) -> bool:
@@ -208,3 +267,4 @@ class NatManager:
         if addrs != self._addrs:
             self._addrs = addrs
             self.on_addrs(addrs)
+

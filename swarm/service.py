@@ -16,7 +16,8 @@ Task tree (one nursery, closed on shutdown)::
           ├── FeedClient.run                 (feeds mode: k rotating feeds, swarm.feeds)
           ├── announce loop                  (signed PeerAnnouncement; period grows with the
           │                                  peer table, swarm.peers.announce_interval)
-          ├── NatManager.run                 (reachability, relay service and reservations)
+          ├── NatManager.run                 (reachability, relay service and reservations,
+          │                                  UPnP port mappings: swarm.upnp)
           └── Dialer.maintain                (expiry, re-dial, top up to peers.target)
 """
 
@@ -241,7 +242,8 @@ class GossipService:
         return PeerAnnouncement(
             peer_id=self.identity.peer_id, addrs=tuple(self.addrs[:16]),
             model=self.profile["model"], capabilities=tuple(self.profile["capabilities"]),
-            version=SOFTWARE_VERSION, collective_addrs=tuple(self.profile["collective_addrs"]),
+            version=SOFTWARE_VERSION,
+            collective_addrs=tuple(self.nat.collective_addrs(self.profile["collective_addrs"])[:16]),
             bootstrap_only=self.config.bootstrap_only, interval_s=round(interval_s, 3))
 
     async def _ensure_connected(self, peer: ID) -> bool:
@@ -318,6 +320,7 @@ class GossipService:
                                             **{k: args[k] for k in self.profile if k in args}})
         self.profile = {"model": probe.model, "capabilities": probe.capabilities,
                         "collective_addrs": probe.collective_addrs}
+        self.nat.want_collective(probe.collective_addrs)  # UPnP maps the collective port too
 
     def links(self) -> dict[str, str]:
         """Each connected peer's link: ``direct``, or ``relayed`` when every connection to it
