@@ -4,7 +4,8 @@ Needs root, iproute2 (``ip``, ``tc``), ``/dev/net/tun``, and ``iptables`` for NA
 :func:`missing` names what is absent with the command that fixes it. ``netem`` is not
 needed (this kernel has none): delay comes from a user-space router on TUN devices
 (bench/wan/router.py), rate from ``tbf``, NAT from iptables MASQUERADE in a gateway
-namespace per NATed host.
+namespace per NATed host (and, in the ``upnp`` mode, Debian's miniupnpd in it:
+:func:`ensure_miniupnpd`; such a bed needs a public-looking ``subnet="11.213"``).
 
 Python API (stable; used by tests/wan and the NAT tests)::
 
@@ -12,7 +13,7 @@ Python API (stable; used by tests/wan and the NAT tests)::
 
     specs = hosts(["boot", "pub", "nat1", "nat2"], rtt_ms=80, rate_mbit=50,
                   nat=["nat1", "nat2"],              # or [HostSpec(name=..., ...), ...]
-                  nat_mode="home")                   # NAT_MODES: masquerade|home|symmetric
+                  nat_mode="home")                   # NAT_MODES: masquerade|home|symmetric|upnp
     with WanBed(specs) as bed:                       # raises BedUnavailable if not root etc.
         bed.addr("pub")          # '10.213.0.2'  the host's own address: bind/listen here
         bed.addr("nat1")         # '192.168.2.2' private, behind its gateway
@@ -48,7 +49,8 @@ CLI::
 from __future__ import annotations
 
 from .bed import NAT_MODES, BedError, HostSpec, NatMode, WanBed, down, hosts, instances, stale
-from .checks import BedUnavailable, ensure_iptables, missing, require
+from .checks import BedUnavailable, ensure_iptables, ensure_miniupnpd, missing, require
 
 __all__ = ["NAT_MODES", "BedError", "BedUnavailable", "HostSpec", "NatMode", "WanBed", "down",
-           "ensure_iptables", "hosts", "instances", "missing", "require", "stale"]
+           "ensure_iptables", "ensure_miniupnpd", "hosts", "instances", "missing", "require",
+           "stale"]

@@ -8,7 +8,7 @@ import logging
 import sys
 
 from . import bed as wan
-from .checks import BedUnavailable, ensure_iptables, missing
+from .checks import BedUnavailable, ensure_iptables, ensure_miniupnpd, missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="what their gateways do (bench.wan.bed.NAT_MODES)")
     up.add_argument("--mtu", type=int, default=1500)
     up.add_argument("--install", action="store_true",
-                    help="apt-get install iptables first if NAT needs it and it is missing")
+                    help="apt-get install iptables (and miniupnpd for --nat-mode upnp) first if "
+                         "NAT needs it and it is missing")
     dn = sub.add_parser("down", help="remove a bed (or all beds) and everything inside")
     dn.add_argument("--tag", default="cli")
     dn.add_argument("--stale", action="store_true",
@@ -49,10 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     specs = wan.hosts(names, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms,
                       rate_mbit=args.rate_mbit, nat=[n for n in args.nat.split(",") if n],
                       nat_mode=args.nat_mode)
-    if args.install and any(s.nat for s in specs) and (why := ensure_iptables()):
+    upnp = any(s.nat for s in specs) and args.nat_mode == "upnp"
+    if args.install and any(s.nat for s in specs) and (
+            why := ensure_iptables() or (ensure_miniupnpd() if upnp else None)):
         print(why, file=sys.stderr)
         return 2
-    bed = wan.WanBed(specs, tag=args.tag, mtu=args.mtu, owner_pid=None)
+    # miniupnpd forwards nothing on a private WAN address: upnp beds get a public-looking one
+    bed = wan.WanBed(specs, tag=args.tag, mtu=args.mtu, owner_pid=None,
+                     subnet="11.213" if upnp else "10.213")
     try:
         bed.up()
     except BedUnavailable as e:

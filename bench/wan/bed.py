@@ -16,12 +16,14 @@ State of live beds: /tmp/swnwan/T.json (read by ``python -m bench.wan status|dow
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import logging
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .checks import require
+from .checks import BedUnavailable, require
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,20 @@ PREFIX = "swnw"
 STATE_DIR = Path("/tmp/swnwan")
 REPO = Path(__file__).resolve().parents[2]
 TUN = "swnwt"
+MINIUPNPD_HTTP_PORT = 5000
+"""Where a ``upnp`` gateway's miniupnpd serves IGD control (on the LAN veth only)."""
+_UPNP_NFT = """
+table inet swnw_upnp {
+    chain forward { type filter hook forward priority 0; policy accept; jump miniupnpd; }
+    chain miniupnpd { }
+    chain prerouting { type nat hook prerouting priority -100; policy accept;
+                       jump prerouting_miniupnpd; }
+    chain postrouting { type nat hook postrouting priority 100; policy accept;
+                        jump postrouting_miniupnpd; }
+    chain prerouting_miniupnpd { }
+    chain postrouting_miniupnpd { }
+}
+"""
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _TAG = re.compile(r"^[a-z0-9]{1,6}$")
 
@@ -62,19 +78,25 @@ class NatMode:
     drop_unsolicited: bool = False
     """Drop inbound connection attempts that match no mapping silently (most home routers);
     False: the gateway's kernel answers them with a TCP RST (Linux's default)."""
+    upnp: bool = False
+    """Run Debian's miniupnpd (``miniupnpd-nftables``, the backend that matches the bed's
+    iptables-nft) on the LAN side: hosts behind the gateway may map ports (UPnP-IGD, secure
+    mode: only to their own address). miniupnpd 2.3.1 refuses to forward when the WAN
+    address is private, so such a bed needs a public-looking subnet (``subnet="11.213"``)."""
 
 
 NAT_MODES: dict[str, NatMode] = {
     "masquerade": NatMode(),
     "home": NatMode(drop_unsolicited=True),
     "symmetric": NatMode(masquerade=("--random-fully",), drop_unsolicited=True),
+    "upnp": NatMode(drop_unsolicited=True, upnp=True),
 }
 """Gateway modes by name (``HostSpec.nat_mode``). ``masquerade``: plain MASQUERADE, an
 unsolicited SYN is answered with RST (the bed's original NAT); ``home``: port-preserving
 MASQUERADE that drops unsolicited inbound (the common home router: a hole punch's early SYN
 is dropped and retransmitted instead of resetting the other side); ``symmetric``: a new
 random external port per connection (port prediction fails: punching must fail, the relay
-carries on)."""
+carries on); ``upnp``: ``home`` plus a UPnP-IGD server (miniupnpd) a host may map ports on."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +188,11 @@ class WanBed:
             raise ValueError(f"mtu: {mtu} not in [576, 65000]")
         if not re.match(r"^\d{1,3}\.\d{1,3}$", subnet):
             raise ValueError(f"subnet: {subnet!r} must be two octets like '10.213'")
+        if any(s.nat and NAT_MODES[s.nat_mode].upnp for s in specs) and \
+                not ipaddress.ip_address(f"{subnet}.0.1").is_global:
+            raise ValueError(f"subnet: {subnet!r} is private, and miniupnpd 2.3.1 forwards no "
+                             "port on a private WAN address: use a public-looking one like "
+                             "'11.213' (the bed's addresses never leave its namespaces)")
         self.specs = {s.name: s for s in specs}
         self.mtu, self.subnet, self.tbf_latency_ms, self.seed = mtu, subnet, tbf_latency_ms, seed
         self.owner_pid = os.getpid() if owner_pid == -1 else owner_pid
@@ -308,6 +335,44 @@ class WanBed:
         if mode.drop_unsolicited:  # a SYN in a mapping's reply direction is not NEW: let in
             sh("ip", "netns", "exec", gw, "iptables", "-A", "INPUT", "-i", TUN, "-m",
                "conntrack", "--ctstate", "NEW", "-j", "DROP")
+        if mode.upnp:  # its DNAT'd SYNs are forwarded, not INPUT: the DROP above spares them
+            self._miniupnpd(name, gw)
+
+    def _miniupnpd(self, name: str, gw: str) -> None:
+        """miniupnpd in ``gw``, serving the LAN veth; ready once its HTTP port listens."""
+        if shutil.which("miniupnpd") is None or shutil.which("nft") is None:
+            raise BedUnavailable(["miniupnpd and nft, for the upnp gateway mode "
+                                  "(apt-get install miniupnpd-nftables nftables)"])
+        # the table and chains miniupnpd fills (it creates none itself); the forward policy
+        # stays accept (Debian's nft_init.sh drops, which would cut the NAT's own traffic)
+        r = subprocess.run(["ip", "netns", "exec", gw, "nft", "-f", "-"], input=_UPNP_NFT,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BedError(f"nft in {gw} failed: {r.stderr.strip()}")
+        k = self._index[name]
+        base = STATE_DIR / f"{self.tag}.{name}.miniupnpd"
+        conf = f"{base}.conf"
+        Path(conf).write_text("\n".join([
+            f"ext_ifname={TUN}", "listening_ip=swnwg", f"port={MINIUPNPD_HTTP_PORT}",
+            "enable_upnp=yes", "enable_natpmp=no", "secure_mode=yes", "system_uptime=no",
+            "upnp_table_name=swnw_upnp", "upnp_nat_table_name=swnw_upnp",
+            "upnp_forward_chain=miniupnpd", "upnp_nat_chain=prerouting_miniupnpd",
+            "upnp_nat_postrouting_chain=postrouting_miniupnpd",
+            f"uuid=4e5c3b2a-1d0f-4c8b-9a7e-{k:012d}",
+            f"allow 1024-65535 192.168.{k}.0/24 1024-65535", "deny 0-65535 0.0.0.0/0 0-65535",
+            ""]))
+        log = open(f"{base}.log", "ab")
+        self._procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", gw, "miniupnpd", "-d", "-f", conf, "-P", f"{base}.pid"],
+            stdout=log, stderr=log, start_new_session=True))
+        log.close()
+        deadline = time.monotonic() + 10
+        while f":{MINIUPNPD_HTTP_PORT} " not in sh("ip", "netns", "exec", gw, "ss", "-ltnH",
+                                                  check=False).stdout:
+            if time.monotonic() > deadline or self._procs[-1].poll() is not None:
+                err = Path(f"{base}.log").read_text(errors="replace")[-2000:]
+                raise BedError(f"miniupnpd in {gw} did not start: {err}")
+            time.sleep(0.1)
 
     def _tbf(self, ns: str, dev: str, rate_mbit: float | None) -> None:
         if rate_mbit is None:
@@ -422,4 +487,6 @@ def down(tag: str) -> list[str]:
         sh("ip", "netns", "del", ns, check=False)
     for suffix in (".json", ".stats.json", ".router.log"):
         (STATE_DIR / f"{tag}{suffix}").unlink(missing_ok=True)
+    for f in STATE_DIR.glob(f"{tag}.*.miniupnpd.*") if STATE_DIR.exists() else []:
+        f.unlink(missing_ok=True)
     return ours

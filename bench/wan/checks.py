@@ -50,12 +50,25 @@ def ensure_iptables(*, timeout_s: float = 300.0) -> str | None:
     Returns None when iptables is (now) there, else the reason it could not be had.
     ``timeout_s`` bounds all the apt-get runs together.
     """
-    if shutil.which("iptables") is not None:
+    return _ensure(["iptables"], ["iptables"], timeout_s=timeout_s)
+
+
+def ensure_miniupnpd(*, timeout_s: float = 300.0) -> str | None:
+    """Install Debian's miniupnpd (the nftables build, matching the bed's iptables-nft) and
+    nft (its tables are made with it) for the ``upnp`` gateway mode, as ``ensure_iptables``."""
+    return _ensure(["miniupnpd", "nft"], ["miniupnpd-nftables", "nftables"],
+                   timeout_s=timeout_s)
+
+
+def _ensure(tools: list[str], packages: list[str], *, timeout_s: float) -> str | None:
+    """apt-get install ``packages`` unless every one of ``tools`` is on the PATH."""
+    what = " and ".join(tools)
+    if all(shutil.which(t) is not None for t in tools):
         return None
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return "iptables missing (apt-get install iptables)"
+        return f"{what} missing (apt-get install {' '.join(packages)})"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "iptables"]
+    install = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
     end = time.monotonic() + timeout_s
     for cmds in ([install], [["apt-get", "update"], install]):
         try:
@@ -66,6 +79,6 @@ def ensure_iptables(*, timeout_s: float = 300.0) -> str | None:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             log.info("%s failed: %s", cmd, e)
             continue
-        if shutil.which("iptables") is not None:
+        if all(shutil.which(t) is not None for t in tools):
             return None
-    return "iptables missing and `apt-get install iptables` failed"
+    return f"{what} missing and `apt-get install {' '.join(packages)}` failed"
