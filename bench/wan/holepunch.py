@@ -52,6 +52,12 @@ class Nodes:
     def stats(self, name: str) -> dict[str, int]:
         return self.bridges[name].stats()
 
+    def stop(self) -> None:
+        """Close the bridges, then stop every process."""
+        for b in self.bridges.values():
+            b.close()
+        self.procs.stop_all()
+
 
 def start(bed: WanBed, root: Path, **config: Any) -> Nodes:
     """boot (public, a relay) and n1, n2, each with a learner's IPC socket."""
@@ -134,9 +140,7 @@ def trial(mode: str, *, rtt_ms: float = 80.0, rate_mbit: float = 50.0,
             rec["stats"] = {n: {k: nodes.stats(n).get(k) for k in keys} for n in NATED}
         finally:
             if nodes is not None:
-                for b in nodes.bridges.values():
-                    b.close()
-                nodes.procs.stop_all()
+                nodes.stop()
             shutil.rmtree(root, ignore_errors=True)
     return rec
 

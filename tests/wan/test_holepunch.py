@@ -154,9 +154,7 @@ def test_home_nats_punch_to_a_direct_connection():
                   "batches lost across the switch")
         finally:
             if nodes is not None:
-                for b in nodes.bridges.values():
-                    b.close()
-                nodes.procs.stop_all()
+                nodes.stop()
             shutil.rmtree(root, ignore_errors=True)
 
 
@@ -197,7 +195,5 @@ def test_symmetric_nats_stay_relayed_and_working():
                   f"attempt(s); tunnel echo of 1 MiB {result['seconds']:.2f} s via the relay")
         finally:
             if nodes is not None:
-                for b in nodes.bridges.values():
-                    b.close()
-                nodes.procs.stop_all()
+                nodes.stop()
             shutil.rmtree(root, ignore_errors=True)

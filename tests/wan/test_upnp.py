@@ -213,7 +213,5 @@ def test_a_upnp_router_makes_a_nated_node_public_and_directly_reachable():
                   f"n2 punches {b2.stats().get('holepunch_attempts')}")
         finally:
             if nodes is not None:
-                for b in nodes.bridges.values():
-                    b.close()
-                nodes.procs.stop_all()
+                nodes.stop()
             shutil.rmtree(root, ignore_errors=True)
