@@ -267,4 +267,3 @@ class NatManager:
         if addrs != self._addrs:
             self._addrs = addrs
             self.on_addrs(addrs)
-

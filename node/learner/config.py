@@ -259,10 +259,11 @@ class TrainerConfig:
     completion whose excess surprise under our policy (nats per token beyond our own
     entropy) is above ``external_surprise_bound``; ``weight`` (the default) scales it by
     ``min(1, exp(bound - surprise))``. Costs one more pass of the output head over the
-    batch in a round's first epoch (the entropy). Why the default: at the SAPO bench's
-    quick preset (4 nodes, 4/4 split, 1000 rounds, 4 seeds,
-    ``bench/results/sapo_vs_isolated_quick_1000_4seeds.json``) ``weight`` with bound 0 gets
-    1.14x [1.13, 1.15] the isolated nodes' (8/0) cumulative accuracy, ``off`` 0.75x [0.71, 0.80]."""
+    batch in a round's first epoch (the entropy). Why the default: in the SAPO bench's full
+    preset (8 nodes, 400 rounds, 3 seeds, ``bench/results/sapo_vs_isolated.json``) 4/4 with
+    ``weight`` at bound 0 gets 1.26x [1.25, 1.27] the isolated nodes' (8/0) cumulative
+    accuracy, ``off`` 0.96x [0.91, 1.00]; over 1000 rounds (4 nodes, 4 seeds) ``off`` fell
+    to 0.75x (``sapo_vs_isolated_quick_1000_4seeds.json``)."""
     external_surprise_bound: float = 0.0
     """The bound of ``external_correction``, in nats per token (>= 0). 0 (the default) keeps
     at full weight only external completions at least as likely as our own typical sample

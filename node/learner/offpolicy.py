@@ -27,10 +27,10 @@ sequence-level ratio, with the proxy in place of the behaviour log-probs we cann
   the proxy, truncated at 1 (never up-weighted).
 
 The default is ``weight`` with bound 0: every external completion less likely than our own
-typical sample is weighted by ``exp(-surprise)``. At the SAPO bench's quick preset (4 nodes,
-4/4, 1000 rounds, 4 seeds: ``bench/results/sapo_vs_isolated_quick_1000_4seeds.json``) the
-paper's update (``off``) falls below the isolated nodes as the run goes on (0.75x [0.71, 0.80] their
-cumulative accuracy) and the default stays above them (1.14x [1.13, 1.15]).
+typical sample is weighted by ``exp(-surprise)``. In the SAPO bench (``bench/results/
+sapo_vs_isolated.json``: 8 nodes, 4/4, 400 rounds, 3 seeds) the paper's update (``off``) ends
+at 0.96x [0.91, 1.00] the isolated nodes' cumulative accuracy (0.75x over 1000 rounds at 4
+nodes) and the default above them (1.26x [1.25, 1.27]).
 
 The weight multiplies the completion's policy-gradient term only; the loss keeps its
 denominator (AReaL: the original mask), so a masked completion takes its share of the group's

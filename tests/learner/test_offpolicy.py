@@ -90,8 +90,8 @@ def _train(base, config: TrainerConfig, groups: list[TrainingGroup], steps: int 
 
 
 def test_the_default_weighs_external_completions_by_their_excess_surprise_from_0():
-    """The default (bench/results/sapo_vs_isolated_quick_1000_4seeds.json: above the isolated
-    nodes at 1000 rounds, where the paper's uncorrected update falls below them)."""
+    """The default (bench/results/sapo_vs_isolated.json: 1.26x the isolated nodes, where the
+    paper's uncorrected update is at 0.96x)."""
     cfg = TrainerConfig()
     assert (cfg.external_correction, cfg.external_surprise_bound) == ("weight", 0.0)
 
