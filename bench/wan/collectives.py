@@ -13,6 +13,12 @@ initiators (the router's ``tcp_simultaneous_open``), the security handshake fail
 peer misses the step; at 0 RTT the window is too short to hit.
 
     PYTHONPATH=$PWD python -m bench.wan.collectives --rtt-ms 0 50 150 --reuseport default false
+
+``--nat relayed punched`` runs, per RTT, rows with every peer behind its own NAT instead:
+through relays, and over hole-punched connections (bench/wan/outer_nat.py; ``direct``: the
+row above, no NAT).
+
+    PYTHONPATH=$PWD python -m bench.wan.collectives --rtt-ms 80 --peers 2 --nat direct relayed punched
 """
 
 from __future__ import annotations
@@ -26,13 +32,22 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import collectives_bench as cb
 from protocol import atomic_write_bytes
 
 from .bed import WanBed, hosts
+from .outer_nat import NAT_PATHS, run_nat
 
 log = logging.getLogger(__name__)
+
+
+def bench_args(deadline: float) -> argparse.Namespace:
+    """collectives_bench's options at its defaults (clock mode) but the deadline: run_config
+    reads them (it took the deadline alone before the clock mode)."""
+    return argparse.Namespace(mode="clock", round_s=0.05, every_rounds=20, period="fixed",
+                              deadline=deadline, join_window=3.0)
 
 
 def run_at(rtt_ms: float, *, peers: int, size: int, codec: str, steps: int, rate_mbit: float,
@@ -46,7 +61,8 @@ def run_at(rtt_ms: float, *, peers: int, size: int, codec: str, steps: int, rate
         assert [bed.addr(n) for n in names] == [f"{cb.SUBNET}.{i + 1}" for i in range(peers)]
         load0 = os.getloadavg()
         t = time.monotonic()
-        r = cb.run_config(size, peers, codec, steps, [bed.ns(n) for n in names], deadline)
+        r = cb.run_config(size, peers, codec, steps, [bed.ns(n) for n in names],
+                          bench_args(deadline))
         r.update(rtt_ms=rtt_ms, rate_mbit=rate_mbit, wall_s=round(time.monotonic() - t, 1),
                  loadavg_before=[round(x, 2) for x in load0],
                  loadavg_after=[round(x, 2) for x in os.getloadavg()],
@@ -65,19 +81,29 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=120.0)
     ap.add_argument("--reuseport", nargs="+", default=["default"], choices=["default", "false"],
                     help="LIBP2P_TCP_REUSEPORT for the peers' p2pd: as shipped, or false")
+    ap.add_argument("--nat", nargs="+", default=["direct"], choices=["direct", *NAT_PATHS],
+                    help="direct: no NAT; relayed, punched: every peer behind its own NAT "
+                    "(bench/wan/outer_nat.py)")
     ap.add_argument("--out", default="bench/results/wan_collectives.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the beds' close()
     out = Path(args.out)
-    res = {"host": platform.node(), "cpus": os.cpu_count(), "started": time.time(),
+    res: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count(), "started": time.time(),
            "args": {k: v for k, v in vars(args).items() if k != "out"},
            "note": "step_s_median: outer step seconds; ratio_vs_raw_tcp: raw TCP seconds for "
                    "the same bytes on the same path / all-reduce seconds",
            "runs": []}
     shipped = os.environ.get("LIBP2P_TCP_REUSEPORT")
     for rtt in args.rtt_ms:
-        for reuse in args.reuseport:
+        for path in (p for p in args.nat if p != "direct"):
+            r = run_nat(path, rtt, peers=args.peers, size=args.size, codec=args.codec,
+                        steps=args.steps, rate_mbit=args.rate_mbit, deadline=args.deadline)
+            log.info("%s", json.dumps(r))
+            res["runs"].append(r)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(out, json.dumps(res, indent=1).encode())
+        for reuse in (args.reuseport if "direct" in args.nat else []):
             value = shipped if reuse == "default" else reuse
             if value is None:
                 os.environ.pop("LIBP2P_TCP_REUSEPORT", None)

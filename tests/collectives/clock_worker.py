@@ -139,7 +139,7 @@ def main() -> None:
                                               final_wait_s=args.final_wait))
     loop = OuterLoop(cfg, identity=Identity.from_seed(args.seed.to_bytes(32, "little")),
                      group="test-model", params=model, data_dir=str(root / "data" / args.name),
-                     discover=lambda: discover(root, args.name),
+                     discover=lambda: discover(root / "addrs", args.name),
                      **({"trust": lambda p: True} if args.trust else {}))
     if args.stall == "restore":
         keep_restoring(loop)

@@ -2,7 +2,9 @@
 
 Usage: python -m tests.collectives.peer_worker --dir D --name NAME --seed S [options]
 
-Peers find each other through D/addrs/<name>.txt (their collective_addrs), meet at a file
+Peers find each other through D/addrs/<name>.txt (their collective_addrs; ``--addrs-dir``:
+another directory, e.g. one per peer holding the tunnelled addresses of NATed peers as that
+peer reaches them, bench/wan/outer_nat.py), meet at a file
 barrier D/barrier/<i>/ before each outer step, and write per step: D/out/<name>.jsonl (the
 record) and D/out/<name>-<i>.npz (θ_global before, own pseudo-gradient, θ_global after).
 
@@ -156,9 +158,9 @@ def make_model(numel: int | None) -> torch.nn.ParameterList:
         [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in shapes])
 
 
-def discover(root: Path, me: str) -> list[str]:
+def discover(addrs: Path, me: str) -> list[str]:
     out: list[str] = []
-    for f in sorted((root / "addrs").glob("*.txt")):
+    for f in sorted(addrs.glob("*.txt")):
         if f.stem != me:
             out += [line for line in f.read_text().split() if line]
     return out
@@ -230,6 +232,8 @@ def main() -> None:
     ap.add_argument("--join-window", type=float, default=2.0)
     ap.add_argument("--barrier-timeout", type=float, default=30.0)
     ap.add_argument("--host", default="/ip4/127.0.0.1/tcp/0", help="p2pd listen maddr")
+    ap.add_argument("--addrs-dir", default="", help="where the peers' addresses are read "
+                    "(<name>.txt each, ours included); default D/addrs, where ours is written")
     ap.add_argument("--no-save", action="store_true", help="skip the .npz arrays (bench)")
     ap.add_argument("--trust", default="", help="peer names to trust as a joiner, or 'all'")
     ap.add_argument("--skip-steps", default="", help="steps (comma-separated) whose outer "
@@ -264,6 +268,7 @@ def main() -> None:
     root = Path(args.dir)
     (root / "out").mkdir(parents=True, exist_ok=True)
     (root / "addrs").mkdir(parents=True, exist_ok=True)
+    view = Path(args.addrs_dir) if args.addrs_dir else root / "addrs"
     identity = Identity.from_seed(args.seed.to_bytes(32, "little"))
     model = make_model(args.numel)
     cfg = OuterConfig(every_rounds=args.every_rounds, compression=args.compression,
@@ -274,7 +279,7 @@ def main() -> None:
     trust = (lambda p: p in known_peer_ids(root, args.trust)) if args.trust else None
     loop = OuterLoop(cfg, identity=identity, group="test-model", params=model,
                      data_dir=str(root / "data" / args.name),
-                     discover=lambda: discover(root, args.name),
+                     discover=lambda: discover(view, args.name),
                      **({"trust": trust} if trust else {}))
     if args.clock:  # the drift is drawn before we say we are up (100M values take seconds)
         gen = torch.Generator().manual_seed(args.seed)
@@ -282,7 +287,7 @@ def main() -> None:
     atomic_write_bytes(root / "addrs" / f"{args.name}.txt",
                        "\n".join(loop.collective_addrs()).encode())
     if args.clock:
-        run_on_clock(loop, model, noise, root, args)
+        run_on_clock(loop, model, noise, root, view, args)
         return
     gen = torch.Generator().manual_seed(args.seed)
     for i in range(args.start_step, args.start_step + args.steps):
@@ -327,11 +332,11 @@ def finish(loop: OuterLoop, root: Path, name: str) -> None:
 
 
 def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[torch.Tensor],
-                 root: Path, args: argparse.Namespace) -> None:
+                 root: Path, view: Path, args: argparse.Namespace) -> None:
     """Train like a node and meet on the clock until ``--steps`` steps formed a group (or
     every other peer is done).
 
-    Waits until ``--peers`` peers wrote their addresses, then runs inner rounds: a sleep of
+    Waits until ``--peers`` peers' addresses are in ``view``, then runs inner rounds: a sleep of
     ``--round-s``, ``collect`` (a finished attempt, as ``after_round`` collects it) and
     ``after_round`` (starts one at the first round boundary after a meeting opens); until
     D/stop exists. A fault ordered in D/fault/<name> is armed at the next round boundary. The params drift (``noise``, the
@@ -347,12 +352,12 @@ def run_on_clock(loop: OuterLoop, model: torch.nn.ParameterList, noise: list[tor
     """
     from hivemind.utils import get_dht_time
 
-    while len(list((root / "addrs").glob("*.txt"))) < args.peers:
+    while len(list(view.glob("*.txt"))) < args.peers:
         time.sleep(0.05)
     # every peer lets the same meetings pass: those before the last peer was up (+ 0.5 s)
-    loop.clock.skip_until(max(f.stat().st_mtime for f in (root / "addrs").glob("*.txt")) + 0.5)
+    loop.clock.skip_until(max(f.stat().st_mtime for f in view.glob("*.txt")) + 0.5)
     out = root / "out" / f"{args.name}.jsonl"
-    others = [f.stem for f in (root / "addrs").glob("*.txt") if f.stem != args.name]
+    others = [f.stem for f in view.glob("*.txt") if f.stem != args.name]
     done_at: dict[int, float] = {}
     grouped = i = r = 0
     started = None  # the attempt whose end we note (one that was let pass writes no record)

@@ -44,7 +44,7 @@ def main() -> None:
     loop = OuterLoop(cfg,
                      identity=Identity.from_seed(args.seed.to_bytes(32, "little")),
                      group="test-model", params=model, data_dir=str(root / "data" / "attacker"),
-                     discover=lambda: discover(root, "attacker"))
+                     discover=lambda: discover(root / "addrs", "attacker"))
     numel = loop._holding.numel()
     zero = OuterState(theta=torch.zeros(numel), momentum=torch.zeros(numel), applied=STEP)
     loop._holding._state = zero  # an attacker's own node: it holds what it likes
