@@ -103,8 +103,25 @@ def poll(until: Callable[[], Any], timeout_s: float, interval_s: float = 0.2) ->
         time.sleep(interval_s)
 
 
+STAT_KEYS = ("holepunch_attempts", "holepunch_direct", "holepunch_failed",
+             "holepunch_unilateral", "peers_direct", "peers_relayed")
+
+
+def gave_up(nodes: Nodes) -> bool:
+    """Some side failed its last allowed attempt and neither side is punching any more."""
+    # imported here: the WAN tests import this module, and libp2p beside hivemind in one
+    # pytest session broke collection before
+    from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS
+
+    s = [nodes.stats(n) for n in NATED]
+    return (max(x.get("holepunch_failed", 0) for x in s) >= MAX_HOLE_PUNCH_ATTEMPTS
+            and all(x.get("holepunch_attempts", 0) == x.get("holepunch_failed", 0)
+                    + x.get("holepunch_direct", 0) for x in s))
+
+
 def trial(mode: str, *, rtt_ms: float = 80.0, rate_mbit: float = 50.0,
-          direct_within_s: float = 30.0, meet_within_s: float = 90.0) -> dict[str, Any]:
+          direct_within_s: float = 30.0, meet_within_s: float = 90.0, watch_s: float = 0.0,
+          keep_logs: Path | None = None) -> dict[str, Any]:
     """One fresh bed and fresh nodes; the record of what happened."""
     from tests.swarm.procs import short_tmpdir
 
@@ -135,12 +152,24 @@ def trial(mode: str, *, rtt_ms: float = 80.0, rate_mbit: float = 50.0,
                 rec["time_to_direct_s"] = time.monotonic() - t_met
             rec["links"] = links()
             rec["kernel_direct"] = kernel_direct(bed)
-            keys = ("holepunch_attempts", "holepunch_direct", "holepunch_failed",
-                    "holepunch_unilateral", "peers_direct", "peers_relayed")
-            rec["stats"] = {n: {k: nodes.stats(n).get(k) for k in keys} for n in NATED}
+            rec["stats"] = {n: {k: nodes.stats(n).get(k) for k in STAT_KEYS} for n in NATED}
+            if watch_s > 0 and not done:
+                t_watch = time.monotonic()
+                rec["gave_up"] = bool(poll(lambda: gave_up(nodes), watch_s, interval_s=0.5))
+                if rec["gave_up"]:
+                    time.sleep(5.0)  # no further attempt starts
+                rec["after_watch"] = {
+                    "watched_s": time.monotonic() - t_watch, "links": links(),
+                    "kernel_direct": kernel_direct(bed),
+                    "stats": {n: {k: nodes.stats(n).get(k) for k in STAT_KEYS} for n in NATED}}
         finally:
             if nodes is not None:
                 nodes.stop()
+            if keep_logs is not None and not rec["direct"]:
+                dest = keep_logs / f"{mode}-{len(list(keep_logs.glob(mode + '-*')))}"
+                dest.mkdir(parents=True, exist_ok=True)
+                for log in root.glob("**/*.log"):
+                    shutil.copy(log, dest / log.name)
             shutil.rmtree(root, ignore_errors=True)
     return rec
 
@@ -164,6 +193,9 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             "time_to_direct_median_s": statistics.median(times) if times else None,
             "time_to_direct_p90_s": times[min(len(times) - 1, math.ceil(0.9 * len(times)) - 1)]
             if times else None,
+            "attempts_max": max((s.get("holepunch_attempts") or 0
+                                 for r in records for s in r.get("stats", {}).values()),
+                                default=None),
             "errors": [r["error"] for r in records if "error" in r]}
 
 
@@ -173,6 +205,10 @@ def main() -> None:
     ap.add_argument("--modes", default="home,masquerade,symmetric")
     ap.add_argument("--rtt-ms", type=float, default=80.0)
     ap.add_argument("--rate-mbit", type=float, default=50.0)
+    ap.add_argument("--watch-s", type=float, default=0.0,
+                    help="after a trial that stayed relayed, watch until the punch gave up")
+    ap.add_argument("--keep-logs", type=Path, default=None,
+                    help="copy the swarm logs of trials that did not go direct here")
     ap.add_argument("--out", default="bench/results/wan_holepunch.json")
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -186,7 +222,9 @@ def main() -> None:
     for mode in modes:
         records = []
         for i in range(args.trials):
-            rec = trial(mode, rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit)
+            rec = trial(mode, rtt_ms=args.rtt_ms, rate_mbit=args.rate_mbit,
+                        watch_s=args.watch_s, keep_logs=args.keep_logs)
+            rec["loadavg"] = os.getloadavg()
             print(json.dumps(rec), flush=True)
             records.append(rec)
         result["modes"][mode] = {**summary(records), "records": records}
