@@ -9,7 +9,9 @@ pair at --rtt-ms, --rate-mbit upload per host. Swarm processes only. Measured, a
 - nat2nat:  n1 -> n2's echo server through n1's tunnel (both NATed: via a relay), with hole
             punching off (``relay.hole_punch = false``);
 - with ``--punch``: hole punching on, the gateways in ``home`` mode, and nat2nat measured once
-            n1 and n2 hold a direct (punched) connection: the tunnel runs over it.
+            n1 and n2 hold a direct (punched) connection: the tunnel runs over it (``ss -tin``
+            of that connection before and after, ``n1_tcp_to_n2_*``).
+``--repeat N``: N echoes per row one after the other, the row's seconds their median.
 
     PYTHONPATH=$PWD python -m bench.wan.nat_tunnel --rtt-ms 80 --rate-mbit 50 --mib 2 [--punch]
 Writes bench/results/wan_nat_tunnel.json atomically.
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -60,7 +63,25 @@ def echo(bed: WanBed, src: str, host: str, port: int, nbytes: int) -> dict:
     return json.loads(out.stdout) if out.returncode == 0 else {"ok": False, "error": out.stderr[-500:]}
 
 
-def run(rtt_ms: float, rate_mbit: float, mib: float, *, punch: bool = False) -> dict:
+def echoes(bed: WanBed, src: str, host: str, port: int, nbytes: int, repeat: int) -> dict:
+    """``repeat`` echoes one after the other: ``seconds`` is their median, ``all`` each one
+    (the first over a fresh connection's slow start, as a new exchange would be)."""
+    runs = [echo(bed, src, host, port, nbytes) for _ in range(repeat)]
+    times = [r["seconds"] for r in runs if r.get("ok")]
+    return {"ok": len(times) == repeat, "seconds": statistics.median(times) if times else None,
+            "all": times, **({"error": runs[-1]["error"]} if "error" in runs[-1] else {})}
+
+
+def tcp_info(bed: WanBed, name: str, peer_ip: str) -> list[str]:
+    """``ss -tin`` of host ``name``'s established connections to ``peer_ip`` (cwnd, rtt,
+    retransmissions): what a punched connection starts with."""
+    out = bed.run(name, ["ss", "-tinH", "state", "established", "dst", peer_ip],
+                  capture_output=True, text=True, timeout=10).stdout
+    return [" ".join(line.split()) for line in out.splitlines() if line.strip()]
+
+
+def run(rtt_ms: float, rate_mbit: float, mib: float, *, punch: bool = False,
+        repeat: int = 1) -> dict:
     from node.ipc_client import SocketBridge
     from tests.swarm.procs import short_tmpdir, wait_until
 
@@ -93,15 +114,21 @@ def run(rtt_ms: float, rate_mbit: float, mib: float, *, punch: bool = False) -> 
                            and not b["n1"].stats().get("peers_relayed"), timeout_s=90,
                            what="n1 and n2 punched")
             load = os.getloadavg()
-            result = {"raw": echo(bed, "pub", bed.addr("boot"), servers["boot"], nbytes)}
+            result: dict = {}
+            if punch:  # the punched connection's TCP state before any tunnel ran over it
+                result["n1_tcp_to_n2_before"] = tcp_info(bed, "n1", bed.public_addr("n2"))
+            result["raw"] = echoes(bed, "pub", bed.addr("boot"), servers["boot"], nbytes, repeat)
             for name, src in (("tunnel", "pub"), ("nat2nat", "n1")):
                 host, port = b[src].tunnel(n2.peer_id)
-                result[name] = echo(bed, src, host, port, nbytes)
+                result[name] = echoes(bed, src, host, port, nbytes, repeat)
+            if punch:
+                result["n1_tcp_to_n2_after"] = tcp_info(bed, "n1", bed.public_addr("n2"))
             raw = result["raw"].get("seconds")
             for name in ("tunnel", "nat2nat"):
                 s = result[name].get("seconds")
                 result[name]["fraction_of_raw_tcp"] = raw / s if raw and s else None
             return {"rtt_ms": rtt_ms, "rate_mbit": rate_mbit, "echo_mib": mib, "punch": punch,
+                    "repeat": repeat,
                     "loadavg_before": load, "loadavg_after": os.getloadavg(), **result}
         finally:
             for x in bridges:
@@ -116,10 +143,14 @@ def main() -> None:
     ap.add_argument("--rate-mbit", type=float, default=50.0)
     ap.add_argument("--mib", type=float, default=2.0)
     ap.add_argument("--punch", action="store_true", help="hole punching on (home NATs)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="echoes per row, one after the other (the row says their median)")
     ap.add_argument("--out", default="bench/results/wan_nat_tunnel.json")
     args = ap.parse_args()
     t = time.monotonic()
-    result = run(args.rtt_ms, args.rate_mbit, args.mib, punch=args.punch)
+    if args.repeat < 1:
+        ap.error(f"--repeat: {args.repeat} must be >= 1")
+    result = run(args.rtt_ms, args.rate_mbit, args.mib, punch=args.punch, repeat=args.repeat)
     result["command"] = " ".join(sys.argv)
     result["wall_s"] = time.monotonic() - t
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
