@@ -13,6 +13,11 @@ a local port of a's swarm process that tunnels to b's (``addrs/<a>/<b>.txt``).
 - ``punched``: ``home`` gateways (port-preserving, unsolicited inbound dropped), hole punching
   on; the peers start once every NATed pair holds a direct connection and no relayed one, so
   the tunnels ride the punched connections.
+- ``upnp``: ``upnp`` gateways (a home NAT plus Debian's miniupnpd; the bed's WAN is 11.213.x,
+  bench.wan.bed): each swarm process maps its swarm port and, once announced, its peer's
+  collective port (swarm.upnp), and is ``public``; peer a dials the mapped collective address
+  b's swarm process announced, with no tunnel and no relay (node/learner_process.py
+  ``_discover``: a public peer's announced address).
 
 Baseline: raw TCP of the bytes a peer sent (median) from n1 to an echo-less sink on boot, one
 way over the same RTT and upload limit (a NATed host cannot be dialled, so not n1 -> n2).
@@ -33,11 +38,12 @@ from bench import collectives_bench as cb
 from protocol import atomic_write_bytes
 
 from .bed import WanBed, hosts
+from .checks import ensure_iptables, ensure_miniupnpd
 from .procs import WanProcs
 
 __all__ = ["NAT_PATHS", "run_nat"]
 
-NAT_PATHS = {"relayed": ("masquerade", False), "punched": ("home", True)}
+NAT_PATHS = {"relayed": ("masquerade", False), "punched": ("home", True), "upnp": ("upnp", False)}
 """--nat value -> (gateway mode, hole punching on)."""
 
 
@@ -65,24 +71,38 @@ def raw_tcp_out(bed: WanBed, src: str, dst: str, nbytes: int) -> float:
         srv.wait()
 
 
-def _swarms(bed: WanBed, ps: WanProcs, names: list[str], punch: bool) -> dict[str, Any]:
+def _swarms(bed: WanBed, ps: WanProcs, names: list[str], punch: bool,
+            upnp: bool) -> dict[str, Any]:
     """boot and the NATed nodes' swarm processes, once each pair is linked as asked."""
     from node.ipc_client import SocketBridge
 
     boot = ps.nodes(["boot"], learner=False, bootstrap_only=True)[0]
-    procs = ps.nodes(names, bootstrap=(boot.addr,), relay={"hole_punch": punch})
+    procs = ps.nodes(names, bootstrap=(boot.addr,), relay={"hole_punch": punch, "upnp": upnp})
     bridges = {p.name: SocketBridge.connect(p.ready["ipc"]) for p in procs}
-    _wait(lambda: all(b.stats().get("reachability_relayed") for b in bridges.values()), 90,
-          "NATed nodes relayed")
+    stat = "reachability_public" if upnp else "reachability_relayed"
+    _wait(lambda: all(b.stats().get(stat) for b in bridges.values()), 90,
+          "NATed nodes " + stat.split("_")[1])
     ids = {p.name: p.peer_id for p in procs}
+    if upnp:  # the collective dials the mapped addresses, whatever the swarm links are
+        return {"ids": ids, "bridges": bridges}
+    want = "direct" if punch else "relayed"
 
     def linked() -> bool:
-        want = "direct" if punch else "relayed"
         return all(bridges[a].links().get(ids[b]) == want
                    for a in names for b in names if a != b)
 
-    _wait(linked, 120 if punch else 60, "NATed pairs " + ("punched" if punch else "relayed"))
+    _wait(linked, 120 if punch else 60, f"NATed pairs {want}")
     return {"ids": ids, "bridges": bridges}
+
+
+def _mapped(bridge: Any, peer_id: str, gateway_ip: str) -> str | None:
+    """The collective address ``peer_id`` announced on its gateway's public IP (its UPnP
+    mapping), as ``bridge``'s swarm process heard it; None until then."""
+    for p in bridge.peers():
+        if p.peer_id == peer_id:
+            return next((a for a in p.collective_addrs if a.startswith(f"/ip4/{gateway_ip}/")),
+                        None)
+    return None
 
 
 def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, steps: int,
@@ -92,6 +112,11 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
     from tests.swarm.procs import short_tmpdir
 
     mode, punch = NAT_PATHS[path]
+    upnp = mode == "upnp"
+    if upnp:
+        reason = ensure_iptables() or ensure_miniupnpd()
+        if reason:
+            raise RuntimeError(f"the upnp gateway needs: {reason}")
     names = [f"n{i + 1}" for i in range(peers)]
     specs = hosts(["boot", *names], rtt_ms=rtt_ms, rate_mbit=rate_mbit, nat=names,
                   nat_mode=mode)
@@ -100,13 +125,15 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
     # the same period on both paths, long enough for a relayed step (fixed_period assumes
     # 100 Mbit/s and a direct path)
     period = 4 * cb.fixed_period(size, peers, codec, True)
-    with WanBed(specs) as bed:
+    # miniupnpd 2.3.1 forwards nothing on a private WAN address (bench.wan.bed)
+    with WanBed(specs, **({"subnet": "11.213"} if upnp else {})) as bed:
         ps = WanProcs(Path(root) / "swarm", bed)
+        coll.mkdir(parents=True)  # Swarm.close() writes its stop file there
         workers = Swarm(coll)
         bridges: dict[str, Any] = {}
         try:
             t0 = time.monotonic()
-            sw = _swarms(bed, ps, names, punch)
+            sw = _swarms(bed, ps, names, punch, upnp)
             bridges = sw["bridges"]
             linked_s = time.monotonic() - t0
             for i, n in enumerate(names):
@@ -125,11 +152,20 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
                 bridges[n].announce(model="bench", collective_addrs=tuple(addrs[n]))
             for a in names:  # every view complete before any worker counts its peers
                 for b in names:
-                    if a != b:
+                    if a == b:
+                        continue
+                    p2pd_id = addrs[b][0].rsplit("/p2p/", 1)[1]
+                    if upnp:  # b's swarm process mapped b's collective port and announced it
+                        gw = bed.public_addr(b)
+                        _wait(lambda: _mapped(bridges[a], sw["ids"][b], gw), 60,
+                              f"{b}'s mapped collective address at {a}")
+                        mapped = _mapped(bridges[a], sw["ids"][b], gw)
+                        assert mapped is not None
+                        addr = mapped.rsplit("/p2p/", 1)[0] + f"/p2p/{p2pd_id}"
+                    else:
                         host, port = bridges[a].tunnel(sw["ids"][b])
-                        p2pd_id = addrs[b][0].rsplit("/p2p/", 1)[1]
-                        atomic_write_bytes(coll / "addrs" / a / f"{b}.txt",
-                                           f"/ip4/{host}/tcp/{port}/p2p/{p2pd_id}".encode())
+                        addr = f"/ip4/{host}/tcp/{port}/p2p/{p2pd_id}"
+                    atomic_write_bytes(coll / "addrs" / a / f"{b}.txt", addr.encode())
             for a in names:
                 atomic_write_bytes(coll / "addrs" / a / f"{a}.txt", "\n".join(addrs[a]).encode())
             load0 = os.getloadavg()
@@ -152,7 +188,7 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
             "records": len(recs), "ok_records": len(ok), "wall_s": round(wall, 1),
             "loadavg_before": [round(x, 2) for x in load0],
             "links": {n: {k: v for k, v in s.items() if k.startswith(("peers_", "holepunch",
-                                                                        "tunnels_"))}
+                                                                        "tunnels_", "upnp_"))}
                       for n, s in links.items()}}
         if ok:
             sent = statistics.median(r["bytes_sent"] for r in ok)
