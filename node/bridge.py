@@ -49,10 +49,12 @@ class Bridge(Protocol):
         """Each connected peer's link: ``direct``, or ``relayed`` (through a circuit relay
         only: swarm.holepunch)."""
 
-    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
+    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None, *,
+                own: int | None = None) -> None:
         """Once a round, per sender: groups it delivered that passed our re-scoring with
-        signal (``delivered``) and that passed it at all (``valid``); the swarm process
-        keeps the feeds of sources that deliver (swarm.feed_standing)."""
+        signal (``delivered``) and that passed it at all (``valid``), and our own local
+        groups with signal (``own``); running totals. The swarm process keeps the feeds of
+        sources that deliver (swarm.feed_standing)."""
 
     def close(self) -> None: ...
 
@@ -132,9 +134,11 @@ class LoopbackBridge:
     def links(self) -> dict[str, str]:
         return {}  # in process: no connections
 
-    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
+    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None, *,
+                own: int | None = None) -> None:
         self.delivered = dict(delivered)  # no feeds in process: kept for tests to read
         self.valid = dict(valid or {})
+        self.own = own
 
     def close(self) -> None:
         self.hub.bridges.pop(self.identity.peer_id, None)

@@ -130,12 +130,16 @@ class SocketBridge:
                               "{peer_id: 'direct' | 'relayed'}")
         return d
 
-    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
+    def sources(self, delivered: dict[str, int], valid: dict[str, int] | None = None, *,
+                own: int | None = None) -> None:
         """Per sender, groups that carried signal (``delivered``) and groups that passed
-        re-scoring (``valid``): what the feeds keep their sources by (swarm.feed_standing)."""
+        re-scoring (``valid``), and our own local groups that carried signal (``own``): what
+        the feeds keep their sources by (swarm.feed_standing). All running totals."""
         args: dict[str, Any] = {"delivered": dict(delivered)}
         if valid is not None:
             args["valid"] = dict(valid)
+        if own is not None:
+            args["own"] = int(own)
         self._call("sources", args)
 
     def tunnel(self, peer_id: str) -> tuple[str, int]:

@@ -15,7 +15,8 @@ Ops (``OPS``) and their args / results:
     stats     {}                                      -> {name: int}
     tunnel    {peer_id}                               -> {host, port}  (swarm.tunnel)
     sources   {delivered: {peer_id: int},             -> None   (swarm.feeds ``rate``; at
-               valid?: {peer_id: int}}                           most MAX_SOURCES senders each)
+               valid?: {peer_id: int}, own?: int}                most MAX_SOURCES senders each;
+                                                         own: our own groups with signal)
     links     {}                                      -> {peer_id: "direct" | "relayed"}
                                                          (connected peers, at most MAX_LINKS:
                                                          swarm.holepunch ``link_of``)

@@ -34,6 +34,19 @@ found no honest peer among 50 in 60 rounds):
   signal: *no signal* (a farm sending valid all-wrong groups; an honest source that lags far
   behind the swarm).
 
+"Another feed" includes our own rounds for signal: the learner also reports how many of its
+own local groups carried signal (``own``). A node whose own groups carry signal knows the task
+gives signal now, so a source whose valid groups carry none is behind or hostile even when
+every feed it holds is such a source (measured: four keys trickling valid all-wrong groups
+held all four slots of a node for the whole run, judged against nobody).
+
+Once signal flows (in our own groups or any sender's, within ``LIVE_PATIENCE`` times
+``trial_rounds`` reports), valid groups alone no longer earn anything: a source that never
+delivered signal ranks as a stranger, not ``LIVE``, so it holds no reserved slot and every slot
+a proven source does not fill explores (measured: each key of a farm sending valid all-wrong
+groups became live with its first batch and then held a reserved slot for 2 x
+``trial_rounds`` rounds, ahead of never-tried honest peers).
+
 A dropped source is a stranger again: after an idle drop until it delivers a valid group,
 after a no-signal drop until it delivers signal. Idle drops cool the source for longer each
 time (``strikes``), so a farm of idle keys leaves the pool of candidates while it is searched.
@@ -112,6 +125,8 @@ class Trial:
     """The same for signal, since this feed's last."""
     frames: int = 0
     """Frames the feed brought (counted by the swarm process, before any re-scoring)."""
+    signal_s: float = 0.0
+    """The time of the report in which its signal last grew (the opening's, if never)."""
 
 
 @dataclass(kw_only=True)
@@ -136,6 +151,12 @@ class Standing:
         default_factory=lambda: collections.deque(maxlen=PACE_SAMPLES), repr=False)
     _last_report: float | None = field(default=None, repr=False)
     _own_gap: dict[str, float] = field(default_factory=dict, repr=False)
+    _own: int | None = field(default=None, repr=False)
+    """Our own local groups with signal so far (the learner's ``own``; None: not reported)."""
+    own_grew: int = field(default=-(10**9), repr=False)
+    """The report in which our own signal total last grew."""
+    any_grew: int = field(default=-(10**9), repr=False)
+    """The report in which ours or any sender's signal total last grew."""
 
     def frame(self, peer: str, now: float) -> None:
         """An accepted frame from ``peer``'s feed at ``now``: the swarm's pace, and the
@@ -161,18 +182,32 @@ class Standing:
             return self.probe_s
         return min(self.probe_s, max(MIN_WAIT_S, PACE_FACTOR * pace))
 
+    @property
+    def flowing(self) -> bool:
+        """Signal reached us (our own groups' or a sender's) within ``LIVE_PATIENCE`` times
+        ``trial_rounds`` reports: valid groups alone earn nothing now."""
+        return self.reports - self.any_grew < LIVE_PATIENCE * max(1, self.trial_rounds)
+
     def kind(self, peer: str) -> Kind:
         base_signal, base_valid = self._base.get(peer, (0, 0))
         if self._signal.get(peer, 0) > base_signal:
             return Kind.PROVEN
-        if self._valid.get(peer, 0) > base_valid:
+        if self._valid.get(peer, 0) > base_valid and not self.flowing:
             return Kind.LIVE
         return Kind.STRANGER
 
-    def report(self, signal: Mapping[str, int], valid: Mapping[str, int], now: float) -> None:
-        """One round's report (running totals per sender), made at ``now``."""
-        self._signal, self._valid = dict(signal), dict(valid)
+    def report(self, signal: Mapping[str, int], valid: Mapping[str, int], now: float,
+               own: int | None = None) -> None:
+        """One round's report (running totals per sender, and ``own``: our own local groups
+        that carried signal so far, if the learner says), made at ``now``."""
         self.reports += 1
+        if any(v > self._signal.get(k, 0) for k, v in signal.items()):
+            self.any_grew = self.reports
+        if own is not None:
+            if own > (self._own or 0):
+                self.own_grew = self.any_grew = self.reports
+            self._own = own
+        self._signal, self._valid = dict(signal), dict(valid)
         if self._last_report is not None:
             self._report_gaps.append(now - self._last_report)
         self._last_report = now
@@ -181,12 +216,13 @@ class Standing:
         """The trial of a feed from ``peer`` opening at ``now``."""
         return Trial(kind=self.kind(peer), opened=self.reports, opened_s=now,
                      signal=self._signal.get(peer, 0), valid=self._valid.get(peer, 0),
-                     signal_grew=self.reports, valid_grew=self.reports, valid_s=now)
+                     signal_grew=self.reports, valid_grew=self.reports, valid_s=now,
+                     signal_s=now)
 
     def _update(self, peer: str, trial: Trial, now: float) -> None:
         signal, valid = self._signal.get(peer, 0), self._valid.get(peer, 0)
         if signal > trial.signal:
-            trial.signal, trial.signal_grew = signal, self.reports
+            trial.signal, trial.signal_grew, trial.signal_s = signal, self.reports, now
         if valid > trial.valid or trial.signal_grew == self.reports > trial.opened:
             trial.valid, trial.valid_grew = max(valid, trial.valid), self.reports
             trial.valid_s = now
@@ -220,8 +256,8 @@ class Standing:
                 trial.missed_valid += 1
             elif trial.valid_grew == now:
                 trial.missed_valid = 0
-            if trial.signal_grew < now and any(
-                    o.signal_grew > max(now - t, o.opened) for o in others):
+            if trial.signal_grew < now and (self.own_grew > now - t or any(
+                    o.signal_grew > max(now - t, o.opened) for o in others)):
                 trial.missed_signal += 1
             elif trial.signal_grew == now:
                 trial.missed_signal = 0
@@ -243,9 +279,11 @@ class Standing:
                 out[peer] = Verdict.IDLE
             elif (trial.kind is not Kind.STRANGER or trial.valid_grew > trial.opened) and \
                     trial.missed_signal >= t * (
-                        PROVEN_PATIENCE if trial.kind is Kind.PROVEN else LIVE_PATIENCE):
+                        PROVEN_PATIENCE if trial.kind is Kind.PROVEN else LIVE_PATIENCE) and \
+                    now_s - trial.signal_s >= wait:
                 # only a feed that delivers valid groups is judged by their signal; one that
-                # delivers nothing is idle, judged above (never sooner than probe_s)
+                # delivers nothing is idle, judged above (never sooner than probe_s); never
+                # sooner than the wait either: our own rounds may be faster than its
                 out[peer] = Verdict.NO_SIGNAL
         return out
 

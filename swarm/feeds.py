@@ -308,13 +308,15 @@ class FeedClient:
                           if f.open and f.trial is not None) if self.standing.reports else 0
         return out
 
-    def rate(self, delivered: dict[str, int], valid: dict[str, int] | None = None) -> None:
+    def rate(self, delivered: dict[str, int], valid: dict[str, int] | None = None,
+             own: int | None = None) -> None:
         """The learner's report of one round (see the module docstring): sender -> groups
         it delivered that carried signal (``delivered``) and that passed re-scoring
-        (``valid``; None from a learner that does not report it: the signal counts).
-        Closes the feeds ``Standing.judge`` finds idle or without signal."""
+        (``valid``; None from a learner that does not report it: the signal counts), and
+        our own local groups that carried signal (``own``; None: not reported). Closes the
+        feeds ``Standing.judge`` finds idle or without signal."""
         self.standing.report(delivered, delivered if valid is None else valid,
-                             trio.current_time())
+                             trio.current_time(), own)
         trials = {str(f.peer): f.trial for f in self._feeds.values()
                   if f.open and f.trial is not None}
         self.counters["feed_idle_slot_rounds"] += sum(map(self.standing.idle, trials.values()))

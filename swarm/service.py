@@ -304,12 +304,15 @@ class GossipService:
             return {"host": self.tunnels.bind_host, "port": port}
         if request.op == "sources":
             delivered, valid = args.get("delivered"), args.get("valid", None)
+            own = args.get("own", None)
             if not isinstance(delivered, dict) or not _sender_counts(delivered) or \
-                    not (valid is None or _sender_counts(valid)):
+                    not (valid is None or _sender_counts(valid)) or \
+                    not (own is None or (type(own) is int and 0 <= own < 2**53)):
                 raise RequestError(f"sources needs delivered (and optionally valid): "
-                                   f"{{peer_id: int >= 0}}, at most {MAX_SOURCES}")
+                                   f"{{peer_id: int >= 0}}, at most {MAX_SOURCES}; "
+                                   f"own: int >= 0")
             if self.feeds:
-                self.feed_client.rate(delivered, valid)
+                self.feed_client.rate(delivered, valid, own)
             return None
         if request.op == "links":
             return self.links()

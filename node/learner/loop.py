@@ -141,6 +141,9 @@ class Learner:
         self.baseline = OwnBaseline(momentum=config.sapo.baseline_momentum,
                                     group_size=config.sapo.completions_per_question)
         self.signals = SignalTracker()
+        self.own_signal = 0
+        """Our own local groups that carried signal so far: the feeds judge sources whose
+        groups carry none against it (swarm.feed_standing)."""
         self.round = 0
         self.progress = PhaseReporter()
         """Phase/progress reports for the status view (run_learner's ``on_phase``)."""
@@ -236,7 +239,8 @@ class Learner:
         ingest = self.rescorer.rescore(received)
         self.pool.add(ingest.groups, now=self.round)
         book = self.pool.book  # the feeds keep who delivers (swarm.feed_standing)
-        bridge.sources(book.delivered(MAX_SOURCES), book.valid(MAX_SOURCES))
+        bridge.sources(book.delivered(MAX_SOURCES), book.valid(MAX_SOURCES),
+                       own=self.own_signal)
         available = self.pool.available(self.round, baseline=self.baseline)
         n_local, n_external = plan_round(cfg.sapo, available, self.signals.signals())
         seconds["receive"] = time.perf_counter() - t
@@ -325,6 +329,7 @@ class Learner:
             time.sleep(extra)
             seconds["slowdown"] = extra
         dropped = self.pool.counters - counters_before
+        self.own_signal += sum(len(set(g.rewards)) > 1 for g in local)
         self.signals.observe(
             local_flat=sum(len(set(g.rewards)) == 1 for g in local) / len(local) if local else None,
             external_signal=_signal_share(external, local),

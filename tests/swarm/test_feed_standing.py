@@ -93,7 +93,8 @@ def test_valid_groups_without_signal_lose_the_slot_while_another_feed_has_signal
     s = standing(probe=0)
     s.report({"proven": 1}, {"honest": 1, "farm": 1, "proven": 1}, 0.0)
     trials = {p: s.open(p, 0.0) for p in ("honest", "farm", "proven")}
-    assert trials["proven"].kind is Kind.PROVEN and trials["farm"].kind is Kind.LIVE
+    # signal flows: valid groups alone earn nothing, the farm's feed opens on trial
+    assert trials["proven"].kind is Kind.PROVEN and trials["farm"].kind is Kind.STRANGER
     dropped_at = {}
     for n in range(1, PROVEN_PATIENCE * T + 1):
         # honest delivers signal from now on; the farm valid groups only; proven nothing new
@@ -213,3 +214,46 @@ def test_a_known_source_slower_than_the_swarm_is_slow_not_idle() -> None:
         assert quick.judge(trials, n * 0.1) == {}, n
     quick.report({}, {"a": 1, "b": 200}, 10.0)
     assert quick.judge(trials, 10.0) == {"a": Verdict.IDLE}
+
+
+def test_valid_groups_make_a_source_live_only_while_no_signal_flows() -> None:
+    """A hard task's first rounds: a source with valid groups is live (an honest node whose
+    model has not taken off). Once signal reaches us, ours or a sender's, it is a stranger
+    again until it delivers signal too; after 2 x trial_rounds reports without any, live."""
+    s = standing(probe=0)
+    s.report({}, {"farm": 1}, 0.0, own=0)
+    assert s.kind("farm") is Kind.LIVE and not s.flowing
+    s.report({}, {"farm": 2}, 0.0, own=1)  # our own groups carry signal
+    assert s.flowing and s.kind("farm") is Kind.STRANGER
+    for _ in range(LIVE_PATIENCE * T - 1):
+        s.report({}, {"farm": 3}, 0.0, own=1)
+        assert s.kind("farm") is Kind.STRANGER
+    s.report({}, {"farm": 4}, 0.0, own=1)
+    assert not s.flowing and s.kind("farm") is Kind.LIVE
+    s.report({"other": 1}, {"farm": 5, "other": 1}, 0.0, own=1)  # a sender's signal counts too
+    assert s.kind("farm") is Kind.STRANGER and s.kind("other") is Kind.PROVEN
+
+
+def test_our_own_signal_judges_a_feed_without_signal_when_no_other_feed_has_any() -> None:
+    """Every slot held by keys trickling valid all-wrong groups: no other feed has signal to
+    judge them against, but our own groups do. Not before the wait, however fast we report."""
+    s = standing(probe=0, probe_s=10.0)
+    s.report({}, {"farm": 1}, 0.0, own=0)
+    farm = s.open("farm", 0.0)
+    verdicts: dict[str, Verdict] = {}
+    n = 0
+    while not verdicts:
+        n += 1
+        s.report({}, {"farm": 1 + n}, n * 0.1, own=n)  # ours grow every report, 0.1 s apart
+        verdicts = s.judge({"farm": farm}, n * 0.1)
+        assert n < 1000
+    assert verdicts == {"farm": Verdict.NO_SIGNAL}
+    # 2 x T reports, and the wait: no frame pace known, our own round's (3 x 0.1 s, >= 1 s)
+    assert n == LIVE_PATIENCE * T + 2 and s.wait_s() == MIN_WAIT_S
+    # without own signal reported, a lone feed is never judged by signal (as before)
+    s2 = standing(probe=0, probe_s=10.0)
+    s2.report({}, {"farm": 1}, 0.0)
+    lone = s2.open("farm", 0.0)
+    for n in range(1, 200):
+        s2.report({}, {"farm": 1 + n}, n * 0.1)
+        assert s2.judge({"farm": lone}, n * 0.1) == {}

@@ -35,6 +35,10 @@ def test_bridge_refusals_and_garbage_do_not_hurt_the_swarm_process(procs: Procs)
             br.receive("rollouts", max_items=0)
         br.sources({"12D3KooWsome": 3})  # the learner's report of who delivered (swarm.feeds)
         br.sources({"12D3KooWsome": 3}, {"12D3KooWsome": 5, "12D3KooWother": 2})
+        br.sources({"12D3KooWsome": 3}, own=7)  # and our own groups with signal
+        for bad_own in (-1, 2**60):
+            with pytest.raises(RequestRefused, match="own: int >= 0"):
+                br.sources({}, own=bad_own)
         for bad in ({"p": -1}, {"p": 1.5}, {"": 1}, {f"p{i}": 1 for i in range(257)}):
             with pytest.raises(RequestRefused, match="sources needs"):
                 br.sources(bad)  # type: ignore[arg-type]
