@@ -189,10 +189,15 @@ class Standing:
         return self.reports - self.any_grew < LIVE_PATIENCE * max(1, self.trial_rounds)
 
     def kind(self, peer: str) -> Kind:
+        """What ``peer`` has shown, for picking and reserving slots: valid groups without
+        signal make it ``LIVE`` only while no signal flows."""
+        return self._kind(peer, live=not self.flowing)
+
+    def _kind(self, peer: str, *, live: bool = True) -> Kind:
         base_signal, base_valid = self._base.get(peer, (0, 0))
         if self._signal.get(peer, 0) > base_signal:
             return Kind.PROVEN
-        if self._valid.get(peer, 0) > base_valid and not self.flowing:
+        if live and self._valid.get(peer, 0) > base_valid:
             return Kind.LIVE
         return Kind.STRANGER
 
@@ -261,7 +266,10 @@ class Standing:
                 trial.missed_signal += 1
             elif trial.signal_grew == now:
                 trial.missed_signal = 0
-            stranger = self.kind(peer) is Kind.STRANGER
+            # a source that delivered valid groups keeps a known source's patience for
+            # silence while signal flows (measured: honest sources not yet showing signal,
+            # judged as strangers, were closed between two of their batches)
+            stranger = self._kind(peer) is Kind.STRANGER
             # a known source gets probe_s at least, and 3 of its own gaps: one that publishes
             # slower than the swarm now and then (a round re-scoring 150 groups) is slow, not
             # idle (measured: honest live sources dropped beside keys whose one batch counted

@@ -376,7 +376,9 @@ class FeedClient:
 
     def _rotation(self, self_id: ID, open_: list[_Feed]) -> tuple[_Feed, PeerInfo] | None:
         """The feed a rotation replaces, and by whom: the oldest that can be replaced. A
-        stranger's by the kind the slots need without it; a live or proven source's only by
+        stranger's by the kind the slots need without it (a stranger that delivered valid
+        groups on its feed within ``feeds.trial_rounds`` reports counts as live here); a
+        live or proven source's only by
         a proven one (a source that delivers is not traded for one that may not), except,
         when live and proven sources hold more than the ``feeds.sources −
         feeds.explore_slots`` reserved slots, the live one that delivered least recently:
@@ -392,7 +394,12 @@ class FeedClient:
         stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
             if live and sum(self._kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
         for feed in by_age:
-            if feed is stalest or self._kind(feed.peer) is Kind.STRANGER:
+            # a stranger that delivers valid groups on this feed (within trial_rounds
+            # reports) is kept like a live source: while signal flows, an honest source is
+            # one until its first group with signal
+            delivering = feed.trial is not None and feed.trial.valid_grew > max(
+                feed.trial.opened, self.standing.reports - self.config.feeds.trial_rounds)
+            if feed is stalest or (self._kind(feed.peer) is Kind.STRANGER and not delivering):
                 held = [f for f in self._feeds.values() if f is not feed]
                 info = self._pick(self_id, want=self._want(held))
             else:
