@@ -539,6 +539,46 @@ def the_exploration_slot_rotates_even_when_every_held_source_is_live() -> None:
     trio.run(main)
 
 
+@check
+def while_signal_flows_valid_groups_alone_earn_no_slot_but_delivering_ones_keep_theirs() -> None:
+    """Issue 32: keys sending valid all-wrong groups were live from their first batch and
+    held reserved slots ahead of never-tried honest peers. Once our own groups carry
+    signal, a source without signal is a stranger: the reserved slots explore, and a
+    rotation keeps a stranger only while it delivers valid groups on its feed (an honest
+    source before its first group with signal), trading the silent one."""
+    async def main() -> None:
+        table, ids = table_of(8)
+        honest, keys = ids[:2], ids[2:]
+        c = client(table, feeds=FeedsConfig(sources=4, rotate_s=10.0, trial_rounds=3,
+                                             probe_rounds=0, probe_s=1e-9))
+        following(c)
+        me = ID.from_base58(Identity.generate().peer_id)
+        wrong = keys[0]
+        c.rate({}, {**{h: 1 for h in honest}, wrong: 1}, 0)  # a hard task's first rounds
+        assert c.standing.kind(wrong) is Kind.LIVE
+        async with trio.open_nursery() as nursery:
+            c._last_rotation = trio.current_time()
+            for _ in range(2):
+                c._maintain(me, nursery)
+                await trio.testing.wait_all_tasks_blocked()
+            assert {*honest, wrong} < set(c.sources()), c.sources()
+            silent = next(s for s in c.sources() if s not in (*honest, wrong))
+            assert c.kinds() == {"proven": 0, "live": 3, "trial": 1, "idle": 0}
+            c.rate({}, {**{h: 2 for h in honest}, wrong: 2}, 1)  # our own groups: signal
+            assert c.standing.flowing and c.kinds()["live"] == 0 and c.kinds()["trial"] == 4
+            assert c._want(list(c._feeds.values())) is Kind.LIVE  # no slot is reserved now
+            # a rotation: the honest feeds are oldest but deliver valid groups, so the
+            # silent key's feed is the one traded
+            for f in c._feeds.values():
+                f.started = 0.0 if str(f.peer) in honest else 5.0
+            c._last_rotation -= 10.0
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert set(honest) < set(c.sources()) and silent not in c.sources(), c.sources()
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
 def main() -> None:
     names = sys.argv[1:] or list(CHECKS)
     out = {}
