@@ -41,11 +41,12 @@ every feed it holds is such a source (measured: four keys trickling valid all-wr
 held all four slots of a node for the whole run, judged against nobody).
 
 Once signal flows (in our own groups or any sender's, within ``LIVE_PATIENCE`` times
-``trial_rounds`` reports), valid groups alone no longer earn anything: a source that never
-delivered signal ranks as a stranger, not ``LIVE``, so it holds no reserved slot and every slot
-a proven source does not fill explores (measured: each key of a farm sending valid all-wrong
-groups became live with its first batch and then held a reserved slot for 2 x
-``trial_rounds`` rounds, ahead of never-tried honest peers).
+``trial_rounds`` reports), valid groups alone no longer rank a candidate: a ``LIVE`` source
+not held now is picked like a stranger (``rank``), not ahead of never-tried peers (measured:
+each key of a farm sending valid all-wrong groups became live with its first batch and, once
+rotated out, was picked again ahead of never-tried honest peers, each for 2 x
+``trial_rounds`` rounds). A held ``LIVE`` source keeps its slot and its patience: an honest
+one shows signal within rounds.
 
 A dropped source is a stranger again: after an idle drop until it delivers a valid group,
 after a no-signal drop until it delivers signal. Idle drops cool the source for longer each
@@ -189,17 +190,19 @@ class Standing:
         return self.reports - self.any_grew < LIVE_PATIENCE * max(1, self.trial_rounds)
 
     def kind(self, peer: str) -> Kind:
-        """What ``peer`` has shown, for picking and reserving slots: valid groups without
-        signal make it ``LIVE`` only while no signal flows."""
-        return self._kind(peer, live=not self.flowing)
-
-    def _kind(self, peer: str, *, live: bool = True) -> Kind:
+        """What ``peer`` has shown (since it was last dropped)."""
         base_signal, base_valid = self._base.get(peer, (0, 0))
         if self._signal.get(peer, 0) > base_signal:
             return Kind.PROVEN
-        if live and self._valid.get(peer, 0) > base_valid:
+        if self._valid.get(peer, 0) > base_valid:
             return Kind.LIVE
         return Kind.STRANGER
+
+    def rank(self, peer: str) -> Kind:
+        """``kind`` as a candidate for a slot: a ``LIVE`` source ranks as a stranger while
+        signal flows (module docstring)."""
+        kind = self.kind(peer)
+        return Kind.STRANGER if kind is Kind.LIVE and self.flowing else kind
 
     def report(self, signal: Mapping[str, int], valid: Mapping[str, int], now: float,
                own: int | None = None) -> None:
@@ -261,15 +264,15 @@ class Standing:
                 trial.missed_valid += 1
             elif trial.valid_grew == now:
                 trial.missed_valid = 0
-            if trial.signal_grew < now and (self.own_grew > now - t or any(
+            # our own signal counts in the reports in which it grew only (measured: counting
+            # the t reports after each, honest sources were dropped while their groups and
+            # ours carried signal only now and then, as the model took off)
+            if trial.signal_grew < now and (self.own_grew == now or any(
                     o.signal_grew > max(now - t, o.opened) for o in others)):
                 trial.missed_signal += 1
             elif trial.signal_grew == now:
                 trial.missed_signal = 0
-            # a source that delivered valid groups keeps a known source's patience for
-            # silence while signal flows (measured: honest sources not yet showing signal,
-            # judged as strangers, were closed between two of their batches)
-            stranger = self._kind(peer) is Kind.STRANGER
+            stranger = self.kind(peer) is Kind.STRANGER
             # a known source gets probe_s at least, and 3 of its own gaps: one that publishes
             # slower than the swarm now and then (a round re-scoring 150 groups) is slow, not
             # idle (measured: honest live sources dropped beside keys whose one batch counted

@@ -376,9 +376,8 @@ class FeedClient:
 
     def _rotation(self, self_id: ID, open_: list[_Feed]) -> tuple[_Feed, PeerInfo] | None:
         """The feed a rotation replaces, and by whom: the oldest that can be replaced. A
-        stranger's by the kind the slots need without it (a stranger that delivered valid
-        groups on its feed within ``feeds.trial_rounds`` reports counts as live here); a
-        live or proven source's only by
+        stranger's, or a live source's silent for ``feeds.probe_s``, by the kind the slots
+        need without it; a live or proven source's only by
         a proven one (a source that delivers is not traded for one that may not), except,
         when live and proven sources hold more than the ``feeds.sources −
         feeds.explore_slots`` reserved slots, the live one that delivered least recently:
@@ -394,12 +393,13 @@ class FeedClient:
         stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
             if live and sum(self._kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
         for feed in by_age:
-            # a stranger that delivers valid groups on this feed (within trial_rounds
-            # reports) is kept like a live source: while signal flows, an honest source is
-            # one until its first group with signal
-            delivering = feed.trial is not None and feed.trial.valid_grew > max(
-                feed.trial.opened, self.standing.reports - self.config.feeds.trial_rounds)
-            if feed is stalest or (self._kind(feed.peer) is Kind.STRANGER and not delivering):
+            # a live source silent for feeds.probe_s and probe_rounds reports is rotated
+            # like a stranger (measured: keys that trickle one valid batch every 15 s held
+            # every slot while no signal flowed, and only the stalest rotated)
+            silent = self._kind(feed.peer) is Kind.LIVE and feed.trial is not None and \
+                self.standing.idle(feed.trial) and \
+                trio.current_time() - feed.trial.valid_s >= self.config.feeds.probe_s
+            if feed is stalest or silent or self._kind(feed.peer) is Kind.STRANGER:
                 held = [f for f in self._feeds.values() if f is not feed]
                 info = self._pick(self_id, want=self._want(held))
             else:
@@ -442,7 +442,8 @@ class FeedClient:
         nothing yet (never-held keys do not go first: that handed the slots to a farm that
         mints them), else as ``LIVE``. ``LIVE`` or ``PROVEN``: among the candidates of the
         best kind there is, at least ``at_least`` (else None: an empty slot helps nobody,
-        but a rotation keeps what it has)."""
+        but a rotation keeps what it has). Candidates rank by ``Standing.rank``: while
+        signal flows, a live one is a stranger."""
         if want is None:
             fresh: list[PeerInfo] = []
             rested: list[PeerInfo] = []
@@ -452,7 +453,7 @@ class FeedClient:
         else:
             by_kind: dict[Kind, list[PeerInfo]] = collections.defaultdict(list)
             for info in self._candidates(self_id):
-                by_kind[self._kind(info.peer_id)].append(info)
+                by_kind[self.standing.rank(str(info.peer_id))].append(info)
             floor = Kind.STRANGER if at_least is None else at_least
             best = max((k for k in by_kind if k >= floor), default=None)
             pool = by_kind[Kind.STRANGER] if want is Kind.STRANGER and at_least is None \

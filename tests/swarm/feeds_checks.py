@@ -540,41 +540,50 @@ def the_exploration_slot_rotates_even_when_every_held_source_is_live() -> None:
 
 
 @check
-def while_signal_flows_valid_groups_alone_earn_no_slot_but_delivering_ones_keep_theirs() -> None:
-    """Issue 32: keys sending valid all-wrong groups were live from their first batch and
-    held reserved slots ahead of never-tried honest peers. Once our own groups carry
-    signal, a source without signal is a stranger: the reserved slots explore, and a
-    rotation keeps a stranger only while it delivers valid groups on its feed (an honest
-    source before its first group with signal), trading the silent one."""
+def while_signal_flows_live_candidates_go_uniform_and_silent_live_sources_rotate() -> None:
+    """Issue 32: keys sending valid all-wrong groups were live from their first batch, and
+    once rotated out were picked again ahead of never-tried honest peers; keys trickling a
+    valid batch every 15 s held every slot as live sources while no signal flowed, and only
+    the stalest rotated. Once our own groups carry signal, a live candidate is picked like
+    a stranger; a held live source silent for feeds.probe_s is rotated like a stranger,
+    one that delivers keeps its slot."""
     async def main() -> None:
         table, ids = table_of(8)
-        honest, keys = ids[:2], ids[2:]
+        wrong = ids[0]
         c = client(table, feeds=FeedsConfig(sources=4, rotate_s=10.0, trial_rounds=3,
-                                             probe_rounds=0, probe_s=1e-9))
+                                             probe_rounds=2, probe_s=0.2))
         following(c)
         me = ID.from_base58(Identity.generate().peer_id)
-        wrong = keys[0]
-        c.rate({}, {**{h: 1 for h in honest}, wrong: 1}, 0)  # a hard task's first rounds
-        assert c.standing.kind(wrong) is Kind.LIVE
+        c.rate({}, {wrong: 1}, 0)  # a hard task's first rounds: no signal anywhere
+        assert all(str(c._pick(me, want=Kind.LIVE).peer_id) == wrong for _ in range(50))
+        c.rate({}, {wrong: 2}, 1)  # our own groups carry signal
+        picks = collections.Counter(str(c._pick(me, want=Kind.LIVE).peer_id) for _ in range(800))
+        assert len(picks) == 8 and picks[wrong] < 800 / 8 * 1.5, picks
+        # held: two live sources, one goes on delivering, one falls silent
+        table2, ids2 = table_of(8)
+        talks, silent = ids2[:2]
+        c2 = client(table2, feeds=FeedsConfig(sources=4, rotate_s=10.0, trial_rounds=10,
+                                              probe_rounds=2, probe_s=0.2))
+        following(c2)
+        c2.rate({}, {talks: 1, silent: 1}, 0)
         async with trio.open_nursery() as nursery:
-            c._last_rotation = trio.current_time()
+            c2._last_rotation = trio.current_time()
             for _ in range(2):
-                c._maintain(me, nursery)
+                c2._maintain(me, nursery)
                 await trio.testing.wait_all_tasks_blocked()
-            assert {*honest, wrong} < set(c.sources()), c.sources()
-            silent = next(s for s in c.sources() if s not in (*honest, wrong))
-            assert c.kinds() == {"proven": 0, "live": 3, "trial": 1, "idle": 0}
-            c.rate({}, {**{h: 2 for h in honest}, wrong: 2}, 1)  # our own groups: signal
-            assert c.standing.flowing and c.kinds()["live"] == 0 and c.kinds()["trial"] == 4
-            assert c._want(list(c._feeds.values())) is Kind.LIVE  # no slot is reserved now
-            # a rotation: the honest feeds are oldest but deliver valid groups, so the
-            # silent key's feed is the one traded
-            for f in c._feeds.values():
-                f.started = 0.0 if str(f.peer) in honest else 5.0
-            c._last_rotation -= 10.0
-            c._maintain(me, nursery)
+            assert {talks, silent} < set(c2.sources()) and c2.kinds()["live"] == 2
+            for n in (2, 3, 4):
+                c2.rate({}, {talks: n, silent: 1}, 0)
+            await trio.sleep(0.3)  # probe_s
+            c2.rate({}, {talks: 5, silent: 1}, 0)
+            for f in c2._feeds.values():  # the live sources are the oldest
+                f.started = 0.0 if str(f.peer) in (talks, silent) else 5.0
+            c2._last_rotation -= 10.0
+            c2._maintain(me, nursery)
             await trio.testing.wait_all_tasks_blocked()
-            assert set(honest) < set(c.sources()) and silent not in c.sources(), c.sources()
+            assert talks in c2.sources() and silent not in c2.sources(), c2.sources()
+            # rotated out (resting, still live), not closed as idle (a stranger again)
+            assert c2.counters["feed_rotated"] == 1 and c2.standing.kind(silent) is Kind.LIVE
             nursery.cancel_scope.cancel()
     trio.run(main)
 

@@ -93,8 +93,7 @@ def test_valid_groups_without_signal_lose_the_slot_while_another_feed_has_signal
     s = standing(probe=0)
     s.report({"proven": 1}, {"honest": 1, "farm": 1, "proven": 1}, 0.0)
     trials = {p: s.open(p, 0.0) for p in ("honest", "farm", "proven")}
-    # signal flows: valid groups alone earn nothing, the farm's feed opens on trial
-    assert trials["proven"].kind is Kind.PROVEN and trials["farm"].kind is Kind.STRANGER
+    assert trials["proven"].kind is Kind.PROVEN and trials["farm"].kind is Kind.LIVE
     dropped_at = {}
     for n in range(1, PROVEN_PATIENCE * T + 1):
         # honest delivers signal from now on; the farm valid groups only; proven nothing new
@@ -216,22 +215,23 @@ def test_a_known_source_slower_than_the_swarm_is_slow_not_idle() -> None:
     assert quick.judge(trials, 10.0) == {"a": Verdict.IDLE}
 
 
-def test_valid_groups_make_a_source_live_only_while_no_signal_flows() -> None:
-    """A hard task's first rounds: a source with valid groups is live (an honest node whose
-    model has not taken off). Once signal reaches us, ours or a sender's, it is a stranger
-    again until it delivers signal too; after 2 x trial_rounds reports without any, live."""
+def test_valid_groups_rank_a_candidate_as_live_only_while_no_signal_flows() -> None:
+    """A hard task's first rounds: a source with valid groups ranks live (an honest node
+    whose model has not taken off). Once signal reaches us, ours or a sender's, it ranks as
+    a stranger until it delivers signal too (its kind stays live: a held feed keeps its
+    patience); after 2 x trial_rounds reports without any signal, live again."""
     s = standing(probe=0)
     s.report({}, {"farm": 1}, 0.0, own=0)
-    assert s.kind("farm") is Kind.LIVE and not s.flowing
+    assert s.rank("farm") is Kind.LIVE and not s.flowing
     s.report({}, {"farm": 2}, 0.0, own=1)  # our own groups carry signal
-    assert s.flowing and s.kind("farm") is Kind.STRANGER
+    assert s.flowing and s.rank("farm") is Kind.STRANGER and s.kind("farm") is Kind.LIVE
     for _ in range(LIVE_PATIENCE * T - 1):
         s.report({}, {"farm": 3}, 0.0, own=1)
-        assert s.kind("farm") is Kind.STRANGER
+        assert s.rank("farm") is Kind.STRANGER
     s.report({}, {"farm": 4}, 0.0, own=1)
-    assert not s.flowing and s.kind("farm") is Kind.LIVE
+    assert not s.flowing and s.rank("farm") is Kind.LIVE
     s.report({"other": 1}, {"farm": 5, "other": 1}, 0.0, own=1)  # a sender's signal counts too
-    assert s.kind("farm") is Kind.STRANGER and s.kind("other") is Kind.PROVEN
+    assert s.rank("farm") is Kind.STRANGER and s.rank("other") is Kind.PROVEN
 
 
 def test_our_own_signal_judges_a_feed_without_signal_when_no_other_feed_has_any() -> None:
@@ -250,6 +250,15 @@ def test_our_own_signal_judges_a_feed_without_signal_when_no_other_feed_has_any(
     assert verdicts == {"farm": Verdict.NO_SIGNAL}
     # 2 x T reports, and the wait: no frame pace known, our own round's (3 x 0.1 s, >= 1 s)
     assert n == LIVE_PATIENCE * T + 2 and s.wait_s() == MIN_WAIT_S
+    # our own signal now and then: only the reports in which it grew count
+    s3 = standing(probe=0, probe_s=1e-9)
+    s3.report({}, {"farm": 1}, 0.0, own=0)
+    sparse = s3.open("farm", 0.0)
+    for n in range(1, 4 * LIVE_PATIENCE * T + 10):
+        s3.report({}, {"farm": 1 + n}, float(n), own=n // 4)  # grows every 4th report
+        if s3.judge({"farm": sparse}, float(n)):
+            break
+    assert n == 4 * LIVE_PATIENCE * T, n  # 2 x T reports in which ours grew
     # without own signal reported, a lone feed is never judged by signal (as before)
     s2 = standing(probe=0, probe_s=10.0)
     s2.report({}, {"farm": 1}, 0.0)

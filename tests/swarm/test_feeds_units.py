@@ -25,7 +25,7 @@ NAMES = [
     "a_source_behind_nat_is_dialled_through_its_relay_and_kept_when_that_fails",
     "sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dropped",
     "the_exploration_slot_rotates_even_when_every_held_source_is_live",
-    "while_signal_flows_valid_groups_alone_earn_no_slot_but_delivering_ones_keep_theirs",
+    "while_signal_flows_live_candidates_go_uniform_and_silent_live_sources_rotate",
 ]
 
 
