@@ -335,11 +335,14 @@ class FeedClient:
     def _want(self, held: list[_Feed]) -> Kind | None:
         """The kind the next slot needs, beside ``held``: ``LIVE`` (the best known source)
         while fewer than ``feeds.sources − feeds.explore_slots`` live or proven sources are
-        held, else ``STRANGER`` (exploration); None before the learner's first report: any."""
+        held (by ``Standing.rank``: while signal flows, proven ones), else ``STRANGER``
+        (exploration); None before the learner's first report: any. Counting held live
+        sources while signal flows (keys of an all-wrong farm among them), a free slot went
+        to strangers only, even while a proven source was free."""
         if not self.standing.reports:
             return None
         reserved = self.config.feeds.sources - self.config.feeds.explore_slots
-        known = sum(self._kind(f.peer) >= Kind.LIVE for f in held)
+        known = sum(self.standing.rank(str(f.peer)) >= Kind.LIVE for f in held)
         return Kind.LIVE if known < reserved else Kind.STRANGER
 
     async def run(self, self_id: ID) -> None:
