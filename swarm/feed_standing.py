@@ -152,8 +152,8 @@ class Standing:
         default_factory=lambda: collections.deque(maxlen=PACE_SAMPLES), repr=False)
     _last_report: float | None = field(default=None, repr=False)
     _own_gap: dict[str, float] = field(default_factory=dict, repr=False)
-    _own: int | None = field(default=None, repr=False)
-    """Our own local groups with signal so far (the learner's ``own``; None: not reported)."""
+    _own: int = field(default=0, repr=False)
+    """Our own local groups with signal so far (the learner's ``own``)."""
     own_grew: int = field(default=-(10**9), repr=False)
     """The report in which our own signal total last grew."""
     any_grew: int = field(default=-(10**9), repr=False)
@@ -212,7 +212,7 @@ class Standing:
         if any(v > self._signal.get(k, 0) for k, v in signal.items()):
             self.any_grew = self.reports
         if own is not None:
-            if own > (self._own or 0):
+            if own > self._own:
                 self.own_grew = self.any_grew = self.reports
             self._own = own
         self._signal, self._valid = dict(signal), dict(valid)

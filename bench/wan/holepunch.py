@@ -107,6 +107,11 @@ STAT_KEYS = ("holepunch_attempts", "holepunch_direct", "holepunch_failed",
              "holepunch_unilateral", "peers_direct", "peers_relayed")
 
 
+def punch_stats(nodes: Nodes) -> dict[str, dict[str, Any]]:
+    """Each NATed node's hole-punch counters (one stats call per node)."""
+    return {n: {k: s.get(k) for k in STAT_KEYS} for n in NATED for s in [nodes.stats(n)]}
+
+
 def gave_up(nodes: Nodes) -> bool:
     """Some side failed its last allowed attempt and neither side is punching any more."""
     # imported here: the WAN tests import this module, and libp2p beside hivemind in one
@@ -152,7 +157,7 @@ def trial(mode: str, *, rtt_ms: float = 80.0, rate_mbit: float = 50.0,
                 rec["time_to_direct_s"] = time.monotonic() - t_met
             rec["links"] = links()
             rec["kernel_direct"] = kernel_direct(bed)
-            rec["stats"] = {n: {k: nodes.stats(n).get(k) for k in STAT_KEYS} for n in NATED}
+            rec["stats"] = punch_stats(nodes)
             if watch_s > 0 and not done:
                 t_watch = time.monotonic()
                 rec["gave_up"] = bool(poll(lambda: gave_up(nodes), watch_s, interval_s=0.5))
@@ -161,7 +166,7 @@ def trial(mode: str, *, rtt_ms: float = 80.0, rate_mbit: float = 50.0,
                 rec["after_watch"] = {
                     "watched_s": time.monotonic() - t_watch, "links": links(),
                     "kernel_direct": kernel_direct(bed),
-                    "stats": {n: {k: nodes.stats(n).get(k) for k in STAT_KEYS} for n in NATED}}
+                    "stats": punch_stats(nodes)}
         finally:
             if nodes is not None:
                 nodes.stop()

@@ -47,14 +47,6 @@ NAT_PATHS = {"relayed": ("masquerade", False), "punched": ("home", True), "upnp"
 """--nat value -> (gateway mode, hole punching on)."""
 
 
-def _wait(cond: Any, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.2)
-
-
 def raw_tcp_out(bed: WanBed, src: str, dst: str, nbytes: int) -> float:
     """Seconds to push ``nbytes`` over one TCP connection from ``src`` to a sink on ``dst``."""
     srv = bed.run_in(dst, [sys.executable, "-c", cb.RAW_SERVER, bed.addr(dst)],
@@ -75,13 +67,14 @@ def _swarms(bed: WanBed, ps: WanProcs, names: list[str], punch: bool,
             upnp: bool) -> dict[str, Any]:
     """boot and the NATed nodes' swarm processes, once each pair is linked as asked."""
     from node.ipc_client import SocketBridge
+    from tests.swarm.procs import wait_until
 
     boot = ps.nodes(["boot"], learner=False, bootstrap_only=True)[0]
     procs = ps.nodes(names, bootstrap=(boot.addr,), relay={"hole_punch": punch, "upnp": upnp})
     bridges = {p.name: SocketBridge.connect(p.ready["ipc"]) for p in procs}
     stat = "reachability_public" if upnp else "reachability_relayed"
-    _wait(lambda: all(b.stats().get(stat) for b in bridges.values()), 90,
-          "NATed nodes " + stat.split("_")[1])
+    wait_until(lambda: all(b.stats().get(stat) for b in bridges.values()), timeout_s=90,
+               interval_s=0.2, what="NATed nodes " + stat.split("_")[1])
     ids = {p.name: p.peer_id for p in procs}
     if upnp:  # the collective dials the mapped addresses, whatever the swarm links are
         return {"ids": ids, "bridges": bridges}
@@ -91,7 +84,8 @@ def _swarms(bed: WanBed, ps: WanProcs, names: list[str], punch: bool,
         return all(bridges[a].links().get(ids[b]) == want
                    for a in names for b in names if a != b)
 
-    _wait(linked, 120 if punch else 60, f"NATed pairs {want}")
+    wait_until(linked, timeout_s=120 if punch else 60, interval_s=0.2,
+               what=f"NATed pairs {want}")
     return {"ids": ids, "bridges": bridges}
 
 
@@ -109,7 +103,7 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
             rate_mbit: float, deadline: float) -> dict:
     """One row: ``peers`` NATed collective peers over ``path`` (a key of NAT_PATHS)."""
     from tests.collectives.harness import Swarm
-    from tests.swarm.procs import short_tmpdir
+    from tests.swarm.procs import short_tmpdir, wait_until
 
     mode, punch = NAT_PATHS[path]
     upnp = mode == "upnp"
@@ -126,7 +120,7 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
     # 100 Mbit/s and a direct path)
     period = 4 * cb.fixed_period(size, peers, codec, True)
     # miniupnpd 2.3.1 forwards nothing on a private WAN address (bench.wan.bed)
-    with WanBed(specs, **({"subnet": "11.213"} if upnp else {})) as bed:
+    with (WanBed(specs, subnet="11.213") if upnp else WanBed(specs)) as bed:
         ps = WanProcs(Path(root) / "swarm", bed)
         coll.mkdir(parents=True)  # Swarm.close() writes its stop file there
         workers = Swarm(coll)
@@ -145,8 +139,8 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
                               every_rounds=20, period=period,
                               duration=steps * (deadline + 10) + 60, trust="all")
             own = coll / "addrs"
-            _wait(lambda: all((own / f"{n}.txt").exists() for n in names), 120,
-                  "collective peers up")
+            wait_until(lambda: all((own / f"{n}.txt").exists() for n in names), timeout_s=120,
+                       interval_s=0.2, what="collective peers up")
             addrs = {n: (own / f"{n}.txt").read_text().split() for n in names}
             for n in names:  # the tunnel's far end forwards to the learner's announced p2pd
                 bridges[n].announce(model="bench", collective_addrs=tuple(addrs[n]))
@@ -157,10 +151,9 @@ def run_nat(path: str, rtt_ms: float, *, peers: int, size: int, codec: str, step
                     p2pd_id = addrs[b][0].rsplit("/p2p/", 1)[1]
                     if upnp:  # b's swarm process mapped b's collective port and announced it
                         gw = bed.public_addr(b)
-                        _wait(lambda: _mapped(bridges[a], sw["ids"][b], gw), 60,
-                              f"{b}'s mapped collective address at {a}")
-                        mapped = _mapped(bridges[a], sw["ids"][b], gw)
-                        assert mapped is not None
+                        mapped = wait_until(lambda: _mapped(bridges[a], sw["ids"][b], gw),
+                                            timeout_s=60, interval_s=0.2,
+                                            what=f"{b}'s mapped collective address at {a}")
                         addr = mapped.rsplit("/p2p/", 1)[0] + f"/p2p/{p2pd_id}"
                     else:
                         host, port = bridges[a].tunnel(sw["ids"][b])
