@@ -24,7 +24,7 @@ from libp2p.utils.varint import encode_varint_prefixed
 
 from protocol import Identity, PeerAnnouncement, seal
 from swarm.config import AnnouncementsConfig, FeedsConfig, GossipConfig
-from swarm.feed_standing import Kind, Verdict
+from swarm.feed_standing import MIN_WAIT_S, Kind, Verdict
 from swarm.feeds import BUSY, LIVE, OK, FeedClient, FeedServer, _Feed
 from swarm.host import build_stack
 from swarm.peers import PeerTable
@@ -584,6 +584,54 @@ def while_signal_flows_live_candidates_go_uniform_and_silent_live_sources_rotate
             assert talks in c2.sources() and silent not in c2.sources(), c2.sources()
             # rotated out (resting, still live), not closed as idle (a stranger again)
             assert c2.counters["feed_rotated"] == 1 and c2.standing.kind(silent) is Kind.LIVE
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
+@check
+def while_nothing_arrives_rotations_come_every_wait() -> None:
+    """Issue 32: 50 keys whose valid all-wrong groups the shared re-scoring budget mostly
+    left unchecked held every slot of a node as silent live sources for 25 of its 60 rounds
+    (two honest peers among 52, one rotation per feeds.rotate_s). While every held feed is
+    silent for the wait (3 of the swarm's publishing intervals, at least 1 s), a rotation
+    comes every wait and takes a never-tried peer; while one feed delivers, every
+    feeds.rotate_s as before."""
+    async def main() -> None:
+        table, keys = table_of(4)
+        c = client(table, feeds=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
+                                             probe_rounds=2, probe_s=30.0))
+        following(c)
+        me = ID.from_base58(Identity.generate().peer_id)
+        c.rate({}, {k: 1 for k in keys}, 0)
+        async with trio.open_nursery() as nursery:
+            c._last_rotation = trio.current_time()
+            for _ in range(2):
+                c._maintain(me, nursery)
+                await trio.testing.wait_all_tasks_blocked()
+            assert set(c.sources()) == set(keys) and c.kinds()["live"] == 4, c.kinds()
+            others = []
+            for _ in range(4):  # never-tried peers join
+                fresh = Identity.generate().peer_id
+                others.append(fresh)
+                table.update(PeerAnnouncement(
+                    peer_id=fresh, addrs=(f"/ip4/127.0.0.1/tcp/1/p2p/{fresh}",)), 0.0)
+            for t in range(8):  # the swarm publishes every 0.1 s: the wait is MIN_WAIT_S
+                c.standing.frame(keys[0], t * 0.1)
+            assert c.standing.wait_s() == MIN_WAIT_S
+            for n in (2, 3):  # one held feed still delivers: no early rotation
+                c.rate({}, {**{k: 1 for k in keys}, keys[0]: n}, 0)
+            await trio.sleep(MIN_WAIT_S + 0.1)
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert set(c.sources()) == set(keys) and not c.counters["feed_rotated"]
+            for _ in range(2):  # now none does
+                c.rate({}, {**{k: 1 for k in keys}, keys[0]: 3}, 0)
+            await trio.sleep(MIN_WAIT_S + 0.1)
+            assert c._starved([f for f in c._feeds.values() if f.open], trio.current_time())
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert c.counters["feed_rotated"] == 1, c.counters
+            assert len(c.sources()) == 4 and len(set(c.sources()) & set(others)) == 1
             nursery.cancel_scope.cancel()
     trio.run(main)
 

@@ -26,6 +26,7 @@ NAMES = [
     "sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dropped",
     "the_exploration_slot_rotates_even_when_every_held_source_is_live",
     "while_signal_flows_live_candidates_go_uniform_and_silent_live_sources_rotate",
+    "while_nothing_arrives_rotations_come_every_wait",
 ]
 
 
