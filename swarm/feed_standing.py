@@ -183,6 +183,12 @@ class Standing:
             return self.probe_s
         return min(self.probe_s, max(MIN_WAIT_S, PACE_FACTOR * pace))
 
+    def silent_s(self, peer: str) -> float:
+        """How long a known source may bring no valid group before it is silent while
+        nothing arrives (``swarm.feeds``' starved rotation): the wait, and at least 3 of its
+        own gaps between frames (a source slower than the swarm is slow, not silent)."""
+        return max(self.wait_s(), PACE_FACTOR * self._own_gap.get(peer, 0.0))
+
     @property
     def flowing(self) -> bool:
         """Signal reached us (our own groups' or a sender's) within ``LIVE_PATIENCE`` times

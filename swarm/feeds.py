@@ -384,7 +384,8 @@ class FeedClient:
         """Nothing arrives: every open feed has brought no valid group in
         ``feeds.probe_rounds`` reports and for the wait (``Standing.wait_s``: 3 of the
         swarm's publishing intervals). Then a rotation comes every wait instead of every
-        ``feeds.rotate_s``, and a silent live source rotates after the wait (measured: 50
+        ``feeds.rotate_s``, and a silent live source rotates after the wait and 3 of its own
+        gaps between frames (measured: 50
         keys sending valid all-wrong groups that the shared re-scoring budget mostly left
         unchecked held every slot of a node as silent live sources for 25 of its 60 rounds,
         with two honest peers among 52 and one rotation per 10 s). A dial per wait is all it
@@ -397,7 +398,7 @@ class FeedClient:
                   starved: bool = False) -> tuple[_Feed, PeerInfo] | None:
         """The feed a rotation replaces, and by whom: the oldest that can be replaced. A
         stranger's, or a live source's silent for ``feeds.probe_s`` (``starved``: for the
-        wait), by the kind the slots need without it; a live or proven source's only by
+        wait and 3 of its own gaps between frames, ``Standing.silent_s``), by the kind the slots need without it; a live or proven source's only by
         a proven one (a source that delivers is not traded for one that may not), except,
         when live and proven sources hold more than the ``feeds.sources −
         feeds.explore_slots`` reserved slots, the live one that delivered least recently:
@@ -409,8 +410,6 @@ class FeedClient:
             info = self._pick(self_id)
             return (by_age[0], info) if info is not None else None
         reserved = self.config.feeds.sources - self.config.feeds.explore_slots
-        silent_s = min(self.config.feeds.probe_s, self.standing.wait_s()) if starved \
-            else self.config.feeds.probe_s
         live = [f for f in open_ if self._kind(f.peer) is Kind.LIVE and f.trial is not None]
         stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
             if live and sum(self._kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
@@ -420,7 +419,9 @@ class FeedClient:
             # every slot while no signal flowed, and only the stalest rotated)
             silent = self._kind(feed.peer) is Kind.LIVE and feed.trial is not None and \
                 self.standing.idle(feed.trial) and \
-                trio.current_time() - feed.trial.valid_s >= silent_s
+                trio.current_time() - feed.trial.valid_s >= (
+                    min(self.config.feeds.probe_s, self.standing.silent_s(str(feed.peer)))
+                    if starved else self.config.feeds.probe_s)
             if feed is stalest or silent or self._kind(feed.peer) is Kind.STRANGER:
                 held = [f for f in self._feeds.values() if f is not feed]
                 info = self._pick(self_id, want=self._want(held))

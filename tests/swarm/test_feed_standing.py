@@ -266,3 +266,17 @@ def test_our_own_signal_judges_a_feed_without_signal_when_no_other_feed_has_any(
     for n in range(1, 200):
         s2.report({}, {"farm": 1 + n}, n * 0.1)
         assert s2.judge({"farm": lone}, n * 0.1) == {}
+
+
+def test_a_source_is_silent_after_the_wait_and_three_of_its_own_gaps() -> None:
+    """swarm.feeds' starved rotation: a source that publishes every 4 s is not silent after
+    the swarm's 1 s wait, but after 12 s; one never seen publishing, after the wait."""
+    s = standing(probe_s=30.0)
+    for i in range(8):
+        s.frame("slow", i * 4.0)
+    for i in range(30):
+        s.frame("fast", i * 0.2)
+    assert s.wait_s() == MIN_WAIT_S  # the median gap is the fast source's
+    assert s.silent_s("never") == MIN_WAIT_S
+    assert 11.0 < s.silent_s("slow") <= 12.0
+    assert s.silent_s("fast") == MIN_WAIT_S
