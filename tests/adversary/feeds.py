@@ -8,7 +8,8 @@ model fingerprint, ``train``) and answers every feed request ``OK``, then:
 - ``idle``: sends nothing (a slot held for nothing);
 - ``wrong``: one valid, signed batch a second of all-wrong groups (every completion scores
   0: no signal after re-scoring);
-- ``trickle``: the same, one batch every ``trickle_s`` seconds.
+- ``trickle``: the same, one batch every ``trickle_s`` seconds;
+- ``mixed``: identity i serves as ``idle``, ``wrong`` and ``trickle`` in turn (i mod 3).
 
 Both send their first batch as soon as the feed opens (a feed that brings nothing at first is
 closed early: swarm.feed_standing's probe).
@@ -53,6 +54,7 @@ from tests.adversary.payloads import steering_batch
 
 __all__ = ["run_feed_sybils"]
 
+MODES = ("idle", "wrong", "trickle")
 ANNOUNCE_S = 4.0
 """Between two announcements of one identity (honest peers: ``announcements.interval_s`` 5 s)."""
 
@@ -63,8 +65,8 @@ class Farm:
     def __init__(self, args: dict[str, Any], observer: Observer) -> None:
         self.args, self.observer = args, observer
         self.mode = str(args.get("mode", "idle"))
-        if self.mode not in ("idle", "wrong", "trickle"):
-            raise ValueError(f"mode must be idle, wrong or trickle, not {self.mode!r}")
+        if self.mode not in (*MODES, "mixed"):
+            raise ValueError(f"mode must be idle, wrong, trickle or mixed, not {self.mode!r}")
         self.served: collections.Counter[str] = collections.Counter()
         self.peer_ids: list[str] = []
         self.rng = random.Random(int.from_bytes(os.urandom(8), "big"))
@@ -96,7 +98,9 @@ class Farm:
                     started = True
                     await self.serving.wait()
                     self.peer_ids.append(me.peer_id)
-                    stack.host.set_stream_handler(FEED_PROTOCOL, lambda s: self._serve(s, me))
+                    mode = MODES[index % len(MODES)] if self.mode == "mixed" else self.mode
+                    stack.host.set_stream_handler(FEED_PROTOCOL,
+                                                  lambda s: self._serve(s, me, mode))
                     await self._announce(stack, me)
         except* Exception as group:  # its host failed: this identity ends, the farm goes on
             self.served["identity_failed"] += 1
@@ -116,15 +120,15 @@ class Farm:
             self.served["announcements"] += 1
             await trio.sleep(ANNOUNCE_S)
 
-    async def _serve(self, stream: INetStream, me: Identity) -> None:
+    async def _serve(self, stream: INetStream, me: Identity, mode: str) -> None:
         try:
             with trio.fail_after(10):
                 await read_varint_prefixed_bytes_limited(stream, MAX_REQUEST)
                 await stream.write(encode_varint_prefixed(OK))
             self.served["feeds"] += 1
-            if self.mode == "idle":
+            if mode == "idle":
                 await trio.sleep_forever()
-            period = 1.0 if self.mode == "wrong" else float(self.args.get("trickle_s", 15.0))
+            period = 1.0 if mode == "wrong" else float(self.args.get("trickle_s", 15.0))
             while True:  # the first batch at once: it passes a probe for a first frame
                 self.round += 1
                 batch = await trio.to_thread.run_sync(lambda: steering_batch(
