@@ -92,6 +92,10 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     used = [v["external_used_per_round"] for v in nodes.values()]
     attacker = run["attackers"].get("feed_sybil", {})
     return {"nodes": nodes, "external_used_per_round": _mean(used),
+            "honest_senders_per_round": _mean(
+                [v["honest_senders_per_round"] for v in nodes.values()]),
+            "cut_off": sum(v["rounds"] > 0 and not v["honest_senders_per_round"]
+                           for v in nodes.values()),
             "mean_reward": _mean([v["mean_reward"] for v in nodes.values()]),
             "accuracy": _mean([v["accuracy"] for v in nodes.values()]),
             "attacker": {k: v for k, v in attacker.items()
@@ -122,6 +126,9 @@ def summary(all_runs: list[dict[str, Any]]) -> dict[str, Any]:
     base_used = _mean([r["external_used_per_round"] for r in base])
     base_reward = _mean([r["mean_reward"] for r in base])
     base_acc = _mean([r["accuracy"] for r in base])
+    senders = {id(r): r.get("honest_senders_per_round", _mean(
+        [v["honest_senders_per_round"] for v in r["nodes"].values()])) for r in all_runs}
+    base_senders = _mean([senders[id(r)] for r in base])
     out: dict[str, Any] = {}
     for key in dict.fromkeys(f"{r['variant']}/{r['sybils']}" for r in all_runs):
         these = [r for r in runs if f"{r['variant']}/{r['sybils']}" == key]
@@ -140,6 +147,12 @@ def summary(all_runs: list[dict[str, Any]]) -> dict[str, Any]:
             if base_reward else None,
             "accuracy": _mean([r["accuracy"] for r in these]),
             "accuracy_none": base_acc,
+            # what the feeds decide: honest peers a node received from per round
+            "honest_senders_to_none": round(_mean([senders[id(r)] for r in these])
+                                            / base_senders, 3) if base_senders else None,
+            # honest nodes that received nothing from an honest peer in the whole run
+            "cut_off_nodes": sum(v["rounds"] > 0 and not v["honest_senders_per_round"]
+                                 for r in these for v in r["nodes"].values()),
             "attacker_results": sum(r["attacker"].get("event") == "done" for r in these
                                     if r["variant"] != "none"),
         }
@@ -191,7 +204,8 @@ def main() -> None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(args.out, (json.dumps(out, indent=1) + "\n").encode())
     print(json.dumps({k: {"ratio": v["ratio_to_none"], "range": v["ratio_range"],
-                          "reward": v["reward_to_none"]} for k, v in summary(runs).items()}))
+                          "senders": v["honest_senders_to_none"], "reward": v["reward_to_none"]}
+                      for k, v in summary(runs).items()}))
 
 
 if __name__ == "__main__":
