@@ -37,6 +37,7 @@ from bench.sim.calibrate import costs_from_unit, fit_by_sim, fit_unit, replay
 from bench.sim.config import Scenario, Scheme
 from bench.sim.engine import Sim
 from bench.sim.metrics import summarize
+from bench.sim.picker import MIRRORED_AT
 from bench.sim.sybil import FARMS, SybilScenario
 from protocol.files import atomic_write_bytes
 
@@ -215,6 +216,9 @@ def sybil(args: argparse.Namespace, t0: float) -> None:
                         "p_useful": sc.sapo.p_useful, "external": sc.sapo.external,
                         "per_sender_round": sc.sapo.per_sender_round,
                         "farms": {name: vars(f) for name, f in FARMS.items()},
+                        "own_signal": "new only: groups_per_batch local groups a round, "
+                                      "each with signal with p_pass",
+                        "picker_mirrors": f"swarm/feeds.py at {MIRRORED_AT}",
                         "steady_state": f"rounds {args.rounds // 2 + 1}..{args.rounds}"},
               "rows": rows,
               "runs": [{k: v for k, v in r.items() if k != "honest_slots_per_round"} for r in runs]}

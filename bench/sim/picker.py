@@ -6,21 +6,26 @@ picker holds one, hands it the learner's reports and the frames its feeds bring,
 for kinds and verdicts. What still lives in ``FeedClient`` reads ``trio.current_time()`` and
 starts tasks in a nursery, so it cannot be called from a simulation; this module mirrors it,
 method for method, with time passed in and peers as ints (mirrored from ``swarm/feeds.py``
-at 55aed4b):
+at 3cef0b7):
 
 ====================  ==========================================================
 ``FeedPicker``        ``swarm.feeds.FeedClient``
 ====================  ==========================================================
-``rate``              ``rate``: ``Standing.report`` and ``judge``; closes, cools
+``rate``              ``rate``: ``Standing.report`` (with ``own``) and ``judge``;
+                      closes, cools
 ``kinds``             ``kinds``: open feeds by their source's kind, and idle ones
 ``kind``              ``_kind``
-``want``              ``_want``: ``LIVE`` until k − explore_slots known are held
-``maintain``          ``_maintain``: rotation (make before break), filling slots
-``rotation``          ``_rotation``: which feed a rotation replaces, and by whom
+``want``              ``_want``: ``LIVE`` until k − explore_slots held sources rank
+                      (``Standing.rank``) live or proven
+``maintain``          ``_maintain``: rotation (make before break; every wait while
+                      starved), filling slots
+``starved``           ``_starved``: every open feed idle and silent for the wait
+``rotation``          ``_rotation``: which feed a rotation replaces (a stranger's, a
+                      silent live source's, the stalest beyond the reserved), by whom
 ``opened``            ``_opened``: the trial starts; a rotation's old feed closes
 ``frame``             ``_follow``, per frame: the trial's count, ``Standing.frame``
 ``refused``           ``_open`` answered BUSY (``_cool``), then ``_follow`` ends
-``pick``              ``_pick`` over ``_candidates``
+``pick``              ``_pick`` over ``_candidates``, by ``Standing.rank``
 ``cool``              ``_cool``: ``RETRY_S`` doubling per failure or idle strike
 ====================  ==========================================================
 
@@ -31,13 +36,15 @@ here.
 
 A picker that is never handed a report (``rate``) is the picker before issue 32 (and today's
 before the learner's first report): uniform over never-held keys, then over rested ones;
-nothing is ever judged.
+nothing is ever judged, nothing is ever starved.
 
 Where the mirror differs, on purpose: a pick draws uniformly over the same set as ``_pick``
 (by rejection from the table, or over a listed set: the reported sources, the rested ones;
-the same distribution, other random numbers); bans, relayed addresses, dials that fail and invalid
-frames do not exist here; whether a feed asks for a backfill is decided when it starts (the
-product decides it when ``_follow`` starts, in the same tick).
+the same distribution, other random numbers); bans, relayed addresses, dials that fail, invalid
+frames and streams that end (so resubscription) do not exist here; whether a feed asks for a backfill is decided when it starts (the
+product decides it when ``_follow`` starts, in the same tick); ``rotation`` is passed the
+time ``_maintain`` read (the product reads ``trio.current_time()`` again, in the same tick).
+``rotation_due`` is the simulation's own (when a tick may next rotate), not a mirror.
 """
 
 from __future__ import annotations
@@ -53,8 +60,11 @@ from swarm.config import FeedsConfig
 from swarm.feed_standing import Kind, Standing, Trial, Verdict
 from swarm.peers import PeerTable
 
-__all__ = ["MIRRORED", "Feed", "FeedPicker", "Kind", "MAX_SOURCES", "OPENS_PER_TICK", "RETRY_S",
-           "TABLE_CAPACITY", "TICK_S", "Table"]
+__all__ = ["MIRRORED", "MIRRORED_AT", "Feed", "FeedPicker", "Kind", "MAX_SOURCES",
+           "OPENS_PER_TICK", "RETRY_S", "TABLE_CAPACITY", "TICK_S", "Table"]
+
+MIRRORED_AT = "3cef0b7"
+"""The commit of ``swarm/feeds.py`` whose ``FeedClient`` this module mirrors (the docstring's)."""
 
 # swarm/feeds.py's constants, copied: importing it imports libp2p, which a test process that
 # imported hivemind cannot (tests/swarm/test_feeds_units.py); tests/sim/test_sybil.py checks
@@ -101,7 +111,9 @@ class IntStanding(Protocol):
     def frame(self, peer: int, now: float) -> None: ...
     def wait_s(self) -> float: ...
     def kind(self, peer: int) -> Kind: ...
-    def report(self, signal: Mapping[int, int], valid: Mapping[int, int], now: float) -> None: ...
+    def rank(self, peer: int) -> Kind: ...
+    def report(self, signal: Mapping[int, int], valid: Mapping[int, int], now: float,
+               own: int | None = None) -> None: ...
     def open(self, peer: int, now: float) -> Trial: ...
     def idle(self, trial: Trial) -> bool: ...
     def judge(self, trials: Mapping[int, Trial], now_s: float) -> dict[int, Verdict]: ...
@@ -148,10 +160,11 @@ class FeedPicker:
 
     # -- the learner's report --------------------------------------------------------------
     def rate(self, now: float, signal: Mapping[int, int],
-             valid: Mapping[int, int] | None = None) -> list[int]:
-        """``FeedClient.rate``; returns the sources whose feeds it closed."""
+             valid: Mapping[int, int] | None = None, own: int | None = None) -> list[int]:
+        """``FeedClient.rate``: ``own`` is the learner's count so far of its own local groups
+        that carried signal (None: not reported); returns the sources whose feeds it closed."""
         valid = signal if valid is None else valid
-        self.standing.report(signal, valid, now)
+        self.standing.report(signal, valid, now, own)
         self.signal, self.valid = signal, valid
         trials = {f.peer: f.trial for f in self.feeds.values()
                   if f.open and f.trial is not None}
@@ -178,11 +191,12 @@ class FeedPicker:
         return self.standing.kind(peer)
 
     def want(self, held: list[Feed]) -> Kind | None:
-        """``FeedClient._want``: the kind the next slot needs beside ``held``."""
+        """``FeedClient._want``: the kind the next slot needs beside ``held`` (counted by
+        ``Standing.rank``: while signal flows, proven ones)."""
         if not self.standing.reports:
             return None
         reserved = self.config.sources - self.config.explore_slots
-        known = sum(self.kind(f.peer) >= Kind.LIVE for f in held)
+        known = sum(self.standing.rank(f.peer) >= Kind.LIVE for f in held)
         return Kind.LIVE if known < reserved else Kind.STRANGER
 
     # -- maintenance (every TICK_S) --------------------------------------------------------
@@ -194,8 +208,11 @@ class FeedPicker:
         started = []
         open_ = [f for f in self.feeds.values() if f.open and f.replaces is None]
         rotating = any(f.replaces is not None for f in self.feeds.values())
-        if not rotating and len(open_) >= k and now - self.last_rotation >= self.config.rotate_s:
-            rotation = self.rotation(open_)
+        starved = self.starved(open_, now)
+        period = min(self.config.rotate_s, self.standing.wait_s()) if starved \
+            else self.config.rotate_s
+        if not rotating and len(open_) >= k and now - self.last_rotation >= period:
+            rotation = self.rotation(open_, now, starved=starved)
             if rotation is not None:
                 old, new = rotation
                 started.append(self._start(new, now, replaces=old.peer))
@@ -212,18 +229,45 @@ class FeedPicker:
         return self.config.sources - sum(f.replaces is None or f.replaces not in self.feeds
                                          for f in self.feeds.values())
 
-    def rotation(self, open_: list[Feed]) -> tuple[Feed, int] | None:
-        """``FeedClient._rotation``: the oldest feed that can be replaced, and by whom."""
+    def rotation_due(self) -> float:
+        """The earliest time ``maintain`` may rotate if no report, frame or open comes first
+        (the simulation's, to sleep until then): ``rotate_s`` after the last rotation, or
+        the wait after it once ``starved`` holds (every open feed idle: reports change
+        that, and the wait only frames do)."""
+        due = self.last_rotation + self.config.rotate_s
+        open_ = [f for f in self.feeds.values() if f.open and f.replaces is None]
+        if not (open_ and self.standing.reports) or not all(
+                f.trial is not None and self.standing.idle(f.trial) for f in open_):
+            return due
+        wait = self.standing.wait_s()
+        starved_at = max(f.trial.valid_s for f in open_ if f.trial is not None) + wait
+        return min(due, max(starved_at, self.last_rotation + wait))
+
+    def starved(self, open_: list[Feed], now: float) -> bool:
+        """``FeedClient._starved``: every open feed brought no valid group in
+        ``probe_rounds`` reports and for the wait (``Standing.wait_s``)."""
+        return bool(open_) and bool(self.standing.reports) and all(
+            f.trial is not None and self.standing.idle(f.trial)
+            and now - f.trial.valid_s >= self.standing.wait_s() for f in open_)
+
+    def rotation(self, open_: list[Feed], now: float, *,
+                 starved: bool = False) -> tuple[Feed, int] | None:
+        """``FeedClient._rotation``: the oldest feed that can be replaced, and by whom; a
+        live source silent for ``probe_s`` (``starved``: for the wait) goes like a stranger."""
         by_age = sorted(open_, key=lambda f: f.started)
         if not self.standing.reports:
             peer = self.pick()
             return (by_age[0], peer) if peer is not None else None
         reserved = self.config.sources - self.config.explore_slots
+        silent_s = min(self.config.probe_s, self.standing.wait_s()) if starved \
+            else self.config.probe_s
         live = [f for f in open_ if self.kind(f.peer) is Kind.LIVE and f.trial is not None]
         stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
             if live and sum(self.kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
         for feed in by_age:
-            if feed is stalest or self.kind(feed.peer) is Kind.STRANGER:
+            silent = self.kind(feed.peer) is Kind.LIVE and feed.trial is not None and \
+                self.standing.idle(feed.trial) and now - feed.trial.valid_s >= silent_s
+            if feed is stalest or silent or self.kind(feed.peer) is Kind.STRANGER:
                 held = [f for f in self.feeds.values() if f is not feed]
                 peer = self.pick(want=self.want(held))
             else:
@@ -281,7 +325,8 @@ class FeedPicker:
     # -- the pick --------------------------------------------------------------------------
     def pick(self, *, want: Kind | None = None, at_least: Kind | None = None) -> int | None:
         """``FeedClient._pick``: ``want`` None, unrested then rested; ``STRANGER`` (and no
-        ``at_least``), strangers first; then the best kind there is, at least ``at_least``."""
+        ``at_least``), strangers first; then the best kind there is, at least ``at_least``;
+        candidates by ``Standing.rank`` (while signal flows, a live one is a stranger)."""
         if want is None:
             peer = self._uniform(lambda p: p not in self.rested, listed=None)
             if peer is None:
@@ -296,7 +341,7 @@ class FeedPicker:
         for kind, listed in ((Kind.PROVEN, self.signal), (Kind.LIVE, self.valid)):
             if kind < floor:
                 break
-            peer = self._uniform(lambda p: self.kind(p) is kind, listed=list(listed))
+            peer = self._uniform(lambda p: self.standing.rank(p) is kind, listed=list(listed))
             if peer is not None:
                 return peer
         if floor is Kind.STRANGER and not strangers_first:
@@ -304,7 +349,7 @@ class FeedPicker:
         return None
 
     def _stranger(self, peer: int) -> bool:
-        return self.kind(peer) is Kind.STRANGER
+        return self.standing.rank(peer) is Kind.STRANGER
 
     def _candidate(self, peer: int) -> bool:
         return peer != self.me and peer not in self.feeds and peer not in self.cooldown

@@ -8,8 +8,11 @@ handshake), passes on every batch they bring as a frame (``FeedPicker.frame``: t
 ``Standing`` reads the swarm's publishing pace from them), and once a round (``round_s``, its
 own random offset) its learner re-scores what the feeds delivered and reports, per sender,
 its running totals of groups that passed re-scoring (``valid``) and of those that carried
-signal (``signal``), each for the ``MAX_SOURCES`` senders with most (``node/learner``: the
-``new`` policy; the ``old`` one, the picker before issue 32, never hears a report).
+signal (``signal``), each for the ``MAX_SOURCES`` senders with most, and of its own local
+groups that carried signal (``own``: ``groups_per_batch`` local groups a round, each with
+signal with ``p_pass`` like an honest source's, counted after the report as
+``node/learner/loop.py`` does). That is the ``new`` policy (``node/learner``); the ``old``
+one, the picker before issue 32, never hears a report.
 
 What a source delivers on an open feed (nothing is simulated byte by byte):
 
@@ -150,6 +153,7 @@ class _Run:
         # the learner's running totals, sender -> groups with signal, valid groups
         self.signal_book: list[dict[int, int]] = [{} for _ in range(n)]
         self.valid_book: list[dict[int, int]] = [{} for _ in range(n)]
+        self.own_signal = [0] * n  # our own local groups that carried signal so far
         # sender -> [groups with signal, valid ones, useful ones] since the last report
         self.inbox: list[dict[int, list[int]]] = [{} for _ in range(n)]
         self.tick_phase = [self.rng.random() * TICK_S for _ in range(n)]
@@ -238,7 +242,7 @@ class _Run:
         if picker.missing() > 0:
             self.tick_at(v, t + TICK_S)
         else:
-            self.tick_at(v, max(t + TICK_S, picker.last_rotation + self.sc.feeds.rotate_s))
+            self.tick_at(v, max(t + TICK_S, picker.rotation_due()))
 
     def on_opened(self, t: float, v: int, feed: Feed) -> None:
         picker, s = self.pickers[v], feed.peer
@@ -288,11 +292,13 @@ class _Run:
         self.usable[r] += min(sapo.external, usable)
         self.inbox[v].clear()
         if self.sc.policy == "new":
-            closed = picker.rate(t, _top(signal_book), _top(valid_book))
+            closed = picker.rate(t, _top(signal_book), _top(valid_book), own=self.own_signal[v])
             for s in closed:
                 self.close(v, s)
-            if closed:
-                self.tick_at(v, t)
+            # a closed slot is filled at once; a report may starve the picker (rotation_due)
+            self.tick_at(v, t if closed else max(t, picker.rotation_due()))
+            self.own_signal[v] += sum(self.rng.random() < sapo.p_pass
+                                      for _ in range(sapo.groups_per_batch))
         if r + 1 < self.sc.rounds:
             self.push(t + self.sc.round_s, REPORT, v, r + 1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import statistics
@@ -14,7 +15,7 @@ from bench.sim.picker import MIRRORED, TICK_S, FeedPicker, Table
 from bench.sim.sybil import SybilScenario, run
 from bench.sim.sybil_grid import farm_sizes
 from swarm.config import FeedsConfig
-from swarm.feed_standing import Kind, Verdict
+from swarm.feed_standing import MIN_WAIT_S, Kind, Verdict
 
 K = FeedsConfig().sources
 
@@ -159,6 +160,94 @@ def test_the_exploration_slot_rotates_even_when_every_held_source_is_live() -> N
     assert new.replaces == key and new.peer in keys
     p.opened(new, 5.5)
     assert key not in sources(p) and set(honest) < sources(p)
+
+
+def test_while_signal_flows_live_candidates_go_uniform_and_silent_live_sources_rotate() -> None:
+    """feeds_checks.py's check of the same name, on the mirror: once our own groups carry
+    signal, a live candidate is picked like a stranger; a held live source silent for
+    probe_s is rotated out like a stranger (resting, still live), one that delivers stays."""
+    table = Table(range(9))  # 8 is the node itself
+    wrong = 0
+    config = FeedsConfig(sources=4, rotate_s=10.0, trial_rounds=3, probe_rounds=2, probe_s=0.2)
+    p = FeedPicker(8, config=config, table=table, rng=random.Random(4))
+    p.rate(0.0, {}, {wrong: 1}, own=0)  # a hard task's first rounds: no signal anywhere
+    assert all(p.pick(want=Kind.LIVE) == wrong for _ in range(50))
+    p.rate(1.0, {}, {wrong: 2}, own=1)  # our own groups carry signal
+    picks = collections.Counter(p.pick(want=Kind.LIVE) for _ in range(800))
+    assert len(picks) == 8 and picks[wrong] < 800 / 8 * 1.5, picks
+    # held: two live sources, one goes on delivering, one falls silent
+    talks, silent = 0, 1
+    p2 = FeedPicker(8, config=FeedsConfig(sources=4, rotate_s=10.0, trial_rounds=10,
+                                          probe_rounds=2, probe_s=0.2),
+                    table=Table(range(9)), rng=random.Random(5))
+    p2.rate(0.0, {}, {talks: 1, silent: 1}, own=0)
+    # the live sources open first (a tick fills OPENS_PER_TICK = 2 slots, live ones first),
+    # the two strangers 0.2 s later: at the rotation they have not yet waited probe_s for a
+    # frame (the product's check rotates in the same tick as the report that drops them idle,
+    # before their tasks end)
+    first = p2.maintain(0.0)
+    assert {f.peer for f in first} == {talks, silent}
+    for f in first:
+        p2.opened(f, 0.5)
+    for f in p2.maintain(0.5):
+        p2.opened(f, 0.7)
+    assert {talks, silent} < sources(p2) and p2.kinds()["live"] == 2
+    for n in (2, 3, 4):
+        p2.rate(0.7, {}, {talks: n, silent: 1}, own=0)
+    assert p2.rate(0.8, {}, {talks: 5, silent: 1}, own=0) == []  # probe_s after its opening
+    for f in p2.feeds.values():  # the live sources are the oldest
+        f.started = 0.0 if f.peer in (talks, silent) else 5.0
+    p2.last_rotation = -10.0
+    assert not p2.starved(list(p2.feeds.values()), 0.8)  # talks delivers
+    (new,) = p2.maintain(0.8)
+    assert new.replaces == silent and new.peer not in (talks, silent)
+    assert p2.opened(new, 1.3) == silent and talks in sources(p2) and silent in p2.rested
+    # rotated out (resting, still live), not closed as idle (a stranger again)
+    assert p2.counters["feed_rotated"] == 1 and p2.kind(silent) is Kind.LIVE
+
+
+def test_while_nothing_arrives_rotations_come_every_wait() -> None:
+    """feeds_checks.py's check of the same name, on the mirror: while every held feed is
+    silent for the wait (3 of the swarm's publishing intervals, at least 1 s), a rotation
+    comes every wait and takes a never-tried peer; while one feed delivers, every rotate_s.
+    And ``rotation_due`` (the simulation's wake-up) is when that rotation comes."""
+    table = Table(range(5))  # 4 is the node itself
+    keys = [0, 1, 2, 3]
+    p = FeedPicker(4, config=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
+                                         probe_rounds=2, probe_s=30.0),
+                   table=table, rng=random.Random(6))
+    p.rate(0.0, {}, {k: 1 for k in keys}, own=0)
+    opened_all(p, 0.0)
+    assert sources(p) == set(keys) and p.kinds()["live"] == 4, p.kinds()
+    others = [5, 6, 7, 8]  # never-tried peers join
+    for fresh in others:
+        table.add(fresh)
+    for t in range(8):  # the swarm publishes every 0.1 s: the wait is MIN_WAIT_S
+        p.standing.frame(keys[0], t * 0.1)
+    assert p.standing.wait_s() == MIN_WAIT_S
+    for n in (2, 3):  # one held feed still delivers: no early rotation
+        p.rate(1.0, {}, {**{k: 1 for k in keys}, keys[0]: n}, own=0)
+    assert p.rotation_due() == 60.0
+    assert p.maintain(1.0 + MIN_WAIT_S + 0.1) == [] and not p.counters["feed_rotated"]
+    for _ in range(2):  # now none does
+        p.rate(2.1, {}, {**{k: 1 for k in keys}, keys[0]: 3}, own=0)
+    # the wait after keys[0]'s last valid group (the report at 1.0)
+    due = p.rotation_due()
+    assert due == 1.0 + MIN_WAIT_S
+    open_ = [f for f in p.feeds.values() if f.open]
+    assert not p.starved(open_, due - 0.01) and p.starved(open_, due)
+    assert p.maintain(due - 0.01) == []
+    (new,) = p.maintain(due)
+    assert new.peer in others and new.replaces in keys and p.last_rotation == due
+    p.opened(new, due + 0.5)
+    assert p.counters["feed_rotated"] == 1, p.counters
+    assert len(sources(p)) == 4 and len(sources(p) & set(others)) == 1
+    # the new feed is not idle before probe_rounds reports; then the next rotation comes a
+    # wait after its opening, not rotate_s after the last
+    assert p.rotation_due() == due + 60.0
+    for _ in range(2):
+        p.rate(due + 1.0, {}, {**{k: 1 for k in keys}, keys[0]: 3}, own=0)
+    assert p.rotation_due() == due + 0.5 + MIN_WAIT_S
 
 
 def test_mirrored_constants_match_swarm_feeds() -> None:
