@@ -6,7 +6,7 @@ picker holds one, hands it the learner's reports and the frames its feeds bring,
 for kinds and verdicts. What still lives in ``FeedClient`` reads ``trio.current_time()`` and
 starts tasks in a nursery, so it cannot be called from a simulation; this module mirrors it,
 method for method, with time passed in and peers as ints (mirrored from ``swarm/feeds.py``
-at 3cef0b7):
+at 0dea100):
 
 ====================  ==========================================================
 ``FeedPicker``        ``swarm.feeds.FeedClient``
@@ -63,7 +63,7 @@ from swarm.peers import PeerTable
 __all__ = ["MIRRORED", "MIRRORED_AT", "Feed", "FeedPicker", "Kind", "MAX_SOURCES",
            "OPENS_PER_TICK", "RETRY_S", "TABLE_CAPACITY", "TICK_S", "Table"]
 
-MIRRORED_AT = "3cef0b7"
+MIRRORED_AT = "0dea100"
 """The commit of ``swarm/feeds.py`` whose ``FeedClient`` this module mirrors (the docstring's)."""
 
 # swarm/feeds.py's constants, copied: importing it imports libp2p, which a test process that
@@ -110,6 +110,7 @@ class IntStanding(Protocol):
     def reports(self) -> int: ...
     def frame(self, peer: int, now: float) -> None: ...
     def wait_s(self) -> float: ...
+    def silent_s(self, peer: int) -> float: ...
     def kind(self, peer: int) -> Kind: ...
     def rank(self, peer: int) -> Kind: ...
     def report(self, signal: Mapping[int, int], valid: Mapping[int, int], now: float,
@@ -253,20 +254,21 @@ class FeedPicker:
     def rotation(self, open_: list[Feed], now: float, *,
                  starved: bool = False) -> tuple[Feed, int] | None:
         """``FeedClient._rotation``: the oldest feed that can be replaced, and by whom; a
-        live source silent for ``probe_s`` (``starved``: for the wait) goes like a stranger."""
+        live source silent for ``probe_s`` (``starved``: for the wait and 3 of its own gaps,
+        ``Standing.silent_s``) goes like a stranger."""
         by_age = sorted(open_, key=lambda f: f.started)
         if not self.standing.reports:
             peer = self.pick()
             return (by_age[0], peer) if peer is not None else None
         reserved = self.config.sources - self.config.explore_slots
-        silent_s = min(self.config.probe_s, self.standing.wait_s()) if starved \
-            else self.config.probe_s
         live = [f for f in open_ if self.kind(f.peer) is Kind.LIVE and f.trial is not None]
         stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
             if live and sum(self.kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
         for feed in by_age:
             silent = self.kind(feed.peer) is Kind.LIVE and feed.trial is not None and \
-                self.standing.idle(feed.trial) and now - feed.trial.valid_s >= silent_s
+                self.standing.idle(feed.trial) and now - feed.trial.valid_s >= (
+                    min(self.config.probe_s, self.standing.silent_s(feed.peer))
+                    if starved else self.config.probe_s)
             if feed is stalest or silent or self.kind(feed.peer) is Kind.STRANGER:
                 held = [f for f in self.feeds.values() if f is not feed]
                 peer = self.pick(want=self.want(held))

@@ -250,6 +250,37 @@ def test_while_nothing_arrives_rotations_come_every_wait() -> None:
     assert p.rotation_due() == due + 0.5 + MIN_WAIT_S
 
 
+def test_a_starved_rotation_takes_a_live_source_only_after_3_of_its_own_gaps() -> None:
+    """swarm/feeds.py at 0dea100 (``Standing.silent_s``): while nothing arrives, a held live
+    source that publishes slower than the swarm is slow, not silent, until the wait and 3 of
+    its own gaps between frames have passed; the stalest live source rotates instead."""
+    table, keys = Table(range(5)), [0, 1, 2, 3]  # 4 is the node itself
+    p = FeedPicker(4, config=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
+                                         probe_rounds=2, probe_s=30.0),
+                   table=table, rng=random.Random(7))
+    p.rate(0.0, {}, {k: 1 for k in keys}, own=0)
+    opened_all(p, 0.0)
+    assert sources(p) == set(keys)
+    for fresh in (5, 6, 7, 8):  # never-tried peers join
+        table.add(fresh)
+    slow = keys[1]
+    for t in range(8):  # the swarm publishes every 0.1 s: the wait is MIN_WAIT_S
+        p.standing.frame(keys[0], t * 0.1)
+    for at in (0.0, 0.8):  # the slow source every 0.8 s
+        p.standing.frame(slow, at)
+    assert p.standing.wait_s() == MIN_WAIT_S and p.standing.silent_s(slow) == 3 * 0.8
+    p.rate(1.0, {}, {**{k: 1 for k in keys}, keys[0]: 2, slow: 2}, own=0)
+    p.rate(1.0, {}, {**{k: 1 for k in keys}, keys[0]: 3, slow: 2}, own=0)
+    for _ in range(2):  # then nothing arrives
+        p.rate(2.0, {}, {**{k: 1 for k in keys}, keys[0]: 3, slow: 2}, own=0)
+    for f in p.feeds.values():  # the slow source is the oldest feed
+        f.started = -1.0 if f.peer == slow else 0.0
+    due = p.rotation_due()
+    assert due == 1.0 + MIN_WAIT_S and p.starved(list(p.feeds.values()), due)
+    (new,) = p.maintain(due)  # 1 s after its last valid group: slow, not silent
+    assert new.replaces in (keys[2], keys[3]), new.replaces
+
+
 def test_mirrored_constants_match_swarm_feeds() -> None:
     # a child interpreter: libp2p cannot be imported after hivemind
     # (tests/swarm/test_feeds_units.py)
