@@ -49,6 +49,8 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "wrong": {"mode": "wrong"},
     "trickle": {"mode": "trickle"},
     "mint": {"mode": "idle", "mint_every_s": 8.0},
+    # every key idle, all-wrong or trickling in turn, and a fresh one every 4 s
+    "mixed": {"mode": "mixed", "mint_every_s": 4.0},
 }
 log = logging.getLogger("bench.feed_eclipse")
 

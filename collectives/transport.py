@@ -421,8 +421,11 @@ class Transport:
             self._dht = None
         p2p = getattr(self, "p2p", None)
         if p2p is not None and self._loop.is_running():
+            # SIGTERM, then SIGKILL: a p2pd that ignored SIGTERM outlived a bare shutdown
+            # (a fresh-clone CI run: a start abandoned as soon as p2pd was spawned left it
+            # running past the test, and its session)
             try:
-                self.run(p2p.shutdown(), 10)
+                self.run(_end_p2pd(p2p), 2 * CLEANUP_S + 1)
             except Exception as e:  # noqa: BLE001
                 logger.debug("p2p shutdown: %s", e)
         if self._loop.is_running():
