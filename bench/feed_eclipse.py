@@ -94,10 +94,6 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     used = [v["external_used_per_round"] for v in nodes.values()]
     attacker = run["attackers"].get("feed_sybil", {})
     return {"nodes": nodes, "external_used_per_round": _mean(used),
-            "honest_senders_per_round": _mean(
-                [v["honest_senders_per_round"] for v in nodes.values()]),
-            "cut_off": sum(v["rounds"] > 0 and not v["honest_senders_per_round"]
-                           for v in nodes.values()),
             "mean_reward": _mean([v["mean_reward"] for v in nodes.values()]),
             "accuracy": _mean([v["accuracy"] for v in nodes.values()]),
             "attacker": {k: v for k, v in attacker.items()
@@ -120,6 +116,11 @@ def failed(run: dict[str, Any]) -> bool:
         run.get("load_at_start", 0.0) > MAX_LOAD
 
 
+def _senders(run: dict[str, Any]) -> float:
+    """Honest peers a node received from per round, the mean over the run's nodes."""
+    return _mean([v["honest_senders_per_round"] for v in run["nodes"].values()])
+
+
 def summary(all_runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per variant and farm size: means over the repeats, ratios to the no-attack mean;
     failed runs are counted, not averaged."""
@@ -128,9 +129,7 @@ def summary(all_runs: list[dict[str, Any]]) -> dict[str, Any]:
     base_used = _mean([r["external_used_per_round"] for r in base])
     base_reward = _mean([r["mean_reward"] for r in base])
     base_acc = _mean([r["accuracy"] for r in base])
-    senders = {id(r): r.get("honest_senders_per_round", _mean(
-        [v["honest_senders_per_round"] for v in r["nodes"].values()])) for r in all_runs}
-    base_senders = _mean([senders[id(r)] for r in base])
+    base_senders = _mean([_senders(r) for r in base])
     out: dict[str, Any] = {}
     for key in dict.fromkeys(f"{r['variant']}/{r['sybils']}" for r in all_runs):
         these = [r for r in runs if f"{r['variant']}/{r['sybils']}" == key]
@@ -150,7 +149,7 @@ def summary(all_runs: list[dict[str, Any]]) -> dict[str, Any]:
             "accuracy": _mean([r["accuracy"] for r in these]),
             "accuracy_none": base_acc,
             # what the feeds decide: honest peers a node received from per round
-            "honest_senders_to_none": round(_mean([senders[id(r)] for r in these])
+            "honest_senders_to_none": round(_mean([_senders(r) for r in these])
                                             / base_senders, 3) if base_senders else None,
             # honest nodes that received nothing from an honest peer in the whole run
             "cut_off_nodes": sum(v["rounds"] > 0 and not v["honest_senders_per_round"]

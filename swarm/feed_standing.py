@@ -60,7 +60,7 @@ import collections
 import enum
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["LIVE_PATIENCE", "MIN_WAIT_S", "PACE_FACTOR", "PROVEN_PATIENCE", "Kind", "Standing",
@@ -188,6 +188,20 @@ class Standing:
         nothing arrives (``swarm.feeds``' starved rotation): the wait, and at least 3 of its
         own gaps between frames (a source slower than the swarm is slow, not silent)."""
         return max(self.wait_s(), PACE_FACTOR * self._own_gap.get(peer, 0.0))
+
+    def starved(self, trials: Iterable[Trial | None], now: float) -> bool:
+        """Nothing arrives: every open feed (its ``trials``) brought no valid group in
+        ``probe_rounds`` reports and for the wait (``swarm.feeds``: a rotation then comes
+        every wait)."""
+        wait, trials = self.wait_s(), list(trials)
+        return bool(trials) and bool(self.reports) and all(
+            t is not None and self.idle(t) and now - t.valid_s >= wait for t in trials)
+
+    def silent(self, peer: str, trial: Trial, now: float, *, starved: bool) -> bool:
+        """A held live source that rotates like a stranger: idle and silent for
+        ``probe_s`` (``starved``: for ``silent_s``, if shorter)."""
+        after = min(self.probe_s, self.silent_s(peer)) if starved else self.probe_s
+        return self.kind(peer) is Kind.LIVE and self.idle(trial) and now - trial.valid_s >= after
 
     @property
     def flowing(self) -> bool:

@@ -381,25 +381,20 @@ class FeedClient:
             self._start(info, nursery, now)
 
     def _starved(self, open_: list[_Feed], now: float) -> bool:
-        """Nothing arrives: every open feed has brought no valid group in
-        ``feeds.probe_rounds`` reports and for the wait (``Standing.wait_s``: 3 of the
-        swarm's publishing intervals). Then a rotation comes every wait instead of every
-        ``feeds.rotate_s``, and a silent live source rotates after the wait and 3 of its own
-        gaps between frames (measured: 50
-        keys sending valid all-wrong groups that the shared re-scoring budget mostly left
-        unchecked held every slot of a node as silent live sources for 25 of its 60 rounds,
-        with two honest peers among 52 and one rotation per 10 s). A dial per wait is all it
-        costs, and only while nothing arrives."""
-        return bool(open_) and bool(self.standing.reports) and all(
-            f.trial is not None and self.standing.idle(f.trial)
-            and now - f.trial.valid_s >= self.standing.wait_s() for f in open_)
+        """Nothing arrives (``Standing.starved``): a rotation comes every wait instead of
+        every ``feeds.rotate_s``, and a silent live source rotates after the wait and 3 of
+        its own gaps between frames (measured: 50 keys sending valid all-wrong groups that
+        the shared re-scoring budget mostly left unchecked held every slot of a node as
+        silent live sources for 25 of its 60 rounds, with two honest peers among 52 and one
+        rotation per 10 s). A dial per wait is all it costs, and only while nothing arrives."""
+        return self.standing.starved([f.trial for f in open_], now)
 
     def _rotation(self, self_id: ID, open_: list[_Feed], *,
                   starved: bool = False) -> tuple[_Feed, PeerInfo] | None:
         """The feed a rotation replaces, and by whom: the oldest that can be replaced. A
         stranger's, or a live source's silent for ``feeds.probe_s`` (``starved``: for the
-        wait and 3 of its own gaps between frames, ``Standing.silent_s``), by the kind the slots need without it; a live or proven source's only by
-        a proven one (a source that delivers is not traded for one that may not), except,
+        wait and 3 of its own gaps between frames: ``Standing.silent``), by the kind the
+        slots need without it; a live or proven source's only by a proven one (a source that delivers is not traded for one that may not), except,
         when live and proven sources hold more than the ``feeds.sources −
         feeds.explore_slots`` reserved slots, the live one that delivered least recently:
         the exploration slots always rotate (measured: four keys that each sent one valid
@@ -417,11 +412,8 @@ class FeedClient:
             # a live source silent for feeds.probe_s and probe_rounds reports is rotated
             # like a stranger (measured: keys that trickle one valid batch every 15 s held
             # every slot while no signal flowed, and only the stalest rotated)
-            silent = self._kind(feed.peer) is Kind.LIVE and feed.trial is not None and \
-                self.standing.idle(feed.trial) and \
-                trio.current_time() - feed.trial.valid_s >= (
-                    min(self.config.feeds.probe_s, self.standing.silent_s(str(feed.peer)))
-                    if starved else self.config.feeds.probe_s)
+            silent = feed.trial is not None and self.standing.silent(
+                str(feed.peer), feed.trial, trio.current_time(), starved=starved)
             if feed is stalest or silent or self._kind(feed.peer) is Kind.STRANGER:
                 held = [f for f in self._feeds.values() if f is not feed]
                 info = self._pick(self_id, want=self._want(held))

@@ -50,7 +50,7 @@ time ``_maintain`` read (the product reads ``trio.current_time()`` again, in the
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
 from typing import Protocol, cast
@@ -111,6 +111,8 @@ class IntStanding(Protocol):
     def frame(self, peer: int, now: float) -> None: ...
     def wait_s(self) -> float: ...
     def silent_s(self, peer: int) -> float: ...
+    def starved(self, trials: Iterable[Trial | None], now: float) -> bool: ...
+    def silent(self, peer: int, trial: Trial, now: float, *, starved: bool) -> bool: ...
     def kind(self, peer: int) -> Kind: ...
     def rank(self, peer: int) -> Kind: ...
     def report(self, signal: Mapping[int, int], valid: Mapping[int, int], now: float,
@@ -247,9 +249,7 @@ class FeedPicker:
     def starved(self, open_: list[Feed], now: float) -> bool:
         """``FeedClient._starved``: every open feed brought no valid group in
         ``probe_rounds`` reports and for the wait (``Standing.wait_s``)."""
-        return bool(open_) and bool(self.standing.reports) and all(
-            f.trial is not None and self.standing.idle(f.trial)
-            and now - f.trial.valid_s >= self.standing.wait_s() for f in open_)
+        return self.standing.starved([f.trial for f in open_], now)
 
     def rotation(self, open_: list[Feed], now: float, *,
                  starved: bool = False) -> tuple[Feed, int] | None:
@@ -265,10 +265,8 @@ class FeedPicker:
         stalest = min(live, key=lambda f: (f.trial.valid_grew if f.trial else 0, f.started)) \
             if live and sum(self.kind(f.peer) >= Kind.LIVE for f in open_) > reserved else None
         for feed in by_age:
-            silent = self.kind(feed.peer) is Kind.LIVE and feed.trial is not None and \
-                self.standing.idle(feed.trial) and now - feed.trial.valid_s >= (
-                    min(self.config.probe_s, self.standing.silent_s(feed.peer))
-                    if starved else self.config.probe_s)
+            silent = feed.trial is not None and self.standing.silent(
+                feed.peer, feed.trial, now, starved=starved)
             if feed is stalest or silent or self.kind(feed.peer) is Kind.STRANGER:
                 held = [f for f in self.feeds.values() if f is not feed]
                 peer = self.pick(want=self.want(held))
