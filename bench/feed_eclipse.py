@@ -8,7 +8,8 @@ hostile process holding ``--sybils`` keys announced like honest peers
 trickle, or idle while minting a fresh key every 8 s.
 
     PYTHONPATH=$PWD python bench/feed_eclipse.py [--rounds 40] [--sybils 20 50]
-        [--variants none idle wrong trickle mint] [--repeat 3] [--out FILE]
+        [--variants none idle wrong trickle mint mixed] [--repeat 3] [--slowdown 10]
+        [--farm-first] [--out FILE]
 
 Each repeat runs the no-attack baseline and then every variant at every farm size, so a
 drift of the machine's load touches all of them alike. Writes ``--out`` (default
@@ -40,7 +41,7 @@ from typing import Any
 
 from protocol import atomic_write_bytes
 from tests.adversary.attacks import Attack
-from tests.adversary.harness import Plan, honest_identity, run_swarm
+from tests.adversary.harness import Plan, embedded_fingerprint, honest_identity, run_swarm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS: dict[str, dict[str, Any] | None] = {
@@ -168,6 +169,15 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--farm-first", action="store_true",
+                    help="the farm announces the swarm's (public) model from its start, "
+                         "before the honest nodes' learners are up; else it waits to hear "
+                         "the model from them, and they have the swarm to themselves until "
+                         "then")
+    ap.add_argument("--slowdown", type=float, default=1.0,
+                    help="the honest nodes' rounds stretched to this multiple of their compute "
+                         "(tests/adversary/harness.py Plan.slowdown: at 1, 60 rounds of the "
+                         "embedded model are 5-10 s, shorter than a feed's probe)")
     ap.add_argument("--out", type=Path, default=RESULTS / "feed_eclipse_repeat.json")
     ap.add_argument("--append", action="store_true",
                     help="add these runs to those already in --out (e.g. to replace a failed one)")
@@ -184,10 +194,12 @@ def main() -> None:
         for variant in args.variants:
             for sybils in ([0] if VARIANTS[variant] is None else args.sybils):
                 extra = VARIANTS[variant]
+                model = {"model": embedded_fingerprint()} if args.farm_first else {}
                 attacks = () if extra is None else (
-                    (Attack.FEED_SYBIL, {**extra, "identities": sybils}),)
+                    (Attack.FEED_SYBIL, {**extra, **model, "identities": sybils}),)
                 plan = Plan(rounds=args.rounds, attacks=attacks, honest=3,
-                            rollout_mode="feeds", every_rounds=10**6, timeout_s=args.timeout_s)
+                            rollout_mode="feeds", every_rounds=10**6, timeout_s=args.timeout_s,
+                            slowdown=args.slowdown)
                 t = time.monotonic()
                 loads.append(os.getloadavg()[0])
                 result = {"variant": variant, "sybils": sybils, "repeat": rep,
@@ -198,6 +210,7 @@ def main() -> None:
                          result["mean_reward"])
                 # written after every run: a long bench that dies still leaves its data
                 out = {"rounds": args.rounds, "sybils": args.sybils, "repeat": args.repeat,
+                       "slowdown": args.slowdown, "farm_first": args.farm_first,
                        "summary": summary(runs), "runs": runs,
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "load_at_starts": [round(x, 2) for x in loads],

@@ -14,12 +14,15 @@ model fingerprint, ``train``) and answers every feed request ``OK``, then:
 Both send their first batch as soon as the feed opens (a feed that brings nothing at first is
 closed early: swarm.feed_standing's probe).
 
-``mint_every_s`` > 0: one more fresh identity joins the farm that often (a farm that keeps
-minting never-seen keys). Each identity owns its host in a task of its own: a failure of one
-host (py-libp2p raises from a background dial to a victim that has finished) ends that
-identity, counted as ``identity_failed``, not the farm and its report. Runs until
-``duration_s`` or SIGTERM; reports how many feeds each mode served and how many identities
-it used.
+``model``: the fingerprint to announce, from the start (the swarm's model is public; else the
+farm waits until it hears it from the victims' announcements, and the honest nodes have the
+swarm to themselves until then). ``arrive_after_s``: the farm announces itself and serves that
+long after (a farm arriving in a running swarm). ``mint_every_s`` > 0: one more fresh identity
+joins the farm that often (a farm that keeps minting never-seen keys). Each identity owns its
+host in a task of its own: a failure of one host (py-libp2p raises from a background dial to a
+victim that has finished) ends that identity, counted as ``identity_failed``, not the farm and
+its report. Runs until ``duration_s`` or SIGTERM; reports how many feeds each mode served and
+how many identities it used.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import itertools
 import os
 import random
 import sys
+import time
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any
@@ -159,12 +163,17 @@ async def run_feed_sybils(args: dict[str, Any]) -> dict[str, Any]:
         async with trio.open_nursery() as starting:  # every identity connected (or failed)
             for i, me in enumerate(ids):
                 starting.start_soon(nursery.start, partial(farm.member, me, i, observe=i == 0))
-        with trio.move_on_after(120):
-            await observer.model_known.wait()
-        farm.model = observer.model or "unknown"
+        if args.get("model"):  # the swarm's model is public: announce it from the start
+            farm.model = str(args["model"])
+        else:
+            with trio.move_on_after(120):
+                await observer.model_known.wait()
+            farm.model = observer.model or "unknown"
+        # a farm that arrives in a running swarm: the honest nodes found each other first
+        await trio.sleep(float(args.get("arrive_after_s", 0.0)))
         farm.serving.set()
         await trio.sleep(0)  # the identities register before the ready line lists them
-        _line("ready", model=farm.model, peer_ids=list(farm.peer_ids))
+        _line("ready", model=farm.model, peer_ids=list(farm.peer_ids), at=time.time())
         with trio.move_on_after(float(args["duration_s"])) as scope:
             nursery.start_soon(_until_signal, scope)
             mint = float(args.get("mint_every_s", 0.0))

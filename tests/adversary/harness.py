@@ -12,6 +12,7 @@ writes it).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,14 +61,20 @@ class Plan:
     """Keep the run's directory (logs, data dirs) instead of deleting it."""
     honest: int = 2
     """Honest ``join`` nodes (honest-0, honest-1, ...)."""
+    slowdown: float = 1.0
+    """The honest nodes' ``[learner] slowdown_for_tests``: rounds stretched to this multiple
+    of their compute (a sleep). The embedded model's rounds take 0.05-0.2 s, so 60 rounds
+    are 5-10 s: shorter than a feed's probe or rotation, and a measure per round then
+    measures the swarm's first seconds (who announced first) more than any defence."""
     rollout_mode: str = "flood"
     """The honest nodes' ``[gossip] rollout_mode``: the gossip attackers publish on the
     rollouts topic (flood); the feed farm (feeds.py) needs "feeds"."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.every_rounds < 1 or not self.timeout_s > 0 \
-                or self.honest < 1:
-            raise ValueError("Plan: rounds, every_rounds, timeout_s and honest must be positive")
+                or self.honest < 1 or not 1.0 <= self.slowdown <= 100.0:
+            raise ValueError("Plan: rounds, every_rounds, timeout_s and honest must be "
+                             "positive, slowdown in [1, 100]")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -75,6 +83,23 @@ class Plan:
 
 def honest_identity(name: str) -> Identity:
     return Identity.from_seed(hashlib.sha256(f"swarm-node/adversary/{name}".encode()).digest())
+
+
+@functools.cache
+def embedded_fingerprint() -> str:
+    """The fingerprint every honest node announces for the embedded model
+    (``node.learner.policy``): the model is public, so a farm can announce it from the start
+    instead of waiting to hear it from the victims."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from node.learner.policy import compute_fingerprint
+    from node.learner.tiny_model import ensure_embedded
+
+    with tempfile.TemporaryDirectory(prefix="sn-fp-") as tmp:
+        base = ensure_embedded(Path(tmp) / "base")
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        return compute_fingerprint(model)
 
 
 def _write_identity(data_dir: Path, identity: Identity) -> None:
@@ -105,7 +130,8 @@ def _config(base: Path, plan: Plan) -> Path:
     path = base / "node.toml"
     path.write_text(
         # tiny_add pinned: the steering payloads (and the issue's measurements) are tiny_add groups
-        f"[learner]\nseed = {plan.seed}\ncheckpoint_every = 0\n\n[learner.policy]\nthreads = 1\n\n"
+        f"[learner]\nseed = {plan.seed}\ncheckpoint_every = 0\n"
+        f"slowdown_for_tests = {plan.slowdown}\n\n[learner.policy]\nthreads = 1\n\n"
         f"[learner.tasks]\nfamilies = [\"tiny_add\"]\n\n"
         # the gossip attackers publish rollouts on gossip (tests/adversary/gossip.py): flood
         # mode subscribes that topic; in feeds mode they would have to be picked as sources
@@ -276,6 +302,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
                        "learner_cpu_s": sampler.cpu_s.get(f"{name}/learner", 0.0),
                        "swarm_cpu_s": sampler.cpu_s.get(f"{name}/swarm", 0.0)}
     out = {"plan": {"rounds": plan.rounds, "seed": plan.seed, "every_rounds": plan.every_rounds,
+                    "slowdown": plan.slowdown,
                     "honest": plan.honest, "rollout_mode": plan.rollout_mode,
                     "attacks": [[a.value, extra] for a, extra in plan.attacks]},
            "nodes": nodes, "attackers": results, "timed_out": timed_out,
