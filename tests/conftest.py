@@ -94,12 +94,10 @@ def no_p2pd_survives_the_session():
 
 
 LANES = ("swarms", "rest")
-REST_LANE_SLOW = ("tests/collectives/", "tests/learner/test_memory.py",
-                  "tests/adversary/test_feed_eclipse.py")
+REST_LANE_SLOW = ("tests/collectives/", "tests/learner/test_memory.py")
 """Slow tests that go in the ``rest`` lane: the collectives' multi-process tests spend most
 of their time waiting on their clocks (test_clock.py alone: 58 % of both cores idle), the
-memory test uses one thread, the feed farm's nodes sleep 9/10 of their rounds
-(``slowdown_for_tests``)."""
+memory test uses one thread."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
