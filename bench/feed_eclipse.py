@@ -190,11 +190,11 @@ def main() -> None:
         before = json.loads(args.out.read_text())
         runs, loads = before["runs"], before["machine"]["load_at_starts"]
         first = 1 + max((r["repeat"] for r in runs), default=-1)
+    model = {"model": embedded_fingerprint()} if args.farm_first else {}
     for rep in range(first, first + args.repeat):
         for variant in args.variants:
             for sybils in ([0] if VARIANTS[variant] is None else args.sybils):
                 extra = VARIANTS[variant]
-                model = {"model": embedded_fingerprint()} if args.farm_first else {}
                 attacks = () if extra is None else (
                     (Attack.FEED_SYBIL, {**extra, **model, "identities": sybils}),)
                 plan = Plan(rounds=args.rounds, attacks=attacks, honest=3,

@@ -394,12 +394,12 @@ class FeedClient:
         """The feed a rotation replaces, and by whom: the oldest that can be replaced. A
         stranger's, or a live source's silent for ``feeds.probe_s`` (``starved``: for the
         wait and 3 of its own gaps between frames: ``Standing.silent``), by the kind the
-        slots need without it; a live or proven source's only by a proven one (a source that delivers is not traded for one that may not), except,
-        when live and proven sources hold more than the ``feeds.sources −
-        feeds.explore_slots`` reserved slots, the live one that delivered least recently:
-        the exploration slots always rotate (measured: four keys that each sent one valid
-        batch held all four slots as live sources, and nothing rotated). Before the learner
-        reports: the oldest, by anyone."""
+        slots need without it; a live or proven source's only by a proven one (a source that
+        delivers is not traded for one that may not), except, when live and proven sources
+        hold more than the ``feeds.sources − feeds.explore_slots`` reserved slots, the live
+        one that delivered least recently: the exploration slots always rotate (measured:
+        four keys that each sent one valid batch held all four slots as live sources, and
+        nothing rotated). Before the learner reports: the oldest, by anyone."""
         by_age = sorted(open_, key=lambda f: f.started)
         if not self.standing.reports:
             info = self._pick(self_id)

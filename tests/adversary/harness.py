@@ -89,17 +89,13 @@ def honest_identity(name: str) -> Identity:
 def embedded_fingerprint() -> str:
     """The fingerprint every honest node announces for the embedded model
     (``node.learner.policy``): the model is public, so a farm can announce it from the start
-    instead of waiting to hear it from the victims."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from node.learner.policy import compute_fingerprint
-    from node.learner.tiny_model import ensure_embedded
+    instead of waiting to hear it from the victims. Loaded as the nodes load it (their
+    ``[learner.policy]`` is the default)."""
+    from node.learner.config import PolicyConfig
+    from node.learner.policy import load_policy
 
     with tempfile.TemporaryDirectory(prefix="sn-fp-") as tmp:
-        base = ensure_embedded(Path(tmp) / "base")
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        return compute_fingerprint(model)
+        return load_policy(PolicyConfig(), tmp).fingerprint
 
 
 def _write_identity(data_dir: Path, identity: Identity) -> None:
