@@ -114,6 +114,32 @@ async def _end_p2pd(p2p: P2P) -> None:
             await asyncio.wait_for(child.wait(), CLEANUP_S)
 
 
+async def _abortable(make: Callable[[], Awaitable[T]], what: str, timeout: float, *,
+                     abort: threading.Event,
+                     discard: Callable[[T], Awaitable[None]] | None = None) -> T:
+    """Await ``make()`` as a task: cancelled (and awaited, so that its own cleanup runs)
+    when ``abort`` is set (``StartCancelled``) or after ``timeout`` s (TimeoutError).
+    ``discard``: ends what ``make()`` returned if it finished although cancelled."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(make())
+    deadline = loop.time() + timeout
+    while not task.done():
+        if abort.is_set() or loop.time() >= deadline:
+            task.cancel()
+            await asyncio.wait({task})  # its cleanup (a p2pd cut short is ended) ran
+            if discard is not None and not task.cancelled() and task.exception() is None:
+                # the cancel was swallowed: Python 3.11's asyncio.wait_for returns the
+                # result of an inner future that completed as it was cancelled (p2pd's
+                # ready line, in P2P.create), and the start then ran to the end. Its
+                # p2pd outlived the abandoned start (a fresh-clone CI run, 10 s on)
+                await discard(task.result())
+            if abort.is_set():
+                raise StartCancelled(f"collective start abandoned during the {what}")
+            raise TimeoutError(f"the {what} took over {timeout:.0f} s")
+        await asyncio.wait({task}, timeout=ABORT_POLL_S)
+    return task.result()
+
+
 def sanitize_maddrs(maddrs: list[str]) -> list[str]:
     """The entries that parse as multiaddrs ending in a valid /p2p/<peer id>; others logged."""
     out = []
@@ -175,13 +201,15 @@ class Transport:
         try:
             if self._abort.wait(config.transport.slow_start_for_tests_s):
                 raise StartCancelled("collective start abandoned before p2pd started")
-            self.p2p: P2P = self.run(self._abortable(self._create_p2p, "p2pd start",
-                                                     config.transport.startup_timeout_s + 5),
-                                     config.transport.startup_timeout_s + 5 + CLEANUP_S)
+            self.p2p: P2P = self.run(_abortable(self._create_p2p, "p2pd start",
+                                                config.transport.startup_timeout_s + 5,
+                                                abort=self._abort, discard=_end_p2pd),
+                                     config.transport.startup_timeout_s + 5 + 3 * CLEANUP_S)
             if self.p2p.peer_id.to_base58() != self.peer_id:
                 raise TransportError("p2pd peer id differs from the node identity")
-            reachable = self.run(self._abortable(partial(self._reachable, initial_peers),
-                                                 "reachability probe", 15), 15 + CLEANUP_S)
+            reachable = self.run(_abortable(partial(self._reachable, initial_peers),
+                                            "reachability probe", 15, abort=self._abort),
+                                 15 + CLEANUP_S)
             try:  # dead bootstrap peers must not stop us: start alone, merge later
                 self._start_dht(reachable)
             except TransportError:
@@ -204,22 +232,6 @@ class Transport:
             self._loop.run_forever()
         finally:
             self._loop.close()
-
-    async def _abortable(self, make: Callable[[], Awaitable[T]], what: str,
-                         timeout: float) -> T:
-        """Await ``make()`` as a task: cancelled (and awaited, so that its own cleanup runs)
-        when ``abort`` is set (``StartCancelled``) or after ``timeout`` s (TimeoutError)."""
-        task = asyncio.ensure_future(make())
-        deadline = self._loop.time() + timeout
-        while not task.done():
-            if self._abort.is_set() or self._loop.time() >= deadline:
-                task.cancel()
-                await asyncio.wait({task})  # its cleanup (a p2pd cut short is ended) ran
-                if self._abort.is_set():
-                    raise StartCancelled(f"collective start abandoned during the {what}")
-                raise TimeoutError(f"the {what} took over {timeout:.0f} s")
-            await asyncio.wait({task}, timeout=ABORT_POLL_S)
-        return task.result()
 
     async def _create_p2p(self) -> P2P:
         cfg = self.config

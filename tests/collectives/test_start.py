@@ -134,3 +134,41 @@ def test_an_abandoned_transport_start_leaves_no_process(tmp_path, after_p2pd_s) 
     while set(_p2pd_children()) - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not set(_p2pd_children()) - before
+
+
+def test_a_start_that_swallowed_its_cancel_has_its_result_discarded() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns the result of an inner future that completed
+    as it was cancelled: ``P2P.create`` then ran to the end although abandoned, and its p2pd
+    outlived the start (a fresh-clone CI run). What such a start returns is ended."""
+    import asyncio
+
+    from collectives.transport import _abortable
+
+    abort, discarded = threading.Event(), []
+
+    async def make() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "p2pd"  # swallowed, as wait_for does
+        return "never"
+
+    async def discard(x: str) -> None:
+        discarded.append(x)
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.2, abort.set)
+        await _abortable(make, "p2pd start", 30, abort=abort, discard=discard)
+
+    with pytest.raises(StartCancelled, match="p2pd start"):
+        asyncio.run(main())
+    assert discarded == ["p2pd"]
+    discarded.clear()
+    abort.clear()
+
+    async def timed_out() -> None:
+        await _abortable(make, "p2pd start", 0.2, abort=abort, discard=discard)
+
+    with pytest.raises(TimeoutError, match="p2pd start"):
+        asyncio.run(timed_out())
+    assert discarded == ["p2pd"]
