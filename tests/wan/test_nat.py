@@ -32,13 +32,22 @@ pytestmark = [pytest.mark.slow,
 SWARM = "nat-test"
 NAMES = ["boot", "pub", "n1", "n2"]
 NATED = ["n1", "n2"]
-ROUNDS = 6
+ROUNDS = 10
 DELIVERY_S = 10.0
 """Time a published batch may take to reach a subscriber's inbox (through a relay at 80 ms
 RTT: well under a second; the rest is slack for a loaded 2-core box)."""
 CONFIG = """
+[learner]
+# rounds of realistic length: the embedded model's rounds take 0.05-0.2 s, so 6 of them ended
+# before a peer's rollouts could arrive (a learner started seconds after another, as on a
+# loaded 2-core box, found everyone else done)
+slowdown_for_tests = 10.0
 [outer]
-every_rounds = 2
+# one outer step, the run's last (collectives.finish: finished peers wait for every peer they
+# discovered, then step together). Steps during the run grouped whoever was training then: two
+# early learners stepped apart while a late one was still in its first round, which could then
+# not adopt a version only a minority of its witnesses signed, and no step had all four
+every_rounds = 1000
 [outer.schedule]
 # the least read window of a meeting: learners that finish their rounds apart keep attending
 # meetings (collectives.finish), on the shortest period whose window holds this (16 s here;
@@ -46,6 +55,8 @@ every_rounds = 2
 # over tunnels at 80 ms RTT on a loaded 2-core box (1.7-2.7 s measured)
 join_window_s = 8.0
 deadline_s = 90.0
+# learners that start far apart on a loaded box finish far apart: the first waits for the last
+final_wait_s = 120.0
 [gossip.announcements]
 interval_s = 1.0
 [gossip.peers]
