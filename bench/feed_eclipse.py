@@ -9,7 +9,7 @@ trickle, or idle while minting a fresh key every 8 s.
 
     PYTHONPATH=$PWD python bench/feed_eclipse.py [--rounds 40] [--sybils 20 50]
         [--variants none idle wrong trickle mint mixed] [--repeat 3] [--slowdown 10]
-        [--farm-first] [--out FILE]
+        [--farm-first] [--late-s 20] [--out FILE]
 
 Each repeat runs the no-attack baseline and then every variant at every farm size, so a
 drift of the machine's load touches all of them alike. Writes ``--out`` (default
@@ -24,7 +24,10 @@ the mean of the runs' external groups per round, its ratio to the mean no-attack
 the range of the runs' ratios), mean reward and accuracy against the no-attack runs'; runs
 in which an honest node ran no round or that started on a box loaded by another job
 (``MAX_LOAD``) are counted as ``failed_runs``, not averaged. ``--append`` adds runs (numbered
-on) to an existing ``--out``.
+on) to an existing ``--out``. ``--late-s S``: the last honest node joins S seconds after the
+farm is in the swarm, with no head start over it; per run ``late`` (and per cell in
+``summary``) says, of its rounds while another honest node ran, the share with an honest
+sender and the groups used per round, and how long after joining it first had one.
 """
 
 from __future__ import annotations
@@ -72,15 +75,47 @@ def _timeline(rounds: list[dict[str, Any]], honest: dict[str, str]) -> str:
     return " ".join(out)
 
 
+def _with_others(run: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per node: its rounds published while another honest node ran (from 1 s after that
+    node's first round to its last): the rounds in which an honest sender was possible."""
+    rounds = {n: node["report"]["rounds"] for n, node in run["nodes"].items()}
+    alive = {n: (rs[0]["published_at"] + 1.0, rs[-1]["published_at"])
+             for n, rs in rounds.items() if rs}
+    return {name: [r for r in rs if any(lo <= r["published_at"] <= hi
+                                        for o, (lo, hi) in alive.items() if o != name)]
+            for name, rs in rounds.items()}
+
+
+def _late(node: dict[str, Any], judged: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]:
+    """A node that joined late: of its rounds while another honest node ran, the share with
+    an honest sender and the groups used per round, and the seconds from its join to the
+    first round with an honest sender (None: never)."""
+    hit = [r for r in judged if set(r.get("rollouts_from", ())) & ids]
+    rounds = node["report"]["rounds"]
+    return {"joined_at": node["joined_late_at"], "judged_rounds": len(judged),
+            "honest_round_share": round(len(hit) / len(judged), 3) if judged else None,
+            "external_used_per_judged_round": round(
+                sum(r["external_used"] for r in judged) / len(judged), 3) if judged else None,
+            "first_round_s": round(rounds[0]["published_at"] - node["joined_late_at"], 1)
+            if rounds else None,
+            "first_honest_s": round(hit[0]["published_at"] - node["joined_late_at"], 1)
+            if hit else None}
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
-    """Per honest node: what it got from honest peers, what it learned, its feeds."""
+    """Per honest node: what it got from honest peers, what it learned, its feeds (and for a
+    node that joined late, ``late``: what it found)."""
     honest = {honest_identity(n).peer_id: n.rsplit("-", 1)[-1] for n in run["nodes"]}
+    judged = _with_others(run)
     nodes = {}
     for name, node in run["nodes"].items():
         rounds = node["report"]["rounds"]
         n = max(1, len(rounds))
         last = rounds[-1] if rounds else {}
-        nodes[name] = {
+        if node.get("joined_late_at") is not None:
+            others = set(honest) - {honest_identity(name).peer_id}
+            nodes[name] = {"late": _late(node, judged[name], others)}
+        nodes[name] = {**nodes.get(name, {}),
             "rounds": len(rounds),
             "external_used_per_round": round(sum(r["external_used"] for r in rounds) / n, 3),
             "honest_senders_per_round": round(sum(
@@ -94,7 +129,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         }
     used = [v["external_used_per_round"] for v in nodes.values()]
     attacker = run["attackers"].get("feed_sybil", {})
+    late = [v["late"] for v in nodes.values() if "late" in v]
     return {"nodes": nodes, "external_used_per_round": _mean(used),
+            **({"late": late[0]} if late else {}),
             "mean_reward": _mean([v["mean_reward"] for v in nodes.values()]),
             "accuracy": _mean([v["accuracy"] for v in nodes.values()]),
             "attacker": {k: v for k, v in attacker.items()
@@ -158,6 +195,11 @@ def summary(all_runs: list[dict[str, Any]]) -> dict[str, Any]:
             "attacker_results": sum(r["attacker"].get("event") == "done" for r in these
                                     if r["variant"] != "none"),
         }
+        late = [r["late"] for r in these if "late" in r]
+        if late:  # the node that joined where the farm already sat, each run
+            out[key]["late"] = {k: [x[k] for x in late] for k in (
+                "honest_round_share", "external_used_per_judged_round", "first_round_s",
+                "first_honest_s", "judged_rounds")}
     return out
 
 
@@ -178,6 +220,10 @@ def main() -> None:
                     help="the honest nodes' rounds stretched to this multiple of their compute "
                          "(tests/adversary/harness.py Plan.slowdown: at 1, 60 rounds of the "
                          "embedded model are 5-10 s, shorter than a feed's probe)")
+    ap.add_argument("--late-s", type=float, default=0.0,
+                    help="the last honest node joins this long after the farm is in the swarm "
+                         "(Plan.late_s: a node joining where the farm already sits; its "
+                         "numbers are under 'late')")
     ap.add_argument("--out", type=Path, default=RESULTS / "feed_eclipse_repeat.json")
     ap.add_argument("--append", action="store_true",
                     help="add these runs to those already in --out (e.g. to replace a failed one)")
@@ -199,7 +245,7 @@ def main() -> None:
                     (Attack.FEED_SYBIL, {**extra, **model, "identities": sybils}),)
                 plan = Plan(rounds=args.rounds, attacks=attacks, honest=3,
                             rollout_mode="feeds", every_rounds=10**6, timeout_s=args.timeout_s,
-                            slowdown=args.slowdown)
+                            slowdown=args.slowdown, late_s=args.late_s)
                 t = time.monotonic()
                 loads.append(os.getloadavg()[0])
                 result = {"variant": variant, "sybils": sybils, "repeat": rep,
@@ -211,6 +257,7 @@ def main() -> None:
                 # written after every run: a long bench that dies still leaves its data
                 out = {"rounds": args.rounds, "sybils": args.sybils, "repeat": args.repeat,
                        "slowdown": args.slowdown, "farm_first": args.farm_first,
+                       "late_s": args.late_s,
                        "summary": summary(runs), "runs": runs,
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "load_at_starts": [round(x, 2) for x in loads],
@@ -218,7 +265,8 @@ def main() -> None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(args.out, (json.dumps(out, indent=1) + "\n").encode())
     print(json.dumps({k: {"ratio": v["ratio_to_none"], "range": v["ratio_range"],
-                          "senders": v["honest_senders_to_none"], "reward": v["reward_to_none"]}
+                          "senders": v["honest_senders_to_none"], "reward": v["reward_to_none"],
+                          **({"late": v["late"]} if "late" in v else {})}
                       for k, v in summary(runs).items()}))
 
 

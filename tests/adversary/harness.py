@@ -1,10 +1,11 @@
 """One run of a small real swarm on 127.0.0.1, with or without hostile peers.
 
-A bootstrap peer and ``honest`` (two by default) honest ``swarm-node join`` nodes (``tests/e2e/procs.py``) with fixed
-identities, ports and seeds, so a baseline and an attacked run differ only by the attackers.
-Attackers (``python -m tests.adversary.hostile``) start first; once their imports are done
-the nodes start, the attackers attack as soon as they reach them, and are stopped (SIGTERM:
-they report) when the nodes are done. While it
+A bootstrap peer and ``honest`` (two by default) honest ``swarm-node join`` nodes
+(``tests/e2e/procs.py``) with fixed identities, ports and seeds, so a baseline and an attacked
+run differ only by the attackers. Attackers (``python -m tests.adversary.hostile``) start
+first; once their imports are done the nodes start (with ``Plan.late_s``, the last one that
+long after the attackers are in the swarm), the attackers attack as soon as they reach them,
+and are stopped (SIGTERM: they report) when the nodes are done. While it
 runs, a sampler records each node's learner and swarm process: peak RSS and CPU seconds.
 ``run_swarm`` returns everything as one JSON-able dict (tests assert on it, the benchmark
 writes it).
@@ -66,15 +67,21 @@ class Plan:
     of their compute (a sleep). The embedded model's rounds take 0.05-0.2 s, so 60 rounds
     are 5-10 s: shorter than a feed's probe or rotation, and a measure per round then
     measures the swarm's first seconds (who announced first) more than any defence."""
+    late_s: float = 0.0
+    """The last honest node joins this long after the attackers are in the swarm (their
+    ``ready`` line; without attackers, after the other nodes started): a node joining a
+    swarm where a farm already sits, with no head start over it."""
     rollout_mode: str = "flood"
     """The honest nodes' ``[gossip] rollout_mode``: the gossip attackers publish on the
     rollouts topic (flood); the feed farm (feeds.py) needs "feeds"."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.every_rounds < 1 or not self.timeout_s > 0 \
-                or self.honest < 1 or not 1.0 <= self.slowdown <= 100.0:
+                or self.honest < 1 or not 1.0 <= self.slowdown <= 100.0 \
+                or not 0.0 <= self.late_s < self.timeout_s or (self.late_s and self.honest < 2):
             raise ValueError("Plan: rounds, every_rounds, timeout_s and honest must be "
-                             "positive, slowdown in [1, 100]")
+                             "positive, slowdown in [1, 100], late_s in [0, timeout_s) "
+                             "with another honest node to join late to")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -147,7 +154,7 @@ class Sampler:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _sample(self) -> None:
-        for name, proc in self.procs.items():
+        for name, proc in list(self.procs.items()):  # a late node is added while it runs
             try:
                 children = psutil.Process(proc.pid).children(recursive=True)
             except psutil.Error:
@@ -189,7 +196,8 @@ class Attacker:
         with open(log, "ab") as logf:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.adversary.hostile", attack.value, json.dumps(args)],
-                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, env=os.environ.copy(),
+                stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
+                env=os.environ.copy(),
                 start_new_session=True)  # kill() reaches its p2pd and DHT child (takeover)
         self.log = log
         self.ready: dict[str, Any] = {}
@@ -236,6 +244,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     victims: dict[str, dict[str, str]] = {}
     attackers: list[Attacker] = []
+    joined_at: dict[str, float] = {}
     timed_out = False
     try:
         for name in plan.names:
@@ -252,7 +261,8 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
         for a in attackers:  # imports done before the nodes start: they attack from round 0
             a.wait_for("loaded", 180)
         started = time.monotonic()
-        for name in plan.names:
+
+        def start(name: str) -> None:
             data_dir = base / name
             data_dir.mkdir()
             _write_identity(data_dir, honest_identity(name))
@@ -260,9 +270,18 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
             procs[name] = join(data_dir, boot.addr, SWARM_ID, "--config", str(config),
                                "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--rounds",
                                str(plan.rounds), "--report", str(data_dir / "report.json"))
+
+        late = plan.names[-1:] if plan.late_s else ()
+        for name in plan.names:
+            if name not in late:
+                start(name)
         with Sampler(procs) as sampler:
             for a in attackers:
                 a.wait_for("ready", 180)
+            for name in late:
+                time.sleep(plan.late_s)
+                joined_at[name] = time.time()
+                start(name)
             deadline = started + plan.timeout_s
             for p in procs.values():
                 try:
@@ -291,6 +310,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
         except (OSError, json.JSONDecodeError):
             report = {"rounds": [], "outer_steps": [], "log": log_tail(base / name)}
         nodes[name] = {"report": report, "exit_code": procs[name].returncode,
+                       "joined_late_at": joined_at.get(name),
                        "refused_commit_lines": _refused_commit_lines(base / name),
                        "peer_id": honest_identity(name).peer_id,
                        "learner_peak_rss_mb": sampler.peak_rss.get(f"{name}/learner", 0.0),
@@ -298,7 +318,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
                        "learner_cpu_s": sampler.cpu_s.get(f"{name}/learner", 0.0),
                        "swarm_cpu_s": sampler.cpu_s.get(f"{name}/swarm", 0.0)}
     out = {"plan": {"rounds": plan.rounds, "seed": plan.seed, "every_rounds": plan.every_rounds,
-                    "slowdown": plan.slowdown,
+                    "slowdown": plan.slowdown, "late_s": plan.late_s,
                     "honest": plan.honest, "rollout_mode": plan.rollout_mode,
                     "attacks": [[a.value, extra] for a, extra in plan.attacks]},
            "nodes": nodes, "attackers": results, "timed_out": timed_out,
