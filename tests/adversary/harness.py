@@ -70,7 +70,8 @@ class Plan:
     late_s: float = 0.0
     """The last honest node joins this long after the attackers are in the swarm (their
     ``ready`` line; without attackers, after the other nodes started): a node joining a
-    swarm where a farm already sits, with no head start over it."""
+    swarm where a farm already sits, with no head start over it. It runs ``rounds``; the
+    other honest nodes train until it is done, then are stopped."""
     rollout_mode: str = "flood"
     """The honest nodes' ``[gossip] rollout_mode``: the gossip attackers publish on the
     rollouts topic (flood); the feed farm (feeds.py) needs "feeds"."""
@@ -262,39 +263,40 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
             a.wait_for("loaded", 180)
         started = time.monotonic()
 
-        def start(name: str) -> None:
+        def start(name: str, rounds: int) -> None:
             data_dir = base / name
             data_dir.mkdir()
             _write_identity(data_dir, honest_identity(name))
             port = victims[name]["swarm"].split("/")[4]
             procs[name] = join(data_dir, boot.addr, SWARM_ID, "--config", str(config),
                                "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--rounds",
-                               str(plan.rounds), "--report", str(data_dir / "report.json"))
+                               str(rounds), "--report", str(data_dir / "report.json"))
 
         late = plan.names[-1:] if plan.late_s else ()
         for name in plan.names:
             if name not in late:
-                start(name)
+                # with a late node, the others train until it is done (stopped then): a farm
+                # of 50 keys takes a minute to be in, longer than their own rounds
+                start(name, plan.rounds * 100 if late else plan.rounds)
         with Sampler(procs) as sampler:
             for a in attackers:
                 a.wait_for("ready", 180)
             for name in late:
                 time.sleep(plan.late_s)
                 joined_at[name] = time.time()
-                start(name)
+                start(name, plan.rounds)
             deadline = started + plan.timeout_s
-            for p in procs.values():
+            for name in late or plan.names:
                 try:
-                    p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                    procs[name].wait(timeout=max(1.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     timed_out = True
                     break
-            if timed_out:
-                for p in procs.values():
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
-                for p in procs.values():
-                    p.wait(timeout=120)
+            for p in procs.values():  # SIGTERM: they still write their reports
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs.values():
+                p.wait(timeout=120)
         results = {a.attack.value: a.stop() for a in attackers}
     finally:
         for a in attackers:
