@@ -25,7 +25,7 @@ the range of the runs' ratios), mean reward and accuracy against the no-attack r
 in which an honest node ran no round or that started on a box loaded by another job
 (``MAX_LOAD``) are counted as ``failed_runs``, not averaged. ``--append`` adds runs (numbered
 on) to an existing ``--out``. ``--late-s S``: the last honest node joins S seconds after the
-farm is in the swarm, with no head start over it; per run ``late`` (and per cell in
+others started, and not before the farm is in the swarm (no head start over it); per run ``late`` (and per cell in
 ``summary``) says, of its rounds while another honest node ran, the share with an honest
 sender and the groups used per round, and how long after joining it first had one.
 """
@@ -221,9 +221,9 @@ def main() -> None:
                          "(tests/adversary/harness.py Plan.slowdown: at 1, 60 rounds of the "
                          "embedded model are 5-10 s, shorter than a feed's probe)")
     ap.add_argument("--late-s", type=float, default=0.0,
-                    help="the last honest node joins this long after the farm is in the swarm "
-                         "(Plan.late_s: a node joining where the farm already sits; its "
-                         "numbers are under 'late')")
+                    help="the last honest node joins this long after the others started, and "
+                         "not before the farm is in the swarm (Plan.late_s: a node joining "
+                         "where the farm already sits; its numbers are under 'late')")
     ap.add_argument("--out", type=Path, default=RESULTS / "feed_eclipse_repeat.json")
     ap.add_argument("--append", action="store_true",
                     help="add these runs to those already in --out (e.g. to replace a failed one)")
@@ -248,8 +248,10 @@ def main() -> None:
                             slowdown=args.slowdown, late_s=args.late_s)
                 t = time.monotonic()
                 loads.append(os.getloadavg()[0])
+                swarm = run_swarm(plan)
                 result = {"variant": variant, "sybils": sybils, "repeat": rep,
-                          "load_at_start": round(loads[-1], 2), **summarize(run_swarm(plan))}
+                          "load_at_start": round(loads[-1], 2),
+                          "attackers_ready_s": swarm["attackers_ready_s"], **summarize(swarm)}
                 runs.append(result)
                 log.info("%s/%d #%d: %.0f s, external used/round %.2f, reward %.3f", variant,
                          sybils, rep, time.monotonic() - t, result["external_used_per_round"],

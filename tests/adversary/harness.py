@@ -68,10 +68,11 @@ class Plan:
     are 5-10 s: shorter than a feed's probe or rotation, and a measure per round then
     measures the swarm's first seconds (who announced first) more than any defence."""
     late_s: float = 0.0
-    """The last honest node joins this long after the attackers are in the swarm (their
-    ``ready`` line; without attackers, after the other nodes started): a node joining a
-    swarm where a farm already sits, with no head start over it. It runs ``rounds``; the
-    other honest nodes train until it is done, then are stopped."""
+    """The last honest node joins this long after the other honest nodes started, and not
+    before the attackers are in the swarm (their ``ready`` line): a node joining a swarm
+    where a farm already sits, with no head start over it, and with or without a farm at the
+    same point of the others' training. It runs ``rounds``; the other honest nodes train
+    until it is done, then are stopped."""
     rollout_mode: str = "flood"
     """The honest nodes' ``[gossip] rollout_mode``: the gossip attackers publish on the
     rollouts topic (flood); the feed farm (feeds.py) needs "feeds"."""
@@ -246,7 +247,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
     victims: dict[str, dict[str, str]] = {}
     attackers: list[Attacker] = []
     joined_at: dict[str, float] = {}
-    timed_out = False
+    timed_out, ready_s = False, 0.0
     try:
         for name in plan.names:
             ident = honest_identity(name)
@@ -281,8 +282,9 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
         with Sampler(procs) as sampler:
             for a in attackers:
                 a.wait_for("ready", 180)
+            ready_s = time.monotonic() - started
             for name in late:
-                time.sleep(plan.late_s)
+                time.sleep(max(0.0, started + plan.late_s - time.monotonic()))
                 joined_at[name] = time.time()
                 start(name, plan.rounds)
             deadline = started + plan.timeout_s
@@ -325,7 +327,10 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
                     "attacks": [[a.value, extra] for a, extra in plan.attacks]},
            "nodes": nodes, "attackers": results, "timed_out": timed_out,
            "markers": sorted(p.name for p in marker_dir.iterdir()),
-           "seconds": round(time.monotonic() - started, 1), "base_dir": str(base)}
+           "seconds": round(time.monotonic() - started, 1), "base_dir": str(base),
+           # when the attackers were in, after the honest nodes started (a late node joins
+           # at late_s or then, whichever is later)
+           "attackers_ready_s": round(ready_s, 1)}
     if not plan.keep:
         shutil.rmtree(base, ignore_errors=True)
     return out
