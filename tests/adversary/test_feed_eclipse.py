@@ -16,9 +16,10 @@ Asserted: once the farm is in, the honest nodes go on receiving rollouts from an
 in most of their rounds in which another honest node still ran (a node whose model has no
 signal skips training, so its rounds are shorter and it finishes early), and every node
 tried keys of the farm and dropped some, counted by reason. What this does not cover: a node
-that joins a swarm where the farm already is has to find its honest peers among the keys,
-about F / H probes. Not measured yet: under ``bench/feed_eclipse.py --farm-first`` too, the
-honest nodes' swarm processes announce about a second before the farm's keys.
+that joins a swarm where the farm already is has to find its honest peers among the keys
+(``bench/feed_eclipse.py --late-s``: against 50 keys sending valid all-wrong groups it found
+none in 60 rounds, swarm/SCALING.md); under ``--farm-first`` too, the honest nodes' swarm
+processes announce about a second before the farm's keys.
 
 The nodes' rounds are stretched (``Plan.slowdown``): the embedded model's rounds take
 0.05-0.2 s, so 60 of them are 5-10 s, shorter than a feed's probe, and a per-round share
