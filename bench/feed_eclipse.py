@@ -25,9 +25,10 @@ the range of the runs' ratios), mean reward and accuracy against the no-attack r
 in which an honest node ran no round or that started on a box loaded by another job
 (``MAX_LOAD``) are counted as ``failed_runs``, not averaged. ``--append`` adds runs (numbered
 on) to an existing ``--out``. ``--late-s S``: the last honest node joins S seconds after the
-others started, and not before the farm is in the swarm (no head start over it); per run ``late`` (and per cell in
-``summary``) says, of its rounds while another honest node ran, the share with an honest
-sender and the groups used per round, and how long after joining it first had one.
+others started, and not before the farm is in the swarm (no head start over it); per run
+``late`` (and per cell in ``summary``) says, of its rounds while another honest node ran,
+the share with an honest sender and the groups used per round, and how long after joining
+it first had one.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from typing import Any
 
 from protocol import atomic_write_bytes
 from tests.adversary.attacks import Attack
-from tests.adversary.harness import Plan, embedded_fingerprint, honest_identity, run_swarm
+from tests.adversary.harness import (Plan, embedded_fingerprint, honest_identity,
+                                     rounds_beside_others, run_swarm)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS: dict[str, dict[str, Any] | None] = {
@@ -75,17 +77,6 @@ def _timeline(rounds: list[dict[str, Any]], honest: dict[str, str]) -> str:
     return " ".join(out)
 
 
-def _with_others(run: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Per node: its rounds published while another honest node ran (from 1 s after that
-    node's first round to its last): the rounds in which an honest sender was possible."""
-    rounds = {n: node["report"]["rounds"] for n, node in run["nodes"].items()}
-    alive = {n: (rs[0]["published_at"] + 1.0, rs[-1]["published_at"])
-             for n, rs in rounds.items() if rs}
-    return {name: [r for r in rs if any(lo <= r["published_at"] <= hi
-                                        for o, (lo, hi) in alive.items() if o != name)]
-            for name, rs in rounds.items()}
-
-
 def _late(node: dict[str, Any], judged: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]:
     """A node that joined late: of its rounds while another honest node ran, the share with
     an honest sender and the groups used per round, and the seconds from its join to the
@@ -106,16 +97,13 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     """Per honest node: what it got from honest peers, what it learned, its feeds (and for a
     node that joined late, ``late``: what it found)."""
     honest = {honest_identity(n).peer_id: n.rsplit("-", 1)[-1] for n in run["nodes"]}
-    judged = _with_others(run)
-    nodes = {}
+    beside = rounds_beside_others(run)
+    nodes: dict[str, dict[str, Any]] = {}
     for name, node in run["nodes"].items():
         rounds = node["report"]["rounds"]
         n = max(1, len(rounds))
         last = rounds[-1] if rounds else {}
-        if node.get("joined_late_at") is not None:
-            others = set(honest) - {honest_identity(name).peer_id}
-            nodes[name] = {"late": _late(node, judged[name], others)}
-        nodes[name] = {**nodes.get(name, {}),
+        nodes[name] = {
             "rounds": len(rounds),
             "external_used_per_round": round(sum(r["external_used"] for r in rounds) / n, 3),
             "honest_senders_per_round": round(sum(
@@ -127,6 +115,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             "accuracy": round(sum(r["accuracy"] for r in rounds) / n, 4),
             "timeline": _timeline(rounds, honest),
         }
+        if node.get("joined_late_at") is not None:
+            others = set(honest) - {honest_identity(name).peer_id}
+            nodes[name]["late"] = _late(node, beside[name], others)
     used = [v["external_used_per_round"] for v in nodes.values()]
     attacker = run["attackers"].get("feed_sybil", {})
     late = [v["late"] for v in nodes.values() if "late" in v]

@@ -117,14 +117,14 @@ IMAGE_TEST = "tests/deploy/test_image_build.py::"
 
 LAST = ("tests/adversary/test_feed_eclipse.py::", "tests/e2e/test_local_swarm.py::",
         IMAGE_TEST)
-"""Run after everything else, in this order. The feed farm (70 s): run first in its lane, it
-moved every later test 70 s on, and tests/wan/test_nat.py, whose checks hang on how loaded
-the box is while it runs, failed 3 of 4 fresh-clone runs. The image test: its build starts at collection
-(below) and takes minutes; run third in the swarms lane (its own order), the test waited
-410 s for it in a fresh-clone run. The local swarm: its rounds are stretched to 10x their
-compute ([learner] slowdown_for_tests; when that was their wall time, a loaded CPU stretched
-them 10x as much: 478 s beside the rest lane in a fresh-clone run, 99-122 s alone); last, the
-rest lane is done."""
+"""Run after everything else, in this order. The feed farm (70 s): run first in its lane, it moved
+every later test 70 s on, and tests/wan/test_nat.py, whose checks hang on how loaded the box is
+while it runs, failed 3 of 4 fresh-clone runs. The image test: its build starts at collection
+(below) and takes minutes; run third in the swarms lane (its own order), the test waited 410 s
+for it in a fresh-clone run. The local swarm: its rounds are stretched to 10x their compute
+([learner] slowdown_for_tests; when that was their wall time, a loaded CPU stretched them 10x as
+much: 478 s beside the rest lane in a fresh-clone run, 99-122 s alone); last, the rest lane is
+done."""
 
 
 def _last(item: pytest.Item) -> int:

@@ -39,7 +39,7 @@ from tests.adversary.attacks import Attack
 from tests.e2e.procs import Bootstrap, join, log_tail
 from tests.swarm.procs import short_tmpdir
 
-__all__ = ["Plan", "run_swarm"]
+__all__ = ["Plan", "rounds_beside_others", "run_swarm"]
 
 SWARM_ID = "adversary"
 
@@ -334,6 +334,18 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
     if not plan.keep:
         shutil.rmtree(base, ignore_errors=True)
     return out
+
+
+def rounds_beside_others(run: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per honest node of ``run_swarm``'s result: its rounds published while another honest
+    node ran (from 1 s after that node's first round to its last), the rounds in which an
+    honest sender was possible."""
+    rounds = {n: node["report"]["rounds"] for n, node in run["nodes"].items()}
+    alive = {n: (rs[0]["published_at"] + 1.0, rs[-1]["published_at"])
+             for n, rs in rounds.items() if rs}
+    return {name: [r for r in rs if any(lo <= r["published_at"] <= hi
+                                        for o, (lo, hi) in alive.items() if o != name)]
+            for name, rs in rounds.items()}
 
 
 def _refused_commit_lines(data_dir: Path) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from tests.adversary.attacks import Attack
-from tests.adversary.harness import Plan, honest_identity, run_swarm
+from tests.adversary.harness import Plan, honest_identity, rounds_beside_others, run_swarm
 
 pytestmark = pytest.mark.slow
 
@@ -62,15 +62,11 @@ def shares(run: dict[str, Any], since: float) -> dict[str, tuple[int, int]]:
     """Per node: (its rounds published after ``since`` with rollouts from an honest peer,
     those rounds in which another honest node was running: from 1 s after its first round
     to its last)."""
-    rounds = {n: node["report"]["rounds"] for n, node in run["nodes"].items()}
-    ids = {n: honest_identity(n).peer_id for n in rounds}
-    alive = {n: (rs[0]["published_at"] + 1.0, rs[-1]["published_at"])
-             for n, rs in rounds.items() if rs}
+    ids = {n: honest_identity(n).peer_id for n in run["nodes"]}
     out = {}
-    for name, rs in rounds.items():
-        others = {ids[o] for o in alive if o != name}
-        judged = [r for r in rs if r["published_at"] >= since and any(
-            lo <= r["published_at"] <= hi for o, (lo, hi) in alive.items() if o != name)]
+    for name, beside in rounds_beside_others(run).items():
+        others = {pid for o, pid in ids.items() if o != name}
+        judged = [r for r in beside if r["published_at"] >= since]
         out[name] = (sum(bool(set(r["rollouts_from"]) & others) for r in judged), len(judged))
     return out
 
