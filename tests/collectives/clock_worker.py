@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import math
+import signal
 import sys
 import threading
 import time
@@ -102,6 +104,22 @@ def keep_restoring(loop: OuterLoop, every_s: float = 0.5) -> None:
     threading.Thread(target=run, daemon=True).start()
 
 
+def dump_on_signal(loop: OuterLoop) -> None:
+    """On SIGUSR1 (Swarm.wait_done, when a peer should have finished and has not), write to
+    the log every thread's stack and every pending task of the transport's asyncio loop."""
+    aio = loop._attempt.transport._loop
+
+    def tasks() -> None:
+        for task in asyncio.all_tasks(aio):
+            task.print_stack(limit=12, file=sys.stderr)
+
+    def on_signal(signum: int, frame: object) -> None:
+        faulthandler.dump_traceback(all_threads=True)
+        aio.call_soon_threadsafe(tasks)
+
+    signal.signal(signal.SIGUSR1, on_signal)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -143,6 +161,7 @@ def main() -> None:
                      **({"trust": lambda p: True} if args.trust else {}))
     if args.stall == "restore":
         keep_restoring(loop)
+    dump_on_signal(loop)
     atomic_write_bytes(root / "addrs" / f"{args.name}.txt",
                        "\n".join(loop.collective_addrs()).encode())
     while len(list((root / "addrs").glob("*.txt"))) < args.peers:

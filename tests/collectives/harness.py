@@ -15,6 +15,9 @@ import numpy as np
 
 from protocol import atomic_write_bytes
 
+WORKERS = ("tests.collectives.peer_worker", "tests.collectives.clock_worker")
+"""The worker modules that take ``--name`` and dump their stacks on SIGUSR1."""
+
 
 class Swarm:
     """Peers started as separate processes (each its own process group), in one directory."""
@@ -22,19 +25,21 @@ class Swarm:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.modules: dict[str, str] = {}
 
     def spawn(self, name: str, seed: int, *, prefix: list[str] | None = None,
               module: str = "tests.collectives.peer_worker", **opts: object) -> None:
         """Start a peer; ``prefix`` wraps the command (e.g. ``ip netns exec NS``)."""
         cmd = [*(prefix or []), sys.executable, "-m", module, "--dir", str(self.root),
                "--seed", str(seed)]
-        if module in ("tests.collectives.peer_worker", "tests.collectives.clock_worker"):
+        if module in WORKERS:
             cmd += ["--name", name]
         for k, v in opts.items():
             if v is True:
                 cmd.append(f"--{k.replace('_', '-')}")
             elif v is not None and v is not False:
                 cmd += [f"--{k.replace('_', '-')}", str(v)]
+        self.modules[name] = module
         log = open(self.root / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True, env=os.environ.copy())
@@ -50,7 +55,19 @@ class Swarm:
             if dead:
                 raise AssertionError(f"peers died: {dead}\n{self.logs(dead)}")
             time.sleep(0.2)
-        raise AssertionError(f"timeout waiting for {names}\n{self.logs(names)}")
+        self.dump_stacks([n for n in names if self.modules.get(n) in WORKERS])
+        raise AssertionError(f"timeout waiting for {names}\n{self.logs(names, tail=12000)}")
+
+    def dump_stacks(self, names: list[str]) -> None:
+        """Each live worker that has not finished writes its threads' stacks to its log
+        (peer_worker and clock_worker register faulthandler on SIGUSR1): where it hangs."""
+        for n in names:
+            if self.procs[n].poll() is None and not (self.root / "out" / f"{n}.done").exists():
+                try:
+                    os.kill(self.procs[n].pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(1.0)
 
     def wait_exit(self, name: str, timeout: float) -> int:
         return self.procs[name].wait(timeout)

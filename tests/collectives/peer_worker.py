@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import enum
+import faulthandler
 import math
 import signal
 import json
@@ -265,6 +266,7 @@ def main() -> None:
     skip = {int(x) for x in args.skip_steps.split(",") if x}
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s")
+    faulthandler.register(signal.SIGUSR1)  # Swarm.wait_done: a hung peer's stacks
     root = Path(args.dir)
     (root / "out").mkdir(parents=True, exist_ok=True)
     (root / "addrs").mkdir(parents=True, exist_ok=True)
