@@ -215,6 +215,9 @@ def main() -> None:
                     help="the last honest node joins this long after the others started, and "
                          "not before the farm is in the swarm (Plan.late_s: a node joining "
                          "where the farm already sits; its numbers are under 'late')")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep each run's directory (the nodes' logs and data; its path is "
+                    "the run's base_dir)")
     ap.add_argument("--out", type=Path, default=RESULTS / "feed_eclipse_repeat.json")
     ap.add_argument("--append", action="store_true",
                     help="add these runs to those already in --out (e.g. to replace a failed one)")
@@ -236,13 +239,14 @@ def main() -> None:
                     (Attack.FEED_SYBIL, {**extra, **model, "identities": sybils}),)
                 plan = Plan(rounds=args.rounds, attacks=attacks, honest=3,
                             rollout_mode="feeds", every_rounds=10**6, timeout_s=args.timeout_s,
-                            slowdown=args.slowdown, late_s=args.late_s)
+                            slowdown=args.slowdown, late_s=args.late_s, keep=args.keep)
                 t = time.monotonic()
                 loads.append(os.getloadavg()[0])
                 swarm = run_swarm(plan)
                 result = {"variant": variant, "sybils": sybils, "repeat": rep,
                           "load_at_start": round(loads[-1], 2),
-                          "attackers_ready_s": swarm["attackers_ready_s"], **summarize(swarm)}
+                          "attackers_ready_s": swarm["attackers_ready_s"], **summarize(swarm),
+                          **({"base_dir": swarm["base_dir"]} if args.keep else {})}
                 runs.append(result)
                 log.info("%s/%d #%d: %.0f s, external used/round %.2f, reward %.3f", variant,
                          sybils, rep, time.monotonic() - t, result["external_used_per_round"],
