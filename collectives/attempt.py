@@ -209,11 +209,13 @@ class Attempt:
             window = min(cfg.schedule.deadline_s / 2, work.window or cfg.schedule.join_window_s)
         grace = min(0.5 * window, FREEZE_GRACE_S) if work.meet is not None else 0.5 * window
         # read early, the leader freezes at once and waits only for the holders it still
-        # waits for; a no-show among them (leader.py) gets the grace it would get from a
-        # read that ran to its end. Without it, a no-show that is here is never admitted
-        # again (seen: a's record from its lone attempt made b mark a a no-show; at their
-        # shared step b read early, froze alone before a's JOIN came, and refused it)
-        absent = (set(holders) - {self.peer_id}) & (self.blame.unwaited() - self.blame.blamed())
+        # waits for; a first no-show among them (leader.py) gets the grace it would get
+        # from a read that ran to its end. Without it, a no-show that is here is never
+        # admitted again (seen: a's record from its lone attempt made b mark a a no-show; at
+        # their shared step b read early, froze alone before a's JOIN came, and refused it).
+        # Only a first one: a holder that is a no-show at every meeting would cost each the
+        # grace
+        absent = (set(holders) - {self.peer_id}) & self.blame.first_no_shows()
         freeze_at = read_at + (0.0 if roster.early and not absent else grace)
         if work.meet is not None or work.window is not None:
             # the deadline's shares count from the read, as if it came join_window_s after

@@ -109,6 +109,23 @@ def test_a_no_show_is_not_waited_for_but_keeps_its_rank() -> None:
     assert blame.counts == {"no_show": 2}
 
 
+def test_only_a_first_no_show_gets_the_freeze_grace() -> None:
+    """A leader that read early gives a no-show the freeze grace once (it may be here now:
+    test_lineage); one that is a no-show again gets none (a holder re-storing its record
+    that never JOINs cost every meeting the grace), until it took part in a step with us."""
+    blame = Blame()
+    blame.no_show("staller")
+    blame.no_show("slow")
+    assert blame.first_no_shows() == {"staller", "slow"}
+    blame.attempt_ended()
+    blame.no_show("staller")  # at the next meeting too
+    blame.clear("slow")  # it JOINed and contributed
+    assert blame.first_no_shows() == frozenset() and blame.unwaited() == {"staller"}
+    blame.no_show("slow")  # once more, after taking part: a first one again
+    blame.blame("staller", "leader_stalled")  # blamed: never waited for at all
+    assert blame.first_no_shows() == {"slow"}
+
+
 def test_a_stranger_is_held_to_its_blame_longer_than_a_peer_that_took_part() -> None:
     """Fresh identities are free: one that never took part in a step with us and failed
     one (JOINed, never reduced) is not admitted again for ``STRANGER_BLAME_ATTEMPTS``."""
