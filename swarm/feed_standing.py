@@ -203,6 +203,22 @@ class Standing:
         after = min(self.probe_s, self.silent_s(peer)) if starved else self.probe_s
         return self.kind(peer) is Kind.LIVE and self.idle(trial) and now - trial.valid_s >= after
 
+    def searching(self, trials: Iterable[Trial | None]) -> bool:
+        """Our own groups carry signal (they grew within ``trial_rounds`` reports) and no open
+        feed (its ``trials``) brought any in ``LIVE_PATIENCE`` times ``trial_rounds`` reports,
+        nor is a proven source's opened as recently: the task gives signal now and every
+        source we hold is behind or hostile (``swarm.feeds``: the sources that are not proven
+        then rotate one wait after their opening, each to a stranger). Measured: a node that
+        joined where 50 keys sending valid all-wrong groups already sat held four of them as
+        live sources for its whole run, one stranger tried per ``feeds.rotate_s``, and never
+        met either of its two honest peers; its own groups carried signal in most rounds."""
+        if not self.trial_rounds or self.reports - self.own_grew >= self.trial_rounds:
+            return False
+        window = LIVE_PATIENCE * self.trial_rounds
+        return not any(t is not None and self.reports - max(
+            t.signal_grew if t.signal_grew > t.opened else -window,
+            t.opened if t.kind is Kind.PROVEN else -window) < window for t in trials)
+
     @property
     def flowing(self) -> bool:
         """Signal reached us (our own groups' or a sender's) within ``LIVE_PATIENCE`` times

@@ -365,12 +365,19 @@ class FeedClient:
         starved = self._starved(open_, now)
         period = min(self.config.feeds.rotate_s, self.standing.wait_s()) if starved \
             else self.config.feeds.rotate_s
-        if not rotating and len(open_) >= k and now - self._last_rotation >= period:
-            rotation = self._rotation(self_id, open_, starved=starved)
+        due = now - self._last_rotation >= period
+        searching = self.standing.searching(f.trial for f in open_)
+        if not rotating and len(open_) >= k and (due or searching):
+            rotation = self._search(self_id, open_, now) if searching else None
+            if rotation is not None:
+                self.counters["feed_search_rotations"] += 1
+            elif due:
+                rotation = self._rotation(self_id, open_, starved=starved)
             if rotation is not None:
                 old, new = rotation
                 self._start(new, nursery, now, replaces=old.peer)
-            self._last_rotation = now  # a failed replacement is retried next period
+            if due or rotation is not None:
+                self._last_rotation = now  # a failed replacement is retried next period
         # a replacement whose old feed already ended holds that slot itself
         slots = sum(f.replaces is None or f.replaces not in self._feeds
                     for f in self._feeds.values())
@@ -388,6 +395,23 @@ class FeedClient:
         silent live sources for 25 of its 60 rounds, with two honest peers among 52 and one
         rotation per 10 s). A dial per wait is all it costs, and only while nothing arrives."""
         return self.standing.starved([f.trial for f in open_], now)
+
+    def _search(self, self_id: ID, open_: list[_Feed], now: float
+                ) -> tuple[_Feed, PeerInfo] | None:
+        """While ``Standing.searching`` (our own groups carry signal, no feed we hold brings
+        any): the oldest feed whose source is not proven and that has been open for the
+        wait, and a stranger to replace it (candidates by ``Standing.rank``: our signal
+        flows, so a live one is a stranger). Every such slot is tried for one wait, not one
+        per ``feeds.rotate_s``: a node that joined where a farm of 50 keys already sat
+        found neither of its two honest peers in 60 rounds (module docstring)."""
+        wait = self.standing.wait_s()
+        for feed in sorted(open_, key=lambda f: f.started):
+            if feed.trial is None or self._kind(feed.peer) is Kind.PROVEN \
+                    or now - feed.trial.opened_s < wait:
+                continue
+            info = self._pick(self_id, want=Kind.STRANGER, unrested=True)
+            return (feed, info) if info is not None else None
+        return None
 
     def _rotation(self, self_id: ID, open_: list[_Feed], *,
                   starved: bool = False) -> tuple[_Feed, PeerInfo] | None:
@@ -450,15 +474,17 @@ class FeedClient:
             del self._rested[min(self._rested, key=self._rested.__getitem__)]
         self.counters["feed_rotated"] += 1
 
-    def _pick(self, self_id: ID, *, want: Kind | None = None,
-              at_least: Kind | None = None) -> PeerInfo | None:
+    def _pick(self, self_id: ID, *, want: Kind | None = None, at_least: Kind | None = None,
+              unrested: bool = False) -> PeerInfo | None:
         """A uniform pick. ``want`` None (the learner never reported): among unrested
         candidates, else among rested ones. ``STRANGER``: among the sources that showed
         nothing yet (never-held keys do not go first: that handed the slots to a farm that
         mints them), else as ``LIVE``. ``LIVE`` or ``PROVEN``: among the candidates of the
         best kind there is, at least ``at_least`` (else None: an empty slot helps nobody,
         but a rotation keeps what it has). Candidates rank by ``Standing.rank``: while
-        signal flows, a live one is a stranger."""
+        signal flows, a live one is a stranger. ``unrested`` (``_search``): strangers we
+        never held (or rested longest ago) first, so a search tries every key once before
+        any twice."""
         if want is None:
             fresh: list[PeerInfo] = []
             rested: list[PeerInfo] = []
@@ -473,6 +499,8 @@ class FeedClient:
             best = max((k for k in by_kind if k >= floor), default=None)
             pool = by_kind[Kind.STRANGER] if want is Kind.STRANGER and at_least is None \
                 else []
+            if unrested:
+                pool = [i for i in pool if i.peer_id not in self._rested] or pool
             if not pool and best is not None:
                 pool = by_kind[best]
         if not pool:

@@ -636,6 +636,59 @@ def while_nothing_arrives_rotations_come_every_wait() -> None:
     trio.run(main)
 
 
+@check
+def while_searching_every_slot_not_proven_tries_a_stranger_for_one_wait() -> None:
+    """Issue 32: a node that joined where 50 keys sending valid all-wrong groups already sat
+    held four of them as live sources for its whole run (one stranger tried per
+    feeds.rotate_s) and never met its two honest peers, while its own groups carried signal
+    in most rounds. Then (Standing.searching) every feed whose source is not proven is
+    replaced by a stranger once it has been open for the wait, oldest first; a proven
+    source keeps its slot, and once a held feed brings signal the search ends."""
+    async def main() -> None:
+        table, ids = table_of(12)
+        keys = ids[:4]
+        c = client(table, feeds=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
+                                             probe_rounds=2, probe_s=30.0))
+        following(c)
+        me = ID.from_base58(Identity.generate().peer_id)
+        for k in ids:  # every candidate but the keys is cooling: the keys are held
+            if k not in keys:
+                c._cooldown[ID.from_base58(k)] = trio.current_time() + 0.5
+        c.rate({}, {k: 1 for k in keys}, 0)
+        async with trio.open_nursery() as nursery:
+            c._last_rotation = trio.current_time()
+            for _ in range(2):
+                c._maintain(me, nursery)
+                await trio.testing.wait_all_tasks_blocked()
+            assert set(c.sources()) == set(keys) and c.kinds()["live"] == 4, c.kinds()
+            for t in range(8):  # the swarm publishes every 0.1 s: the wait is MIN_WAIT_S
+                c.standing.frame(keys[0], t * 0.1)
+            c.rate({}, {k: 2 for k in keys}, 0)  # no signal anywhere: nobody is behind
+            await trio.sleep(MIN_WAIT_S + 0.1)
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not c.counters["feed_rotated"]  # (rotate_s is 60 s)
+            c.rate({}, {k: 3 for k in keys}, 1)  # our own groups carry signal
+            for _ in range(8):  # one rotation at a time, each a tick
+                c._maintain(me, nursery)
+                await trio.testing.wait_all_tasks_blocked()
+            assert c.counters["feed_search_rotations"] == 4 == c.counters["feed_rotated"]
+            assert not set(c.sources()) & set(keys), c.sources()
+            # the strangers just opened stay for the wait
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert c.counters["feed_rotated"] == 4
+            # one of them brings signal: proven, and the search is over
+            held = c.sources()
+            c.rate({held[0]: 1}, {**{k: 3 for k in keys}, **{h: 1 for h in held}}, 2)
+            await trio.sleep(MIN_WAIT_S + 0.1)
+            c._maintain(me, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert c.counters["feed_rotated"] == 4 and held[0] in c.sources()
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
 def main() -> None:
     names = sys.argv[1:] or list(CHECKS)
     out = {}

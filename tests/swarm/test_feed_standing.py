@@ -280,3 +280,37 @@ def test_a_source_is_silent_after_the_wait_and_three_of_its_own_gaps() -> None:
     assert s.silent_s("never") == MIN_WAIT_S
     assert 11.0 < s.silent_s("slow") <= 12.0
     assert s.silent_s("fast") == MIN_WAIT_S
+
+
+def test_searching_while_our_own_groups_carry_signal_and_no_held_feed_brings_any() -> None:
+    """A node that joined where a farm sending valid all-wrong groups already sat: its own
+    groups carry signal now and then, none of its feeds' ever do (``searching``: its
+    sources that are not proven then rotate every wait)."""
+    s = standing()
+    wrong = {k: s.open(k, 0.0) for k in "abcd"}
+    s.report({}, {k: 1 for k in wrong}, 0.0, own=0)
+    assert not s.searching(wrong.values())  # no signal anywhere: nobody is behind
+    s.report({}, {k: 2 for k in wrong}, 0.0, own=1)
+    assert s.searching(wrong.values())
+    for n in range(T - 1):  # our own signal stays recent for trial_rounds reports
+        s.report({}, {k: 3 + n for k in wrong}, 0.0, own=1)
+        assert s.searching(wrong.values())
+    s.report({}, {k: 9 for k in wrong}, 0.0, own=1)
+    assert not s.searching(wrong.values())
+    s.report({}, {k: 10 for k in wrong}, 0.0, own=2)
+    assert s.searching(wrong.values())
+    # a held feed that brought signal within LIVE_PATIENCE x trial_rounds reports: not
+    honest = s.open("h", 0.0)
+    assert s.searching([*wrong.values(), honest])  # a stranger's feed brought nothing yet
+    s.report({"h": 1}, {**{k: 11 for k in wrong}, "h": 1}, 0.0, own=3)
+    s.judge({**wrong, "h": honest}, 0.0)
+    assert honest.signal_grew == s.reports and not s.searching([*wrong.values(), honest])
+    for n in range(LIVE_PATIENCE * T - 1):
+        s.report({"h": 1}, {k: 12 + n for k in [*wrong, "h"]}, 0.0, own=4 + n)
+        s.judge({**wrong, "h": honest}, 0.0)
+        assert not s.searching([*wrong.values(), honest])
+    s.report({"h": 1}, {k: 99 for k in [*wrong, "h"]}, 0.0, own=99)
+    assert s.searching([*wrong.values(), honest])
+    # a feed just opened to a proven source counts as bringing signal for that window
+    again = s.open("h", 0.0)
+    assert again.kind is Kind.PROVEN and not s.searching([again])

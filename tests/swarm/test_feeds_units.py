@@ -27,6 +27,7 @@ NAMES = [
     "the_exploration_slot_rotates_even_when_every_held_source_is_live",
     "while_signal_flows_live_candidates_go_uniform_and_silent_live_sources_rotate",
     "while_nothing_arrives_rotations_come_every_wait",
+    "while_searching_every_slot_not_proven_tries_a_stranger_for_one_wait",
 ]
 
 
