@@ -30,10 +30,13 @@ per round, so a node subscribes instead to ``feeds.sources`` = k peers of its ow
   sooner than 3 of the swarm's publishing intervals, at most ``feeds.probe_s``), is closed
   at once and its source cooled longer each time; a known source's only while another feed
   delivers. While no feed delivers at all (every one silent for that wait), a rotation comes
-  every wait instead of every ``feeds.rotate_s``. So keys that deliver nothing hold only
-  the slots nobody better fills, each for a few seconds, and an honest source is kept from
-  its first valid group, before its groups carry signal (what made it lose its slot to
-  rotation or to an 8-round trial before).
+  every wait instead of every ``feeds.rotate_s``. While our own groups carry signal and no
+  held feed brings any (``Standing.searching``: every source we hold is behind or hostile),
+  each slot not held by a proven source tries a stranger (never-held ones first) for one
+  wait (``_search``). So keys that deliver nothing hold only the slots nobody better
+  fills, each for a few seconds, and an honest source is kept from its first valid group,
+  before its groups carry signal (what made it lose its slot to rotation or to an 8-round
+  trial before).
   Before any report (a swarm process without a learner) every pick is uniform, as before.
 - **Backfill**: a subscription asks for the source's newest batch (if younger than
   ``feeds.backfill_s``) only when it fills a gap: at start and after a feed failed. A rotation

@@ -18,8 +18,10 @@ at 0dea100):
 ``want``              ``_want``: ``LIVE`` until k − explore_slots held sources rank
                       (``Standing.rank``) live or proven
 ``maintain``          ``_maintain``: rotation (make before break; every wait while
-                      starved), filling slots
+                      starved; ``search`` while searching), filling slots
 ``starved``           ``_starved``: every open feed idle and silent for the wait
+``search``            ``_search``: while ``Standing.searching``, the oldest feed not
+                      proven and open for the wait, by an unrested stranger
 ``rotation``          ``_rotation``: which feed a rotation replaces (a stranger's, a
                       silent live source's, the stalest beyond the reserved), by whom
 ``opened``            ``_opened``: the trial starts; a rotation's old feed closes
@@ -112,6 +114,7 @@ class IntStanding(Protocol):
     def wait_s(self) -> float: ...
     def silent_s(self, peer: int) -> float: ...
     def starved(self, trials: Iterable[Trial | None], now: float) -> bool: ...
+    def searching(self, trials: Iterable[Trial | None]) -> bool: ...
     def silent(self, peer: int, trial: Trial, now: float, *, starved: bool) -> bool: ...
     def kind(self, peer: int) -> Kind: ...
     def rank(self, peer: int) -> Kind: ...
@@ -214,12 +217,19 @@ class FeedPicker:
         starved = self.starved(open_, now)
         period = min(self.config.rotate_s, self.standing.wait_s()) if starved \
             else self.config.rotate_s
-        if not rotating and len(open_) >= k and now - self.last_rotation >= period:
-            rotation = self.rotation(open_, now, starved=starved)
+        due = now - self.last_rotation >= period
+        searching = self.standing.searching(f.trial for f in open_)
+        if not rotating and len(open_) >= k and (due or searching):
+            rotation = self.search(open_, now) if searching else None
+            if rotation is not None:
+                self.counters["feed_search_rotations"] += 1
+            elif due:
+                rotation = self.rotation(open_, now, starved=starved)
             if rotation is not None:
                 old, new = rotation
                 started.append(self._start(new, now, replaces=old.peer))
-            self.last_rotation = now
+            if due or rotation is not None:
+                self.last_rotation = now
         for _ in range(min(OPENS_PER_TICK, self.missing())):
             peer = self.pick(want=self.want(list(self.feeds.values())))
             if peer is None:
@@ -236,9 +246,15 @@ class FeedPicker:
         """The earliest time ``maintain`` may rotate if no report, frame or open comes first
         (the simulation's, to sleep until then): ``rotate_s`` after the last rotation, or
         the wait after it once ``starved`` holds (every open feed idle: reports change
-        that, and the wait only frames do)."""
+        that, and the wait only frames do); while ``searching``, a wait after the opening
+        of the oldest feed whose source is not proven."""
         due = self.last_rotation + self.config.rotate_s
         open_ = [f for f in self.feeds.values() if f.open and f.replaces is None]
+        if open_ and self.standing.searching(f.trial for f in open_):
+            opened = [f.trial.opened_s for f in open_
+                      if f.trial is not None and self.kind(f.peer) is not Kind.PROVEN]
+            if opened:
+                due = min(due, min(opened) + self.standing.wait_s())
         if not (open_ and self.standing.reports) or not all(
                 f.trial is not None and self.standing.idle(f.trial) for f in open_):
             return due
@@ -250,6 +266,18 @@ class FeedPicker:
         """``FeedClient._starved``: every open feed brought no valid group in
         ``probe_rounds`` reports and for the wait (``Standing.wait_s``)."""
         return self.standing.starved([f.trial for f in open_], now)
+
+    def search(self, open_: list[Feed], now: float) -> tuple[Feed, int] | None:
+        """``FeedClient._search``: while ``Standing.searching``, the oldest feed whose source
+        is not proven, open for the wait, and a stranger to replace it."""
+        wait = self.standing.wait_s()
+        for feed in sorted(open_, key=lambda f: f.started):
+            if feed.trial is None or self.kind(feed.peer) is Kind.PROVEN \
+                    or now - feed.trial.opened_s < wait:
+                continue
+            peer = self.pick(want=Kind.STRANGER, unrested=True)
+            return (feed, peer) if peer is not None else None
+        return None
 
     def rotation(self, open_: list[Feed], now: float, *,
                  starved: bool = False) -> tuple[Feed, int] | None:
@@ -323,16 +351,23 @@ class FeedPicker:
                                         RETRY_S * 2 ** (max(n, strikes) - 1))
 
     # -- the pick --------------------------------------------------------------------------
-    def pick(self, *, want: Kind | None = None, at_least: Kind | None = None) -> int | None:
+    def pick(self, *, want: Kind | None = None, at_least: Kind | None = None,
+             unrested: bool = False) -> int | None:
         """``FeedClient._pick``: ``want`` None, unrested then rested; ``STRANGER`` (and no
         ``at_least``), strangers first; then the best kind there is, at least ``at_least``;
-        candidates by ``Standing.rank`` (while signal flows, a live one is a stranger)."""
+        candidates by ``Standing.rank`` (while signal flows, a live one is a stranger);
+        ``unrested``: unrested strangers first."""
         if want is None:
             peer = self._uniform(lambda p: p not in self.rested, listed=None)
             if peer is None:
                 peer = self._uniform(lambda p: p in self.rested, listed=list(self.rested))
             return peer
         strangers_first = want is Kind.STRANGER and at_least is None
+        if strangers_first and unrested:
+            peer = self._uniform(lambda p: self._stranger(p) and p not in self.rested,
+                                 listed=None)
+            if peer is not None:
+                return peer
         if strangers_first:
             peer = self._uniform(self._stranger, listed=None)
             if peer is not None:

@@ -281,6 +281,35 @@ def test_a_starved_rotation_takes_a_live_source_only_after_3_of_its_own_gaps() -
     assert new.replaces in (keys[2], keys[3]), new.replaces
 
 
+def test_while_searching_each_slot_not_proven_tries_an_unrested_stranger_for_one_wait() -> None:
+    """swarm/feeds.py ``FeedClient._search`` (Standing.searching): our own groups carry
+    signal and no held feed brings any, so each feed whose source is not proven is replaced
+    by a stranger one wait after its opening, oldest first, never-held strangers first."""
+    table, keys = Table(range(5)), [0, 1, 2, 3]  # 4 is the node itself
+    p = FeedPicker(4, config=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
+                                         probe_rounds=2, probe_s=30.0),
+                   table=table, rng=random.Random(7))
+    p.rate(0.0, {}, {k: 1 for k in keys}, own=0)
+    opened_all(p, 0.0)
+    for fresh in (5, 6, 7, 8):  # never-tried peers join
+        table.add(fresh)
+    for t in range(8):  # the swarm publishes every 0.1 s: the wait is MIN_WAIT_S
+        p.standing.frame(keys[0], t * 0.1)
+    p.rate(0.5, {}, {k: 2 for k in keys}, own=0)  # no signal anywhere: nobody is behind
+    assert p.rotation_due() == 60.0 and p.maintain(MIN_WAIT_S) == []
+    p.rate(1.5, {}, {k: 3 for k in keys}, own=1)  # our own groups carry signal
+    assert p.rotation_due() == TICK_S + MIN_WAIT_S  # a wait after the opening
+    rotated = []
+    for at in (1.5, 1.6, 1.7, 1.8):
+        (new,) = p.maintain(at)
+        assert new.peer in (5, 6, 7, 8) and new.replaces in keys
+        rotated.append(p.opened(new, at + 0.05))
+    assert sorted(rotated) == keys and p.counters["feed_search_rotations"] == 4
+    assert sources(p) == {5, 6, 7, 8}
+    assert p.maintain(1.9) == []  # each holds its slot for the wait
+    assert p.rotation_due() == 1.55 + MIN_WAIT_S
+
+
 def test_mirrored_constants_match_swarm_feeds() -> None:
     # a child interpreter: libp2p cannot be imported after hivemind
     # (tests/swarm/test_feeds_units.py)
