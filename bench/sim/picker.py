@@ -6,7 +6,7 @@ picker holds one, hands it the learner's reports and the frames its feeds bring,
 for kinds and verdicts. What still lives in ``FeedClient`` reads ``trio.current_time()`` and
 starts tasks in a nursery, so it cannot be called from a simulation; this module mirrors it,
 method for method, with time passed in and peers as ints (mirrored from ``swarm/feeds.py``
-at 0dea100):
+at 3135542):
 
 ====================  ==========================================================
 ``FeedPicker``        ``swarm.feeds.FeedClient``
@@ -65,7 +65,7 @@ from swarm.peers import PeerTable
 __all__ = ["MIRRORED", "MIRRORED_AT", "Feed", "FeedPicker", "Kind", "MAX_SOURCES",
            "OPENS_PER_TICK", "RETRY_S", "TABLE_CAPACITY", "TICK_S", "Table"]
 
-MIRRORED_AT = "0dea100"
+MIRRORED_AT = "3135542"
 """The commit of ``swarm/feeds.py`` whose ``FeedClient`` this module mirrors (the docstring's)."""
 
 # swarm/feeds.py's constants, copied: importing it imports libp2p, which a test process that
