@@ -489,15 +489,17 @@ def _with_peers(record: RoundRecord, bridge: Any) -> RoundRecord:
         # feeds mode (swarm.feed_standing): open feeds by their source's kind (proven: it
         # delivered groups with signal after our re-scoring; live: valid groups, no signal
         # yet; trial: nothing yet) and those holding their slot for nothing now (idle); the
-        # running totals of feeds closed as idle or without signal, and of slot-rounds
-        # held by idle sources
+        # running totals of feeds closed as idle or without signal, of slot-rounds held by
+        # idle sources, and of sources tried while searching (our own groups carried
+        # signal, no held feed brought any: FeedClient._search)
         feeds={"proven": stats.get("feed_sources_proven", 0),
                "live": stats.get("feed_sources_live", 0),
                "trial": stats.get("feed_sources_trial", 0),
                "idle": stats.get("feed_sources_idle", 0),
                "dropped_idle": stats.get("feed_dropped_idle", 0),
                "dropped_no_signal": stats.get("feed_dropped_no_signal", 0),
-               "idle_slot_rounds": stats.get("feed_idle_slot_rounds", 0)})
+               "idle_slot_rounds": stats.get("feed_idle_slot_rounds", 0),
+               "searched": stats.get("feed_search_rotations", 0)})
 
 
 if __name__ == "__main__":

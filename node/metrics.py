@@ -35,6 +35,9 @@ class Metrics:
         self.feed_idle_slot_rounds = Gauge("swarm_node_feed_idle_slot_rounds",
                                            "Slot-rounds held by idle feed sources, total",
                                            registry=r)
+        self.feed_searched = Gauge("swarm_node_feed_searched",
+                                   "Feed sources tried while our own groups carried signal and "
+                                   "no held feed brought any, total", registry=r)
         self.busy = Gauge("swarm_node_busy", "Fraction of the last round the generator and the "
                           "trainer were busy (engine.staleness overlaps them)", ["part"], registry=r)
         self.dropped_stale = Counter("swarm_node_dropped_stale_groups",
@@ -83,6 +86,7 @@ class Metrics:
             for reason in ("idle", "no_signal"):
                 self.feeds_dropped.labels(reason).set(int(feeds.get(f"dropped_{reason}") or 0))
             self.feed_idle_slot_rounds.set(int(feeds.get("idle_slot_rounds") or 0))
+            self.feed_searched.set(int(feeds.get("searched") or 0))
 
     def on_outer(self, rec: StepRecord) -> None:
         self.outer.labels(rec.status.value).inc()

@@ -20,8 +20,9 @@ until the first round says) is the round record's view of the feed sources
 (swarm.feed_standing): open feeds by their source's kind — ``proven`` (it delivered groups
 with signal), ``live`` (valid groups, no signal yet), ``trial`` (nothing yet) — ``idle`` (open
 feeds holding their slot for nothing now), and the running totals ``dropped_idle``,
-``dropped_no_signal`` and ``idle_slot_rounds`` (slot-rounds held by idle sources): a farm
-of identities shows as idle slots and drops.
+``dropped_no_signal``, ``idle_slot_rounds`` (slot-rounds held by idle sources) and
+``searched`` (sources tried while our own groups carried signal and no held feed brought any,
+swarm.feeds): a farm of identities shows as idle slots, drops and searches.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ circuit relay."""
 RATE_WINDOW = 10
 """Rounds over which rounds/s is measured."""
 FEED_KEYS = ("proven", "live", "trial", "idle", "dropped_idle", "dropped_no_signal",
-             "idle_slot_rounds")
+             "idle_slot_rounds", "searched")
 """What ``feeds`` keeps of a round record's ``feeds`` (node/learner_process.py)."""
 
 
@@ -218,7 +219,7 @@ def feeds_text(feeds: Any) -> str:
     return (f"{n['proven']} proven · {n['live']} live · {n['trial']} on trial"
             f" · {n['idle']} idle now · dropped {n['dropped_idle']} idle,"
             f" {n['dropped_no_signal']} without signal · {n['idle_slot_rounds']} slot-rounds"
-            f" held by idle sources")
+            f" held by idle sources · {n['searched']} tried in searches")
 
 
 def feeds_alarm(feeds: Any) -> str | None:

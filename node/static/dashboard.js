@@ -113,7 +113,8 @@ function render(data) {
   const f = s.feeds;  // feeds mode: sources by kind (swarm.feed_standing), what idle ones took
   setText("feeds", f ? f.proven + " proven · " + f.live + " live · " + f.trial + " on trial" : "-");
   setText("feeds-detail", f ? f.idle + " idle now · dropped " + f.dropped_idle + " idle, "
-    + f.dropped_no_signal + " without signal · " + f.idle_slot_rounds + " slot-rounds held by idle sources"
+    + f.dropped_no_signal + " without signal · " + f.idle_slot_rounds + " slot-rounds held by idle sources · "
+    + (f.searched || 0) + " tried in searches"
     : "not in feeds mode");
   $("feeds").className = f && (2 * f.idle > f.proven + f.live + f.trial
     || (!(f.proven + f.live) && f.dropped_idle)) ? "bad" : "";
