@@ -77,6 +77,18 @@ def opened_all(p: FeedPicker, now: float) -> list[int]:
     return [f.peer for f in started]
 
 
+def four_live_keys(seed: int = 7) -> tuple[Table, list[int], FeedPicker]:
+    """A node (peer 4) whose four feeds, opened at ``TICK_S``, are live keys 0-3 (valid
+    groups, no signal), rotate_s 60 s: the table, the keys and its picker."""
+    table, keys = Table(range(5)), [0, 1, 2, 3]
+    p = FeedPicker(4, config=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
+                                         probe_rounds=2, probe_s=30.0),
+                   table=table, rng=random.Random(seed))
+    p.rate(0.0, {}, {k: 1 for k in keys}, own=0)
+    opened_all(p, 0.0)
+    return table, keys, p
+
+
 def sources(p: FeedPicker) -> set[int]:
     return {f.peer for f in p.feeds.values() if f.open}
 
@@ -211,13 +223,7 @@ def test_while_nothing_arrives_rotations_come_every_wait() -> None:
     silent for the wait (3 of the swarm's publishing intervals, at least 1 s), a rotation
     comes every wait and takes a never-tried peer; while one feed delivers, every rotate_s.
     And ``rotation_due`` (the simulation's wake-up) is when that rotation comes."""
-    table = Table(range(5))  # 4 is the node itself
-    keys = [0, 1, 2, 3]
-    p = FeedPicker(4, config=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
-                                         probe_rounds=2, probe_s=30.0),
-                   table=table, rng=random.Random(6))
-    p.rate(0.0, {}, {k: 1 for k in keys}, own=0)
-    opened_all(p, 0.0)
+    table, keys, p = four_live_keys(seed=6)
     assert sources(p) == set(keys) and p.kinds()["live"] == 4, p.kinds()
     others = [5, 6, 7, 8]  # never-tried peers join
     for fresh in others:
@@ -254,12 +260,7 @@ def test_a_starved_rotation_takes_a_live_source_only_after_3_of_its_own_gaps() -
     """swarm/feeds.py at 0dea100 (``Standing.silent_s``): while nothing arrives, a held live
     source that publishes slower than the swarm is slow, not silent, until the wait and 3 of
     its own gaps between frames have passed; the stalest live source rotates instead."""
-    table, keys = Table(range(5)), [0, 1, 2, 3]  # 4 is the node itself
-    p = FeedPicker(4, config=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
-                                         probe_rounds=2, probe_s=30.0),
-                   table=table, rng=random.Random(7))
-    p.rate(0.0, {}, {k: 1 for k in keys}, own=0)
-    opened_all(p, 0.0)
+    table, keys, p = four_live_keys()
     assert sources(p) == set(keys)
     for fresh in (5, 6, 7, 8):  # never-tried peers join
         table.add(fresh)
@@ -285,12 +286,7 @@ def test_while_searching_each_slot_not_proven_tries_an_unrested_stranger_for_one
     """swarm/feeds.py ``FeedClient._search`` (Standing.searching): our own groups carry
     signal and no held feed brings any, so each feed whose source is not proven is replaced
     by a stranger one wait after its opening, oldest first, never-held strangers first."""
-    table, keys = Table(range(5)), [0, 1, 2, 3]  # 4 is the node itself
-    p = FeedPicker(4, config=FeedsConfig(sources=4, rotate_s=60.0, trial_rounds=3,
-                                         probe_rounds=2, probe_s=30.0),
-                   table=table, rng=random.Random(7))
-    p.rate(0.0, {}, {k: 1 for k in keys}, own=0)
-    opened_all(p, 0.0)
+    table, keys, p = four_live_keys()
     for fresh in (5, 6, 7, 8):  # never-tried peers join
         table.add(fresh)
     for t in range(8):  # the swarm publishes every 0.1 s: the wait is MIN_WAIT_S

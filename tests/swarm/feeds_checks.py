@@ -421,6 +421,17 @@ def following(c: FeedClient) -> list[ID]:
     return followed
 
 
+async def hold_live(c: FeedClient, me: ID, nursery: trio.Nursery, keys: list[str]) -> None:
+    """The learner reports valid groups from ``keys`` (no signal anywhere), and ``c`` opens
+    its four feeds to them: four live sources."""
+    c.rate({}, {k: 1 for k in keys}, 0)
+    c._last_rotation = trio.current_time()
+    for _ in range(2):
+        c._maintain(me, nursery)
+        await trio.testing.wait_all_tasks_blocked()
+    assert set(c.sources()) == set(keys) and c.kinds()["live"] == 4, c.kinds()
+
+
 @check
 def sources_that_deliver_hold_all_but_the_exploration_slot_and_idle_ones_are_dropped() -> None:
     """Issue 32: 3 honest sources among 20 fresh keys. Before the learner reports, picks
@@ -602,13 +613,8 @@ def while_nothing_arrives_rotations_come_every_wait() -> None:
                                              probe_rounds=2, probe_s=30.0))
         following(c)
         me = ID.from_base58(Identity.generate().peer_id)
-        c.rate({}, {k: 1 for k in keys}, 0)
         async with trio.open_nursery() as nursery:
-            c._last_rotation = trio.current_time()
-            for _ in range(2):
-                c._maintain(me, nursery)
-                await trio.testing.wait_all_tasks_blocked()
-            assert set(c.sources()) == set(keys) and c.kinds()["live"] == 4, c.kinds()
+            await hold_live(c, me, nursery, keys)
             others = []
             for _ in range(4):  # never-tried peers join
                 fresh = Identity.generate().peer_id
@@ -654,13 +660,8 @@ def while_searching_every_slot_not_proven_tries_a_stranger_for_one_wait() -> Non
         for k in ids:  # every candidate but the keys is cooling: the keys are held
             if k not in keys:
                 c._cooldown[ID.from_base58(k)] = trio.current_time() + 0.5
-        c.rate({}, {k: 1 for k in keys}, 0)
         async with trio.open_nursery() as nursery:
-            c._last_rotation = trio.current_time()
-            for _ in range(2):
-                c._maintain(me, nursery)
-                await trio.testing.wait_all_tasks_blocked()
-            assert set(c.sources()) == set(keys) and c.kinds()["live"] == 4, c.kinds()
+            await hold_live(c, me, nursery, keys)
             for t in range(8):  # the swarm publishes every 0.1 s: the wait is MIN_WAIT_S
                 c.standing.frame(keys[0], t * 0.1)
             c.rate({}, {k: 2 for k in keys}, 0)  # no signal anywhere: nobody is behind
