@@ -114,19 +114,29 @@ def _write_identity(data_dir: Path, identity: Identity) -> None:
     atomic_write_bytes(data_dir / "identity.key", pem, mode=0o600)
 
 
-def _free_port_pair() -> int:
-    """A port p with p and p+1 free (swarm and collective ports of one node)."""
+def _free_port_pair(hold: list[socket.socket] | None = None) -> int:
+    """A port p with p and p+1 free (swarm and collective ports of one node). ``hold``: the
+    two sockets stay bound (appended to it) until the caller closes them, so that no
+    connection takes either port as its ephemeral one meanwhile (a node joining 150 s later
+    found its port taken: the farm's 50 keys had dialled out from it)."""
     for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s2 = socket.socket()
+        try:
+            if port >= 65535:
+                raise OSError("no port above")
+            s2.bind(("127.0.0.1", port + 1))
+        except OSError:
+            s.close()
+            s2.close()
             continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
+        if hold is None:
+            s.close()
+            s2.close()
+        else:
+            hold += [s, s2]
         return int(port)
     raise RuntimeError("no free pair of ports")
 
@@ -248,10 +258,12 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
     attackers: list[Attacker] = []
     joined_at: dict[str, float] = {}
     timed_out, ready_s = False, 0.0
+    late = plan.names[-1:] if plan.late_s else ()
+    held: dict[str, list[socket.socket]] = {name: [] for name in late}
     try:
         for name in plan.names:
             ident = honest_identity(name)
-            port = _free_port_pair()
+            port = _free_port_pair(held.get(name))
             victims[name] = {"swarm": f"/ip4/127.0.0.1/tcp/{port}/p2p/{ident.peer_id}",
                              "collective": f"/ip4/127.0.0.1/tcp/{port + 1}/p2p/{ident.peer_id}"}
         for i, (attack, extra) in enumerate(plan.attacks):
@@ -265,6 +277,8 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
         started = time.monotonic()
 
         def start(name: str, rounds: int) -> None:
+            for sock in held.pop(name, ()):
+                sock.close()
             data_dir = base / name
             data_dir.mkdir()
             _write_identity(data_dir, honest_identity(name))
@@ -273,7 +287,6 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
                                "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--rounds",
                                str(rounds), "--report", str(data_dir / "report.json"))
 
-        late = plan.names[-1:] if plan.late_s else ()
         for name in plan.names:
             if name not in late:
                 # with a late node, the others train until it is done (stopped then): a farm
@@ -301,6 +314,8 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
                 p.wait(timeout=120)
         results = {a.attack.value: a.stop() for a in attackers}
     finally:
+        for sock in (x for socks in held.values() for x in socks):
+            sock.close()
         for a in attackers:
             a.kill()  # also what a finished attacker may have left in its group
         for p in procs.values():
