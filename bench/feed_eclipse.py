@@ -9,7 +9,7 @@ trickle, or idle while minting a fresh key every 8 s.
 
     PYTHONPATH=$PWD python bench/feed_eclipse.py [--rounds 40] [--sybils 20 50]
         [--variants none idle wrong trickle mint mixed] [--repeat 3] [--slowdown 10]
-        [--farm-first] [--late-s 20] [--out FILE]
+        [--farm-first] [--late-s 20] [--keep] [--out FILE]
 
 Each repeat runs the no-attack baseline and then every variant at every farm size, so a
 drift of the machine's load touches all of them alike. Writes ``--out`` (default
@@ -28,7 +28,8 @@ on) to an existing ``--out``. ``--late-s S``: the last honest node joins S secon
 others started, and not before the farm is in the swarm (no head start over it); per run
 ``late`` (and per cell in ``summary``) says, of its rounds while another honest node ran,
 the share with an honest sender and the groups used per round, and how long after joining
-it first had one.
+it first had one. ``--keep`` keeps each run's directory (its path is the run's ``base_dir``):
+the nodes' logs and reports, where the feeds' closures are logged.
 """
 
 from __future__ import annotations
