@@ -42,7 +42,7 @@ from collectives.matchmaking import LeaderFailed
 from collectives.holding import Holding, Start
 from collectives.record import Deadlines, Draft, Passed, Status, StepRecord
 from collectives.rendezvous import Rendezvous, Roster
-from collectives.schedule import Clock
+from collectives.schedule import RUNGS_UP, Clock
 from collectives.state import OuterState
 from collectives.transport import Transport
 from collectives.vote import Ballot
@@ -55,9 +55,6 @@ logger = logging.getLogger(__name__)
 REPLY_GRACE_S = 1.0
 """A member waits for its leader's answer until the leader's latest freeze (as far as the
 member can tell: its own, plus a window) and this much more; then the leader stalled."""
-ADOPT_RUNGS_UP = 4
-"""A newcomer takes the period of the meeting it moves to up to this multiple of its own
-proposal (two rungs of the ladder)."""
 FREEZE_GRACE_S = 0.5
 """On the clock, the leader freezes the group at most this long after its read ended (for
 JOINs already on their way)."""
@@ -202,8 +199,8 @@ class Attempt:
             # a blamed peer's clock code does not stretch our window (seen: a staller's
             # proposal made the honest peers' window 8 s for a meeting)
             unwaited = self.blame.unwaited()
-            window = self.clock.window(self.clock.longest(
-                [c for p, c in holders.items() if p not in unwaited] or list(holders.values())))
+            window = self.clock.window(self.clock.near(self.clock.longest(
+                [c for p, c in holders.items() if p not in unwaited] or list(holders.values()))))
             draft.note(window=round(window, 3))
         else:
             window = min(cfg.schedule.deadline_s / 2, work.window or cfg.schedule.join_window_s)
@@ -276,7 +273,7 @@ class Attempt:
         # a period in a join record is its peer's word: at most two rungs past our own
         # proposal (a staller claiming the longest, 600 s, kept three honest peers from
         # ever meeting); the group we then meet agrees on its members' proposals (heard)
-        self.clock.adopt(codes, at_most=ADOPT_RUNGS_UP * self.clock.proposal())
+        self.clock.adopt(codes, at_most=RUNGS_UP * self.clock.proposal())
         logger.info("joining the meeting at %.1f where %d peer(s) at our state are",
                     work.meet, len(codes))
         return True

@@ -169,8 +169,8 @@ class Rendezvous:
             holders = {p: join_code(c) for p, c in signed.items()
                        if c.state_hash == my_hash} | mine
             if meet_at is not None:
-                read_at = max(read_at, meet_at + self.clock.window(self.clock.longest(
-                    [c for p, c in holders.items() if p not in ignore])))
+                read_at = max(read_at, meet_at + self.clock.window(self.clock.near(
+                    self.clock.longest([c for p, c in holders.items() if p not in ignore]))))
             early = bool(anyone) and expected <= set(holders) \
                 and anyone <= set(signed) | set(holders)
             if early and meet_at is not None and time.monotonic() < meet_at:

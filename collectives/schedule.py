@@ -45,6 +45,10 @@ RUNGS = 32
 """A join record's ``peers`` field carries ``1 + j_proposal + RUNGS · j_in_force`` (ladder
 rungs; at most 1,024), plus FINISHED for a peer whose run ended and PENDING if it still has
 rounds no average counted (at most 7,168, within the wire schema's 10,000)."""
+RUNGS_UP = 4
+"""Another peer's period moves ours, or stretches our read, by at most this factor (two rungs
+of the ladder): a newcomer adopting the period of a meeting it moves to (attempt.py), a read
+waiting for the window of the longest period among the holders (rendezvous.py)."""
 FINISHED = 2048
 PENDING = 4096
 ROUNDS_KEPT = 9
@@ -208,6 +212,15 @@ class Clock:
         ok = [self._decode(c)[1] for c in codes if isinstance(c, int) and c > 0]
         mine = [self.period()] if ours or not ok else []
         return min(max([*mine, *ok]), self.max_period_s)
+
+    def near(self, period: float) -> float:
+        """``period``, at most ``RUNGS_UP`` times ours (in force, or our proposal if longer):
+        how far another peer's claim may stretch our read (a staller re-storing records that
+        claim the longest period held three honest peers in one read for minutes: a
+        fresh-clone CI run timed out so)."""
+        if self.period_s > 0:
+            return self.period_s
+        return min(period, RUNGS_UP * max(self.period(), self.proposal()))
 
     def _rung(self, period: float) -> int:
         return max(0, min(RUNGS - 1, round(math.log2(period / self.min_period_s))))

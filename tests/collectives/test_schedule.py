@@ -16,7 +16,7 @@ from collectives.holding import Holding
 from collectives.record import Draft
 from collectives.rendezvous import Rendezvous
 from collectives.work import Progress, Work
-from collectives.schedule import Clock, ladder
+from collectives.schedule import RUNGS, RUNGS_UP, Clock, ladder
 from collectives.state import flatten
 
 
@@ -32,6 +32,20 @@ def test_ladder_rounds_up_to_powers_of_two_within_bounds() -> None:
     assert ladder(100, base=2, top=100) == 64  # the largest rung <= top
     with pytest.raises(ValueError):
         ladder(1, base=0, top=1)
+
+
+def test_another_peers_claim_stretches_our_read_at_most_two_rungs() -> None:
+    """A staller re-storing records that claim the longest period (issue 32) held three
+    honest peers in one read for minutes (a fresh-clone CI run): a claimed period counts at
+    most RUNGS_UP times ours, as a newcomer adopts one."""
+    c = clock(max_period_s=600.0, max_window_s=300.0)
+    for _ in range(5):
+        c.observe_round(0.4)  # 4 rounds: 1.6 s -> the 2 s rung
+    assert c.proposal() == c.period() == 2.0
+    longest = c.longest([c.code(), 1 + (RUNGS - 1) + RUNGS * (RUNGS - 1)])
+    assert longest == 600.0 and c.window(longest) == 225.0
+    assert c.near(longest) == RUNGS_UP * 2.0 and c.window(c.near(longest)) == 1.5 * 8.0 / 4
+    assert c.near(4.0) == 4.0  # a claim within two rungs counts as it is
 
 
 def test_peers_that_disagree_on_the_period_still_meet_at_the_longer_ones() -> None:
