@@ -100,9 +100,10 @@ class Rendezvous:
     def join(self, work: Work, v: int, my_hash: str, expected: frozenset[str],
              discovered: frozenset[str], *, ignore: frozenset[str] = frozenset()) -> Roster:
         """Store our join record for ``work``'s meeting and read who joined. The clock codes
-        of ``ignore`` (peers we blamed or saw not come: leader.py) do not lengthen the read:
-        a code is the peer's own claim (a staller claiming the longest period stretched
-        every read to the longest window)."""
+        of ``ignore`` (peers we blamed or saw not come: leader.py) do not lengthen the read,
+        and any other's by at most ``RUNGS_UP`` times our period (``Clock.near``): a code
+        is the peer's own claim (a staller claiming the longest period stretched every read
+        to the longest window)."""
         cfg = self.config
         if work.meet is None:
             window = min(cfg.schedule.deadline_s / 2, work.window or cfg.schedule.join_window_s)
