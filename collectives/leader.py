@@ -32,9 +32,10 @@ member sees it outside the group formed (``Blame.no_show``): no leader waits for
 the freeze for the next attempts (as long as a blame), its clock code stretches neither our
 read nor our window, and a newcomer does not move to its meetings; it never enters the
 order. A leader that read early gives a no-show the freeze grace (it may be here now) only
-the first time since it last took part in a step with us (``first_no_shows``). The period a newcomer adopts from the records at a meeting it moves to is capped at
-two rungs past its own proposal (a staller re-storing records that claim the longest
-period, 600 s, kept three honest peers from ever meeting).
+the first time since it last took part in a step with us (``first_no_shows``). The period a
+newcomer adopts from the records at a meeting it moves to is capped at two rungs past its
+own proposal (a staller re-storing records that claim the longest period, 600 s, kept three
+honest peers from ever meeting).
 """
 
 from __future__ import annotations

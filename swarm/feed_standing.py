@@ -215,9 +215,11 @@ class Standing:
         if not self.trial_rounds or self.reports - self.own_grew >= self.trial_rounds:
             return False
         window = LIVE_PATIENCE * self.trial_rounds
-        return not any(t is not None and self.reports - max(
-            t.signal_grew if t.signal_grew > t.opened else -window,
-            t.opened if t.kind is Kind.PROVEN else -window) < window for t in trials)
+
+        def brings(t: Trial) -> bool:  # signal since it opened, or a proven source's, lately
+            grew = t.signal_grew > t.opened and self.reports - t.signal_grew < window
+            return grew or (t.kind is Kind.PROVEN and self.reports - t.opened < window)
+        return not any(t is not None and brings(t) for t in trials)
 
     @property
     def flowing(self) -> bool:
