@@ -8,7 +8,7 @@ construction.
                             prepare_s, final_wait_s           (schedule.py, attempt.py, finish.py)
     [outer.group]           min_peers, max_peers, minority_patience   (matchmaking, consistency)
     [outer.bounds]          weight, max_weight, max_norm, max_norm_ratio  (member, reducer)
-    [outer.catchup]         anchor, requests_per_minute       (catchup.py, allreduce.py)
+    [outer.catchup]         anchor, trusted_peers, requests_per_minute (catchup.py, allreduce.py)
     [outer.transport]       dht_min_interval_s, dht_timeout_s, startup_timeout_s,
                             slow_start_for_tests_s, host_maddrs, announce_maddrs  (transport.py)
 
@@ -179,12 +179,19 @@ class BoundsConfig:
             raise TableError("max_norm_ratio", "must be > 1")
 
 
+_BASE58 = set("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CatchupConfig:
     """Which versions a behind or fresh node adopts, and how much state this node serves."""
 
     anchor: str = ""
     """Operator-pinned state hash a joiner may adopt from anyone who serves it ("" = none)."""
+    trusted_peers: tuple[str, ...] = ()
+    """Operator-pinned peer ids (as ``swarm-node identity`` prints them) whose signed version
+    heads a joiner adopts as it would those of peers it trusts from their rollouts: pin the
+    nodes you run yourself (``swarm-node local`` pins its own)."""
     requests_per_minute: int = 6
     """State transfers this node serves to one peer per minute; more are refused."""
 
@@ -192,6 +199,11 @@ class CatchupConfig:
         if self.anchor and not (len(self.anchor) == 64
                                 and all(c in "0123456789abcdef" for c in self.anchor)):
             raise TableError("anchor", "must be empty or a 64-character hex sha256")
+        for peer in self.trusted_peers:
+            if not (isinstance(peer, str) and 32 <= len(peer) <= 128
+                    and set(peer) <= _BASE58):
+                raise TableError("trusted_peers", f"{peer!r} is not a peer id (base58, as "
+                                 "`swarm-node identity` prints)")
         if self.requests_per_minute < 1:
             raise TableError("requests_per_minute", "must be >= 1")
 

@@ -47,8 +47,9 @@ peers we saw contribute, through our own reducer, in the step that produced it):
    its local delta and join the next average.
 3. **Joiners.** A node with no lineage beyond its genesis (version 0: the base model or a
    restart; it has no witnesses) accepts a head only if its hash is the operator-pinned
-   ``anchor``, or it is signed by peers the node's ``trust`` predicate accepts (e.g. peers
-   it has exchanged valid rollouts with for a while); the most trusted signers win. With the
+   ``anchor``, or it is signed by peers the node's ``trust`` predicate accepts (peers it
+   has received valid rollouts from for a while, or that its operator pinned:
+   ``[outer.catchup] trusted_peers``); the most trusted signers win. With the
    default (trust nobody, no anchor) a joiner keeps training on its own state and groups
    only with peers at its own hash: it averages with other joiners, never with an
    established group (documented limitation, not an error).

@@ -48,9 +48,9 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | 
         ctx.meta["config_file"] = value
 
 
-def _opt(name: str, **kw: Any) -> Any:
+def _opt(name: str, *decls: str, **kw: Any) -> Any:
     env = ENV + name.lstrip("-").replace("-", "_").upper()
-    return click.option(name, envvar=env, show_envvar=True, **kw)
+    return click.option(name, *decls, envvar=env, show_envvar=True, **kw)
 
 
 def _data_dir_opt() -> Any:
@@ -88,6 +88,9 @@ _JOIN_OPTIONS = [
     _opt("--announce", multiple=True,
          help="Multiaddr to advertise, e.g. your public IP behind NAT."),
     _opt("--swarm-id", default=DEFAULT_SWARM_ID, show_default=True),
+    _opt("--trust-peer", "trusted_peers", multiple=True,
+         help="Peer id whose outer-step versions this node adopts when it joins late "
+              "(repeatable; env: space-separated): the other nodes you run yourself."),
     _opt("--model", default="embedded", show_default=True,
          help="Hugging Face id or local path; 'embedded' = tiny built-in model; 'auto' = "
               "the model for this device's memory (README: model table)."),
@@ -323,7 +326,7 @@ def _node_config(opts: dict[str, Any], extra: dict[str, Any]) -> NodeConfig:
         return tuple(a for v in (value or ()) for a in str(v).split())
 
     values = dict(opts)
-    for key in ("bootstrap", "listen", "announce"):
+    for key in ("bootstrap", "listen", "announce", "trusted_peers"):
         if key in values:
             values[key] = addrs(values[key])
     try:

@@ -50,6 +50,9 @@ class NodeConfig:
     """Multiaddrs to advertise instead of the listen ones (public address behind NAT)."""
     swarm_id: str = DEFAULT_SWARM_ID
     """Only peers with the same swarm id exchange messages."""
+    trusted_peers: tuple[str, ...] = ()
+    """Peer ids whose outer-step versions this node adopts when it joins behind them
+    (``[outer.catchup] trusted_peers``; the table's own list wins)."""
     model: str = "embedded"
     """Hugging Face model id or local path; "embedded" = the tiny built-in default."""
     device: str = "auto"

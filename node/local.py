@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from node.report import learning, plot_rewards, write_json
+from protocol import load_or_create_identity
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,11 @@ class LocalSwarm:
     config_file: str | None = None
     swarm_id: str = field(default_factory=lambda: f"local-{os.getpid()}")
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    peer_ids: dict[str, str] = field(default_factory=dict)
+    """Each node's peer id (its key is made before it starts): every node trusts the others'
+    outer-step versions (``--trust-peer``), so one that starts late or runs slow adopts the
+    version the others reached instead of ending on its own (it would trust them only
+    after their rollouts arrived in two of its rounds, which a short run may not have)."""
 
     def run(self) -> int:
         base = Path(self.base_dir or tempfile.mkdtemp(prefix="swarm-local-"))
@@ -71,9 +77,11 @@ class LocalSwarm:
             if self.config_file is None:
                 self.config_file = str(base / "local.toml")
                 Path(self.config_file).write_text(LOCAL_DEFAULTS)
+            names = [f"node-{i}" for i in range(self.nodes)]
+            self.peer_ids = {n: load_or_create_identity(base / n).peer_id for n in names}
             addr = self._start_bootstrap(base / "bootstrap")
-            for i in range(self.nodes):
-                self._start_node(f"node-{i}", base / f"node-{i}", addr)
+            for name in names:
+                self._start_node(name, base / name, addr)
             codes = self._wait(base)
         finally:
             for p in self._procs.values():
@@ -127,6 +135,9 @@ class LocalSwarm:
                 "--rounds", str(self.rounds), "--report", str(data_dir / "report.json"),
                 "--swarm-id", self.swarm_id, "--model", self.model, "--plain",
                 "--device", os.environ.get("SWARM_NODE_DEVICE", "cpu")]
+        for name, peer_id in sorted(self.peer_ids.items()):
+            if Path(data_dir).name != name:
+                args += ["--trust-peer", peer_id]
         return args + ["--config", self.config_file] if self.config_file else args
 
     def _start_node(self, name: str, data_dir: Path, bootstrap: str) -> None:

@@ -29,7 +29,8 @@ _FROM_OPTIONS = {
     "gossip": {"data_dir": "--data-dir", "listen": "--listen", "announce": "--announce",
                "bootstrap": "--bootstrap", "swarm_id": "--swarm-id"},
     "learner": {"data_dir": "--data-dir", "policy.model": "--model", "policy.device": "--device"},
-    "outer": {"swarm_id": "--swarm-id", "transport.host_maddrs": "--listen",
+    "outer": {"swarm_id": "--swarm-id", "catchup.trusted_peers": "--trust-peer",
+              "transport.host_maddrs": "--listen",
               "transport.announce_maddrs": "--announce"},
 }
 """Keys of each child's table that the node fills from its own settings (a flag, its
@@ -66,7 +67,9 @@ def learner_table(config: NodeConfig, *, ipc_path: str, rounds: int | None) -> d
     outer = _under(config.outer, {
         "swarm_id": config.swarm_id,
         "transport.host_maddrs": [collective_addr(a) for a in config.listen],
-        "transport.announce_maddrs": [collective_addr(a) for a in config.announce]})
+        "transport.announce_maddrs": [collective_addr(a) for a in config.announce],
+        **({"catchup.trusted_peers": list(config.trusted_peers)}
+           if config.trusted_peers else {})})
     return {"ipc_path": ipc_path, "rounds": rounds, "data_dir": str(config.data_dir),
             "learner": learner, "outer": outer}
 

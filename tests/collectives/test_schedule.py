@@ -18,6 +18,7 @@ from collectives.rendezvous import Rendezvous
 from collectives.work import Progress, Work
 from collectives.schedule import RUNGS, RUNGS_UP, Clock, ladder
 from collectives.state import flatten
+from protocol.tables import TableError
 
 
 def clock(**kw: float) -> Clock:
@@ -390,3 +391,38 @@ def test_a_finished_peer_finds_the_longer_meeting_where_a_missing_peer_joined() 
     key, ttl = stored[-1]
     assert key == book.join_key(0, meet=448.0)
     assert ttl >= 448.0 + 64.0 - 470.0  # their read ends at 512: 42 s from now
+
+
+def test_a_joiner_adopts_the_heads_of_peers_its_operator_pinned() -> None:
+    """``[outer.catchup] trusted_peers`` (``--trust-peer``; ``swarm-node local`` pins its own
+    nodes): a joiner that received no rollouts from anyone adopts the version its pinned
+    peers signed, and still refuses an unpinned key's newer claim."""
+    from collectives.catchup import Catchup
+    from collectives.consistency import CommitBook, Lineage
+    from protocol import Identity
+
+    group, gid = "g", "gid"
+    pinned, stranger, me = Identity.generate(), Identity.generate(), Identity.generate()
+    heads = {pinned.peer_id: CommitBook(identity=pinned, group=group, gid=gid,
+                                        swarm_id="s").version(
+        2, "ab" * 32, parent="cd" * 32, members=(pinned.peer_id,), period=1 + 32 * 3),
+        stranger.peer_id: CommitBook(identity=stranger, group=group, gid=gid,
+                                     swarm_id="s").version(
+        9, "ef" * 32, parent="cd" * 32, members=(), period=1 + 32 * 8)}
+    book = CommitBook(identity=me, group=group, gid=gid, swarm_id="s")
+
+    class Transport:
+        def dht_get(self, key: str, *, timeout: float) -> dict[str, bytes]:
+            return heads if key == book.head_key else {}
+
+    genesis = Lineage(hash="00" * 32, version=0)
+
+    def catchup(config: OuterConfig) -> Catchup:
+        return Catchup(config=config, peer_id=me.peer_id, book=book,
+                       transport=Transport(), trust=lambda p: False)  # type: ignore[arg-type]
+
+    assert catchup(OuterConfig()).agreed(genesis) is None  # trusts nobody: trains alone
+    config = OuterConfig.from_dict({"catchup": {"trusted_peers": [pinned.peer_id]}})
+    assert catchup(config).agreed(genesis) == (2, (1 + 32 * 3,))
+    with pytest.raises(TableError, match="trusted_peers"):
+        OuterConfig.from_dict({"catchup": {"trusted_peers": ["not a peer id"]}})

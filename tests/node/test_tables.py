@@ -126,6 +126,20 @@ def test_the_local_swarm_defaults_pass_the_door(tmp_path):
     assert config.learner == {"checkpoint_every": 2, "eval_every": 10}
 
 
+def test_the_local_swarm_pins_its_other_nodes_as_trusted(tmp_path):
+    """Each node of ``swarm-node local`` adopts the versions its siblings signed (a node
+    that starts late is not left at its own state: e2e test_local_swarm)."""
+    from node.local import LocalSwarm
+    from node.tables import learner_table
+
+    swarm = LocalSwarm(nodes=3, rounds=2, report=tmp_path / "r.json",
+                       peer_ids={f"node-{i}": f"12D3KooW{i + 1}" + "x" * 44 for i in range(3)})
+    config = check_join(swarm.join_args(tmp_path / "node-1", CHECK_BOOTSTRAP))
+    assert config.trusted_peers == (swarm.peer_ids["node-0"], swarm.peer_ids["node-2"])
+    outer = learner_table(config, ipc_path="/s", rounds=2)["outer"]
+    assert outer["catchup"] == {"trusted_peers": list(config.trusted_peers)}
+
+
 def test_a_valid_config_gives_the_children_the_tables_they_had(tmp_path):
     """The door only checks: the tables handed on are the config's, untouched."""
     from node.tables import gossip_table, learner_table
