@@ -171,7 +171,8 @@ class Attempt:
                 return None if adopted else Passed(ended_at=0.0, why="late")
         holders = roster.holders
         if work.meet is not None:  # finished peers (finish.py): who steps here
-            verdict = who_steps(holders, start.expected | discovered, me=self.peer_id,
+            pinned = frozenset(cfg.catchup.trusted_peers)  # the operator's other nodes
+            verdict = who_steps(holders, start.expected | discovered | pinned, me=self.peer_id,
                                 last_call=work.last_call, min_peers=cfg.group.min_peers,
                                 gone=self.farewell.gone)
             if verdict.stepping is None:

@@ -190,8 +190,10 @@ class CatchupConfig:
     """Operator-pinned state hash a joiner may adopt from anyone who serves it ("" = none)."""
     trusted_peers: tuple[str, ...] = ()
     """Operator-pinned peer ids (as ``swarm-node identity`` prints them) whose signed version
-    heads a joiner adopts as it would those of peers it trusts from their rollouts: pin the
-    nodes you run yourself (``swarm-node local`` pins its own)."""
+    heads a joiner adopts as it would those of peers it trusts from their rollouts, and
+    whom a node whose run ended waits for (up to ``schedule.final_wait_s``) before its last
+    step, discovered or not (finish.py): pin the nodes you run yourself (``swarm-node
+    local`` pins its own)."""
     requests_per_minute: int = 6
     """State transfers this node serves to one peer per minute; more are refused."""
 

@@ -20,9 +20,11 @@ too (seen in the e2e local swarm). So ``finish()`` keeps the node *in* the meeti
    versions the others make by catch-up. Every peer reads the same codes, so every peer
    decides alike (``who_steps``).
 2. **The last step**: at a meeting where every peer present has finished and nobody we
-   expect is missing (our version's witnesses, our last group and the peers we discovered
-   are all there, or said they left: a signed ``OuterLeft`` under ``<gid>/left``, stored
-   by ``OuterLoop.close``), the peers step together if one of them still
+   expect is missing (our version's witnesses, our last group, the peers we discovered and
+   those the operator pinned, ``[outer.catchup] trusted_peers``, are all there, or said
+   they left: a signed ``OuterLeft`` under ``<gid>/left``, stored by ``OuterLoop.close``;
+   a pinned node that starts late is waited for even before it is discovered, and adopts
+   our version), the peers step together if one of them still
    has rounds no average counted (the clock marks such records PENDING). Everyone present
    read the same records at the same time, so they all decide alike. A member whose last
    step failed is still PENDING at the next meeting, and the others are still there.
