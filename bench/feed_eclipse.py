@@ -81,9 +81,11 @@ def _timeline(rounds: list[dict[str, Any]], honest: dict[str, str]) -> str:
 def _late(node: dict[str, Any], judged: list[dict[str, Any]], ids: set[str]) -> dict[str, Any]:
     """A node that joined late: of its rounds while another honest node ran, the share with
     an honest sender and the groups used per round, and the seconds from its join to the
-    first round with an honest sender (None: never)."""
+    first round with an honest sender (None: never); ``after_first_honest``: the groups used
+    per round from that round on (what the rest of its run got once its search was over)."""
     hit = [r for r in judged if set(r.get("rollouts_from", ())) & ids]
     rounds = node["report"]["rounds"]
+    after = judged[judged.index(hit[0]):] if hit else []
     return {"joined_at": node["joined_late_at"], "judged_rounds": len(judged),
             "honest_round_share": round(len(hit) / len(judged), 3) if judged else None,
             "external_used_per_judged_round": round(
@@ -91,7 +93,9 @@ def _late(node: dict[str, Any], judged: list[dict[str, Any]], ids: set[str]) -> 
             "first_round_s": round(rounds[0]["published_at"] - node["joined_late_at"], 1)
             if rounds else None,
             "first_honest_s": round(hit[0]["published_at"] - node["joined_late_at"], 1)
-            if hit else None}
+            if hit else None,
+            "after_first_honest": round(sum(r["external_used"] for r in after) / len(after), 3)
+            if after else None}
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
@@ -189,9 +193,9 @@ def summary(all_runs: list[dict[str, Any]]) -> dict[str, Any]:
         }
         late = [r["late"] for r in these if "late" in r]
         if late:  # the node that joined where the farm already sat, each run
-            out[key]["late"] = {k: [x[k] for x in late] for k in (
+            out[key]["late"] = {k: [x.get(k) for x in late] for k in (
                 "honest_round_share", "external_used_per_judged_round", "first_round_s",
-                "first_honest_s", "judged_rounds")}
+                "first_honest_s", "after_first_honest", "judged_rounds")}
     return out
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from node.report import learning, plot_rewards, write_json
-from protocol import load_or_create_identity
+from protocol import IdentityError, load_or_create_identity
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,10 @@ class LocalSwarm:
                 self.config_file = str(base / "local.toml")
                 Path(self.config_file).write_text(LOCAL_DEFAULTS)
             names = [f"node-{i}" for i in range(self.nodes)]
-            self.peer_ids = {n: load_or_create_identity(base / n).peer_id for n in names}
+            try:
+                self.peer_ids = {n: load_or_create_identity(base / n).peer_id for n in names}
+            except IdentityError as e:
+                raise SystemExit(f"cannot prepare the nodes' identities: {e}") from None
             addr = self._start_bootstrap(base / "bootstrap")
             for name in names:
                 self._start_node(name, base / name, addr)
