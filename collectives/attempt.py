@@ -37,7 +37,7 @@ from collectives.errors import CollectiveError, StepFailed, SyncError
 from collectives.feedback import ErrorFeedback
 from collectives.finish import Farewell, who_steps
 from collectives.group import GroupInfo
-from collectives.leader import Blame, leader_order
+from collectives.leader import Blame, leader_order, yield_lead
 from collectives.matchmaking import LeaderFailed
 from collectives.holding import Holding, Start
 from collectives.record import Deadlines, Draft, Passed, Status, StepRecord
@@ -186,15 +186,13 @@ class Attempt:
         if work.meet is not None:  # >= 0: the group is never read before the opening
             draft.note(read_after_meet_s=round(self.now() - work.meet, 4))
         draft.note(wait_seconds=round(read_at - t0, 4))
-        # in the order they lead (leader.py). Late: the others never read our record, so
-        # their leader is the first of them, not us (first, we would lead nobody); its freeze
-        # grace may admit us
-        order = leader_order(holders, state_hash=start.state_hash,
-                             meeting="" if work.meet is None else str(round(work.meet * 10)),
-                             witnesses=self.holding.lineage().witnesses,
-                             blamed=self.blame.blamed())
-        if roster.late is not None and len(order) > 1:
-            order = [p for p in order if p != self.peer_id] + [self.peer_id]
+        # in the order they lead (leader.py); late past the grace (a final step's: it does
+        # not pass), we go last: their leader's freeze grace may admit us
+        order = yield_lead(
+            leader_order(holders, state_hash=start.state_hash,
+                         meeting="" if work.meet is None else str(round(work.meet * 10)),
+                         witnesses=self.holding.lineage().witnesses, blamed=self.blame.blamed()),
+            self.peer_id, late_s=roster.late, grace=FREEZE_GRACE_S)
         draft.leader = order[0]
         if work.meet is not None:
             # a blamed peer's clock code does not stretch our window (seen: a staller's
@@ -221,8 +219,10 @@ class Attempt:
             # caller)
             deadlines = Deadlines.starting(max(t0, time.monotonic() - cfg.schedule.join_window_s),
                                            cfg.schedule.deadline_s)
-        # late (then never the leader while others came): as a group of one, wait for no
-        # JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next meetings)
+        # late at all (past the grace never the leader while others came; within it the
+        # leader only if the others read us, and then their JOINs come by our freeze): wait
+        # for no JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next
+        # meetings)
         # the leader's freeze is over by its latest join, counted from its read, which
         # may come up to a window after ours
         reply_by = deadlines.latest_join + window + REPLY_GRACE_S

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import string
 
-from collectives.leader import BLAME_ATTEMPTS, STRANGER_BLAME_ATTEMPTS, Blame, leader_order
+from collectives.leader import (BLAME_ATTEMPTS, STRANGER_BLAME_ATTEMPTS, Blame, leader_order,
+                                yield_lead)
 
 WITNESSES = frozenset({"Qm-honest-a", "Qm-honest-b", "Qm-honest-c"})
 
@@ -144,3 +145,15 @@ def test_a_stranger_is_held_to_its_blame_longer_than_a_peer_that_took_part() -> 
                 spans.setdefault(peer, n)
     assert spans == {"known": BLAME_ATTEMPTS + 1, "stranger": STRANGER_BLAME_ATTEMPTS + 1}
     assert blame.counts == {"exchange_missing": 2}
+
+
+def test_a_peer_just_late_for_the_read_keeps_its_lead_one_later_yields_it() -> None:
+    """attempt.py: a join record stored within the freeze grace after the others' read may
+    have been read (they then wait on us as their leader: going last made them blame us,
+    and a stranger's blame kept us out of every later group); past the grace it was not,
+    and we go last so that we JOIN their leader."""
+    order = ["me", "a", "b"]
+    assert yield_lead(order, "me", late_s=None, grace=0.5) == order
+    assert yield_lead(order, "me", late_s=0.025, grace=0.5) == order
+    assert yield_lead(order, "me", late_s=0.6, grace=0.5) == ["a", "b", "me"]
+    assert yield_lead(["me"], "me", late_s=3.0, grace=0.5) == ["me"]
