@@ -226,7 +226,8 @@ class AllReduce:
     async def form_group(self, order: list[str], *, freeze_at: float, latest: float,
                          reply_by: float | None = None, deadline: float | None = None,
                          no_wait: frozenset[str] = frozenset(),
-                         refuse: frozenset[str] = frozenset()) -> GroupInfo:
+                         refuse: frozenset[str] = frozenset(),
+                         lead_if_joined: bool = False) -> GroupInfo:
         """This attempt's group (``Matchmaker.form_group``; ``reply_by`` defaults to the
         session's end) or StepFailed. ``deadline``: the attempt's new end (a meeting on the
         clock counts it from the read)."""
@@ -237,7 +238,7 @@ class AllReduce:
         return await self.matchmaker.form_group(
             s, order, freeze_at=freeze_at, latest=latest,
             reply_by=s.deadline if reply_by is None else reply_by, no_wait=no_wait,
-            refuse=refuse)
+            refuse=refuse, lead_if_joined=lead_if_joined)
 
     async def exchange(self, delta: torch.Tensor, group: GroupInfo, *, reduce_deadline: float,
                        out: torch.Tensor | None = None,

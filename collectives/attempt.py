@@ -186,13 +186,13 @@ class Attempt:
         if work.meet is not None:  # >= 0: the group is never read before the opening
             draft.note(read_after_meet_s=round(self.now() - work.meet, 4))
         draft.note(wait_seconds=round(read_at - t0, 4))
-        # in the order they lead (leader.py); late past the grace (a final step's: it does
-        # not pass), we go last: their leader's freeze grace may admit us
-        order = yield_lead(
+        # in the order they lead (leader.py); late, we go last: their leader's freeze grace
+        # may admit us (and we take the lead back if they JOIN us: they read our record)
+        order, yielded = yield_lead(
             leader_order(holders, state_hash=start.state_hash,
                          meeting="" if work.meet is None else str(round(work.meet * 10)),
                          witnesses=self.holding.lineage().witnesses, blamed=self.blame.blamed()),
-            self.peer_id, late_s=roster.late, grace=FREEZE_GRACE_S)
+            self.peer_id, late=roster.late is not None)
         draft.leader = order[0]
         if work.meet is not None:
             # a blamed peer's clock code does not stretch our window (seen: a staller's
@@ -219,17 +219,17 @@ class Attempt:
             # caller)
             deadlines = Deadlines.starting(max(t0, time.monotonic() - cfg.schedule.join_window_s),
                                            cfg.schedule.deadline_s)
-        # late at all (past the grace never the leader while others came; within it the
-        # leader only if the others read us, and then their JOINs come by our freeze): wait
-        # for no JOIN past the freeze (waiting until 0.35 x deadline_s would miss the next
-        # meetings)
+        # late (then never the leader while others came, unless they JOIN us): as a group of
+        # one, wait for no JOIN past the freeze (waiting until 0.35 x deadline_s would miss
+        # the next meetings)
         # the leader's freeze is over by its latest join, counted from its read, which
         # may come up to a window after ours
         reply_by = deadlines.latest_join + window + REPLY_GRACE_S
         # a leader's wait for no-shows does not recur (they are marked): not a step's length
         # that the next periods must hold (seen: one such wait made the period 8 s)
         waited = self._group_step(work, draft, start, order, holders, deadlines, freeze_at,
-                                  reply_by, wait_joins=roster.late is None)
+                                  reply_by, wait_joins=roster.late is None,
+                                  lead_if_joined=yielded)
         return read_at + waited
 
     # --- catch-up -------------------------------------------------------------------------
@@ -305,7 +305,8 @@ class Attempt:
     # --- group, exchange, apply, vote, commit ---------------------------------------------
     def _group_step(self, work: Work, draft: Draft, start: Start, order: list[str],
                     seen: dict[str, int], deadlines: Deadlines, freeze_at: float,
-                    reply_by: float, *, wait_joins: bool) -> float:
+                    reply_by: float, *, wait_joins: bool, lead_if_joined: bool = False
+                    ) -> float:
         """Form the group, all-reduce, apply, vote, commit. ``order``: the peers whose join
         records claim our hash, in the order they lead; ``seen``: those peers -> their clock
         code (``wait_joins``: as leader, wait past ``freeze_at`` for those that did not JOIN
@@ -319,7 +320,7 @@ class Attempt:
                                    latest=deadlines.latest_join if wait_joins else freeze_at,
                                    reply_by=reply_by, deadline=deadlines.exchange,
                                    no_wait=self.blame.unwaited(),
-                                   refuse=self.blame.blamed()),
+                                   refuse=self.blame.blamed(), lead_if_joined=lead_if_joined),
                 deadlines.exchange - time.monotonic())
         except LeaderFailed as e:
             # a leader that stalled us, or refused a JOIN we sent in time, ranks last in our

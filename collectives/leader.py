@@ -69,18 +69,19 @@ def leader_order(holders: Iterable[str], *, state_hash: str, meeting: str,
     return sorted(set(holders), key=rank)
 
 
-def yield_lead(order: list[str], me: str, *, late_s: float | None, grace: float) -> list[str]:
-    """``order`` as a peer whose join record came ``late_s`` after the others' read should
-    see it: past ``grace`` they never read it, so their leader is the first of them, not
-    us (first, we would lead nobody), and we go last. Within it they may well have read it
-    (a read ends when its last DHT get returns, after the window's end), and expect us to
-    lead if we come first. Seen: a record stored 0.025 s after the end was read by both
-    others, who waited on us as their leader while we JOINed theirs; they blamed us as a
-    stalled leader and, as we had never stepped with them, left us out of every later group
-    (test_leader_stall[hold], fresh-clone CI)."""
-    if late_s is None or late_s <= grace or len(order) < 2:
-        return order
-    return [p for p in order if p != me] + [me]
+def yield_lead(order: list[str], me: str, *, late: bool) -> tuple[list[str], bool]:
+    """``order`` as a peer whose join record came after the others' read ended should see
+    it, and whether it gave up the lead: they never read it (as far as it can tell), so
+    their leader is the first of them, not us (first, we would lead nobody), and we go last.
+    But a read ends when its last DHT get returns, after the window's end: a record stored
+    just after may have been read, and then the others wait on us as their leader while we
+    JOIN theirs. Seen: 0.025 s late, both others waited on us and we on them; they blamed
+    us as a stalled leader and, as we had never stepped with them, left us out of every
+    later group (test_leader_stall[hold], fresh-clone CI). So a peer that gave up the lead
+    takes it back when a JOIN reaches it (``Matchmaker.form_group(lead_if_joined=)``)."""
+    if not late or len(order) < 2 or order[0] != me:
+        return (order if not late else [p for p in order if p != me] + [me]), False
+    return [p for p in order if p != me] + [me], True
 
 
 class _Spans:

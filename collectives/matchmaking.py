@@ -22,10 +22,14 @@ from collectives.group import GroupInfo
 from collectives.session import Session
 from collectives.streams import recv_header, send_header
 
-__all__ = ["Matchmaker", "JOIN_TRIES", "LeaderFailed"]
+__all__ = ["Matchmaker", "JOIN_TRIES", "LeaderFailed", "SWITCH_GRACE_S"]
 
 logger = logging.getLogger(__name__)
 
+SWITCH_GRACE_S = 0.25
+"""A late peer that takes the lead back when JOINed (``form_group(lead_if_joined=)``)
+freezes no earlier than this after the first JOIN: the others read at about the same time
+and JOIN at once."""
 JOIN_TRIES = 3
 """A JOIN whose reply was lost (IncompleteReadError) is asked again: the leader answers an
 admitted member's repeated JOIN with the same list."""
@@ -73,7 +77,8 @@ class Matchmaker:
     async def form_group(self, s: Session, order: list[str], *, freeze_at: float,
                          latest: float, reply_by: float,
                          no_wait: frozenset[str] = frozenset(),
-                         refuse: frozenset[str] = frozenset()) -> GroupInfo:
+                         refuse: frozenset[str] = frozenset(),
+                         lead_if_joined: bool = False) -> GroupInfo:
         """This attempt's group (or StepFailed); sets ``s.group`` either way. ``order``: the
         peers whose join records claim our hash, in the order they lead (leader.py; its
         first is the leader). As leader we freeze at ``freeze_at``, or later (up to
@@ -89,7 +94,13 @@ class Matchmaker:
         chose it): we fall back to the next peer of ``order``, and when that is us, we lead.
         Everyone who saw the same records falls back the same way. A leader that answered
         (even "no") is not skipped in this attempt: that could split its group; the members
-        it stalled rank it last next time (leader.py)."""
+        it stalled rank it last next time (leader.py).
+
+        ``lead_if_joined``: we gave up the lead for being late (``leader.yield_lead``): a
+        JOIN that reaches us while we wait for another leader's answer says the others read
+        our record after all and wait on us, so we lead (freezing at the earliest
+        ``SWITCH_GRACE_S`` after it, for the others' JOINs), instead of both sides waiting
+        on each other until they blame one another."""
         s.group.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
         expected = set(order)
         dead: set[str] = set()
@@ -98,6 +109,15 @@ class Matchmaker:
                 return await self._lead(s, freeze_at, expected - dead - no_wait - refuse,
                                         latest, refuse)
             try:
+                if lead_if_joined:
+                    joined = await self._join_unless_joined(s, cand, reply_by)
+                    if joined is None:
+                        now = asyncio.get_running_loop().time()
+                        logger.info("step %d: JOINed while late; leading after all", s.step)
+                        return await self._lead(s, max(freeze_at, now + SWITCH_GRACE_S),
+                                                expected - dead - no_wait - refuse,
+                                                max(latest, now + SWITCH_GRACE_S), refuse)
+                    return joined
                 return await self._join(s, cand, reply_by)
             except _Unreachable as e:
                 dead.add(cand)
@@ -106,6 +126,29 @@ class Matchmaker:
         err = StepFailed(f"could not join any leader of {len(dead)}: {sorted(dead)}")
         s.group.set_exception(err)
         raise err
+
+    async def _join_unless_joined(self, s: Session, leader: str,
+                                  reply_by: float) -> GroupInfo | None:
+        """``_join`` via ``leader``, or None as soon as a peer JOINs us (the JOIN is
+        cancelled)."""
+        join = asyncio.ensure_future(self._join(s, leader, reply_by))
+
+        async def joined() -> None:
+            while not s.joins:
+                await asyncio.sleep(0.01)
+
+        watch = asyncio.ensure_future(joined())
+        try:
+            await asyncio.wait({join, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if join.done():
+            return join.result()
+        join.cancel()
+        try:
+            return await join  # it ended as we cancelled it: that stands
+        except asyncio.CancelledError:
+            return None
 
     async def _lead(self, s: Session, freeze_at: float, expected: set[str],
                     latest: float, refuse: frozenset[str]) -> GroupInfo:

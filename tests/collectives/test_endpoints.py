@@ -217,3 +217,39 @@ def test_a_leader_that_answers_but_never_admits_is_named_within_the_bound(behavi
             await a.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_late_peer_that_gave_up_the_lead_takes_it_back_when_joined() -> None:
+    """leader.yield_lead / Matchmaker.form_group(lead_if_joined=): ``x`` comes first in the
+    order but thought itself late, so it JOINs ``y``; ``y`` read x's record and JOINs x.
+    Without taking the lead back, each waited on the other until both failed (and blamed
+    each other: test_leader_stall[hold]); with it, x leads and both are in one group."""
+    async def main() -> None:
+        a, b = await _pair()
+        try:
+            x, y, ids = await _leader_and_member(a, b)  # x: first in the order
+            loop = asyncio.get_running_loop()
+            t = loop.time()
+            got = await asyncio.wait_for(asyncio.gather(
+                x.form_group([y.peer_id, x.peer_id], freeze_at=t + 0.5, latest=t + 0.5,
+                             reply_by=t + 6, lead_if_joined=True),
+                y.form_group([x.peer_id, y.peer_id], freeze_at=t + 0.5, latest=t + 3,
+                             reply_by=t + 6)), 8)
+            assert got[0] == got[1] and got[0].members == tuple(sorted(ids))
+            assert loop.time() - t < 3
+            # without it: the same two wait on each other until reply_by, and fail
+            for ar in (x, y):
+                await ar.open_session(step=4, state_hash="h", numel=8, weight=1.0,
+                                      deadline=loop.time() + 8)
+            t = loop.time()
+            stuck = await asyncio.gather(
+                x.form_group([y.peer_id, x.peer_id], freeze_at=t + 0.5, latest=t + 0.5,
+                             reply_by=t + 2),
+                y.form_group([x.peer_id, y.peer_id], freeze_at=t + 0.5, latest=t + 3,
+                             reply_by=t + 2), return_exceptions=True)
+            assert all(isinstance(e, StepFailed) and "stalled" in str(e) for e in stuck), stuck
+        finally:
+            await b.shutdown()
+            await a.shutdown()
+
+    asyncio.run(main())

@@ -147,13 +147,12 @@ def test_a_stranger_is_held_to_its_blame_longer_than_a_peer_that_took_part() -> 
     assert blame.counts == {"exchange_missing": 2}
 
 
-def test_a_peer_just_late_for_the_read_keeps_its_lead_one_later_yields_it() -> None:
-    """attempt.py: a join record stored within the freeze grace after the others' read may
-    have been read (they then wait on us as their leader: going last made them blame us,
-    and a stranger's blame kept us out of every later group); past the grace it was not,
-    and we go last so that we JOIN their leader."""
+def test_a_late_peer_that_would_lead_goes_last_and_says_it_gave_up_the_lead() -> None:
+    """attempt.py: a late peer JOINs the others' leader; only one that would have led says
+    so, and takes the lead back if JOINed (matchmaking.py: both sides waited on each other
+    when the others had read its record after all)."""
     order = ["me", "a", "b"]
-    assert yield_lead(order, "me", late_s=None, grace=0.5) == order
-    assert yield_lead(order, "me", late_s=0.025, grace=0.5) == order
-    assert yield_lead(order, "me", late_s=0.6, grace=0.5) == ["a", "b", "me"]
-    assert yield_lead(["me"], "me", late_s=3.0, grace=0.5) == ["me"]
+    assert yield_lead(order, "me", late=False) == (order, False)
+    assert yield_lead(order, "me", late=True) == (["a", "b", "me"], True)
+    assert yield_lead(["a", "me", "b"], "me", late=True) == (["a", "b", "me"], False)
+    assert yield_lead(["me"], "me", late=True) == (["me"], False)
