@@ -79,9 +79,9 @@ def yield_lead(order: list[str], me: str, *, late: bool) -> tuple[list[str], boo
     us as a stalled leader and, as we had never stepped with them, left us out of every
     later group (test_leader_stall[hold], fresh-clone CI). So a peer that gave up the lead
     takes it back when a JOIN reaches it (``Matchmaker.form_group(lead_if_joined=)``)."""
-    if not late or len(order) < 2 or order[0] != me:
-        return (order if not late else [p for p in order if p != me] + [me]), False
-    return [p for p in order if p != me] + [me], True
+    if not late:
+        return order, False
+    return [p for p in order if p != me] + [me], len(order) > 1 and order[0] == me
 
 
 class _Spans:
