@@ -78,7 +78,8 @@ def yield_lead(order: list[str], me: str, *, late: bool) -> tuple[list[str], boo
     JOIN theirs. Seen: 0.025 s late, both others waited on us and we on them; they blamed
     us as a stalled leader and, as we had never stepped with them, left us out of every
     later group (test_leader_stall[hold], fresh-clone CI). So a peer that gave up the lead
-    takes it back when a JOIN reaches it (``Matchmaker.form_group(lead_if_joined=)``)."""
+    takes it back when a JOIN from a peer it does not refuse reaches it
+    (``Matchmaker.form_group(lead_if_joined=)``)."""
     if not late:
         return order, False
     return [p for p in order if p != me] + [me], len(order) > 1 and order[0] == me

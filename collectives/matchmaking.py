@@ -100,7 +100,9 @@ class Matchmaker:
         JOIN that reaches us while we wait for another leader's answer says the others read
         our record after all and wait on us, so we lead (freezing at the earliest
         ``SWITCH_GRACE_S`` after it, for the others' JOINs), instead of both sides waiting
-        on each other until they blame one another."""
+        on each other until they blame one another. A JOIN from a peer of ``refuse`` does
+        not count: a holder we blamed could otherwise pull a late peer out of the honest
+        group into one with itself."""
         s.group.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
         expected = set(order)
         dead: set[str] = set()
@@ -110,7 +112,7 @@ class Matchmaker:
                                         latest, refuse)
             try:
                 if lead_if_joined:
-                    joined = await self._join_unless_joined(s, cand, reply_by)
+                    joined = await self._join_unless_joined(s, cand, reply_by, refuse)
                     if joined is None:
                         now = asyncio.get_running_loop().time()
                         logger.info("step %d: JOINed while late; leading after all", s.step)
@@ -127,14 +129,14 @@ class Matchmaker:
         s.group.set_exception(err)
         raise err
 
-    async def _join_unless_joined(self, s: Session, leader: str,
-                                  reply_by: float) -> GroupInfo | None:
-        """``_join`` via ``leader``, or None as soon as a peer JOINs us (the JOIN is
-        cancelled)."""
+    async def _join_unless_joined(self, s: Session, leader: str, reply_by: float,
+                                  refuse: frozenset[str]) -> GroupInfo | None:
+        """``_join`` via ``leader``, or None as soon as a peer not in ``refuse`` JOINs us
+        (the JOIN is cancelled)."""
         join = asyncio.ensure_future(self._join(s, leader, reply_by))
 
         async def joined() -> None:
-            while not s.joins:
+            while not s.joins - refuse:
                 await asyncio.sleep(0.01)
 
         watch = asyncio.ensure_future(joined())

@@ -223,7 +223,8 @@ def test_a_late_peer_that_gave_up_the_lead_takes_it_back_when_joined() -> None:
     """leader.yield_lead / Matchmaker.form_group(lead_if_joined=): ``x`` comes first in the
     order but thought itself late, so it JOINs ``y``; ``y`` read x's record and JOINs x.
     Without taking the lead back, each waited on the other until both failed (and blamed
-    each other: test_leader_stall[hold]); with it, x leads and both are in one group."""
+    each other: test_leader_stall[hold]); with it, x leads and both are in one group. A JOIN
+    from a peer x blamed does not make x lead."""
     async def main() -> None:
         a, b = await _pair()
         try:
@@ -248,6 +249,19 @@ def test_a_late_peer_that_gave_up_the_lead_takes_it_back_when_joined() -> None:
                 y.form_group([x.peer_id, y.peer_id], freeze_at=t + 0.5, latest=t + 3,
                              reply_by=t + 2), return_exceptions=True)
             assert all(isinstance(e, StepFailed) and "stalled" in str(e) for e in stuck), stuck
+            # a JOIN from a peer we blamed does not make us lead: x goes on waiting on y
+            for ar in (x, y):
+                await ar.open_session(step=5, state_hash="h", numel=8, weight=1.0,
+                                      deadline=loop.time() + 8)
+            t = loop.time()
+            blamed = await asyncio.gather(
+                x.form_group([y.peer_id, x.peer_id], freeze_at=t + 0.5, latest=t + 0.5,
+                             reply_by=t + 2, lead_if_joined=True,
+                             refuse=frozenset({y.peer_id})),
+                y.form_group([x.peer_id, y.peer_id], freeze_at=t + 0.5, latest=t + 3,
+                             reply_by=t + 2), return_exceptions=True)
+            assert all(isinstance(e, StepFailed) and "stalled" in str(e) for e in blamed), \
+                blamed
         finally:
             await b.shutdown()
             await a.shutdown()
