@@ -187,8 +187,25 @@ class FeedsConfig:
     """Token-bucket capacity of subscription requests per peer."""
     write_timeout_s: float = 10.0
     """A feed whose write stalls this long is ended (the subscriber stopped reading)."""
+    max_per_network: int = 2
+    """Slots that sources of one network (swarm.networks: an IPv4 /``network_prefix_v4``,
+    an IPv6 /``network_prefix_v6``, a relay) hold while candidates from other networks are
+    left: a farm of keys on one machine holds at most these; 0 = no cap."""
+    network_prefix_v4: int = 24
+    """IPv4 addresses that share this many leading bits are one network."""
+    network_prefix_v6: int = 48
+    """IPv6 addresses that share this many leading bits are one network."""
+    loopback_networks: bool = False
+    """Count loopback addresses as networks too (tests on one machine, listening on
+    distinct 127/8 addresses); off, every loopback source is in no network (a one-machine
+    swarm shares 127.0.0.1)."""
 
     def __post_init__(self) -> None:
+        non_negative(self, "max_per_network")
+        if not 8 <= self.network_prefix_v4 <= 32:
+            raise TableError("network_prefix_v4", "must be in [8, 32]")
+        if not 16 <= self.network_prefix_v6 <= 128:
+            raise TableError("network_prefix_v6", "must be in [16, 128]")
         positive(self, "sources", "rotate_s", "max_subscribers", "queue", "backfill_s",
                   "cooldown_s", "probe_s", "explore_slots", "subscribe_per_s",
                   "subscribe_burst", "write_timeout_s")

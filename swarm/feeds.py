@@ -38,6 +38,13 @@ per round, so a node subscribes instead to ``feeds.sources`` = k peers of its ow
   before its groups carry signal (what made it lose its slot to rotation or to an 8-round
   trial before).
   Before any report (a swarm process without a learner) every pick is uniform, as before.
+- **Networks, not keys** (``swarm.networks``): keys are free, addresses are not. A network (an
+  IPv4 /24, an IPv6 /48, a relay; loopback is none unless ``feeds.loopback_networks``) whose
+  sources hold ``feeds.max_per_network`` slots gets no more while candidates elsewhere are
+  left, placed by the address of the connection a feed runs on (a source that announced an
+  address elsewhere is closed at once when its connection shows it in a full network,
+  ``feed_network_full``). A farm of any number of keys on one machine or one /24 then
+  holds at most that many of a node's slots, whatever it delivers.
 - **Backfill**: a subscription asks for the source's newest batch (if younger than
   ``feeds.backfill_s``) only when it fills a gap: at start and after a feed failed. A rotation
   asks for live batches only (``/live`` after the swarm id): its slot had none missing, and a
@@ -84,6 +91,7 @@ from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_byt
 from protocol import Limits
 from swarm.config import GossipConfig
 from swarm.feed_standing import Kind, Standing, Trial
+from swarm.networks import Networks
 from swarm.peers import PeerTable
 from swarm.ratelimit import TokenBuckets
 from swarm.relay import is_circuit
@@ -263,6 +271,8 @@ class _Feed:
     """A rotation's new feed: the feed it closes once open (it asks for no backfill)."""
     trial: Trial | None = None
     """Its record since it opened (``swarm.feed_standing``); None until open."""
+    network: str | None = None
+    """Its connection's network (``swarm.networks``), once the stream is open."""
 
 
 @dataclass(kw_only=True)
@@ -288,10 +298,17 @@ class FeedClient:
     _resubscribed: dict[ID, float] = field(default_factory=dict, repr=False)
     """When each source's feed was last opened again at once (``_may_resubscribe``)."""
     _last_rotation: float = field(default=0.0, repr=False)
+    _networks: dict[ID, str | None] = field(default_factory=dict, repr=False)
+    """The network of each source we held a connection to (its last feed's)."""
+    _self: ID | None = field(default=None, repr=False)
     standing: Standing = field(init=False, repr=False)
+    networks: Networks = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         feeds = self.config.feeds
+        self.networks = Networks(prefix_v4=feeds.network_prefix_v4,
+                                 prefix_v6=feeds.network_prefix_v6,
+                                 loopback=feeds.loopback_networks)
         self.standing = Standing(trial_rounds=feeds.trial_rounds,
                                  probe_rounds=feeds.probe_rounds, probe_s=feeds.probe_s,
                                  capacity=self.table.capacity)
@@ -350,6 +367,7 @@ class FeedClient:
         return Kind.LIVE if known < reserved else Kind.STRANGER
 
     async def run(self, self_id: ID) -> None:
+        self._self = self_id
         self._last_rotation = trio.current_time()
         async with trio.open_nursery() as nursery:
             while True:
@@ -487,16 +505,18 @@ class FeedClient:
         but a rotation keeps what it has). Candidates rank by ``Standing.rank``: while
         signal flows, a live one is a stranger. ``unrested`` (``_search``): strangers we
         never held (or rested longest ago) first, so a search tries every key once before
-        any twice."""
+        any twice. Before all that, candidates in networks that hold their slots already
+        are left out while others remain (``_spread``)."""
+        candidates = self._spread(self._candidates(self_id))
         if want is None:
             fresh: list[PeerInfo] = []
             rested: list[PeerInfo] = []
-            for info in self._candidates(self_id):
+            for info in candidates:
                 (rested if info.peer_id in self._rested else fresh).append(info)
             pool = fresh or rested
         else:
             by_kind: dict[Kind, list[PeerInfo]] = collections.defaultdict(list)
-            for info in self._candidates(self_id):
+            for info in candidates:
                 by_kind[self.standing.rank(str(info.peer_id))].append(info)
             floor = Kind.STRANGER if at_least is None else at_least
             best = max((k for k in by_kind if k >= floor), default=None)
@@ -509,6 +529,55 @@ class FeedClient:
         if not pool:
             return None
         return pool[self.rng.randrange(len(pool))]
+
+    def _full(self, *, besides: _Feed | None = None) -> set[str]:
+        """Networks whose open feeds (``besides`` not counted, nor the feed a rotation
+        replaces: it closes as its replacement opens) hold ``feeds.max_per_network`` slots;
+        none without a cap."""
+        cap = self.config.feeds.max_per_network
+        if not cap:
+            return set()
+        leaving = {f.replaces for f in self._feeds.values() if f.replaces is not None}
+        held = collections.Counter(
+            f.network for f in self._feeds.values()
+            if f.open and f is not besides and f.peer not in leaving and f.network is not None)
+        return {net for net, n in held.items() if n >= cap}
+
+    def _placed(self, info: PeerInfo) -> set[str | None]:
+        """The networks ``info`` may be in: that of our last connection to it, else those of
+        the addresses it announces (swarm.networks)."""
+        if info.peer_id in self._networks:
+            return {self._networks[info.peer_id]}
+        return {self.networks.of_addr(a) for a in info.addrs} or {None}
+
+    def _spread(self, pool: list[PeerInfo]) -> list[PeerInfo]:
+        """``pool`` without the candidates whose every network is full (``_full``), unless
+        that leaves none: a farm of keys in one network holds at most
+        ``feeds.max_per_network`` slots while sources elsewhere are left to pick."""
+        full = self._full()
+        if not full:
+            return pool
+        return [i for i in pool if not self._placed(i) <= full] or pool
+
+    def _network_full(self, feed: _Feed, stream: INetStream) -> bool:
+        """Records the network ``feed``'s stream runs on; True when that network already
+        holds its slots (``_full``) while a candidate elsewhere is left: the feed is not
+        opened (its source was placed by the addresses it announced, not where it is)."""
+        net = feed.network = self.networks.of_stream(stream, self.host)
+        self._networks.pop(feed.peer, None)  # newest last: the oldest is forgotten first
+        self._networks[feed.peer] = net
+        if len(self._networks) > self.table.capacity:
+            del self._networks[next(iter(self._networks))]
+        full = self._full(besides=feed)
+        if net is None or net not in full or self._self is None:
+            return False
+        others = self._candidates(self._self)
+        if not any(not self._placed(i) <= full for i in others):
+            return False
+        self._cool(feed.peer, "feed_network_full")
+        logger.info("feed from %s not opened: its network %s holds %d slots already",
+                    feed.peer, net, self.config.feeds.max_per_network)
+        return True
 
     def _candidates(self, self_id: ID) -> list[PeerInfo]:
         out = []
@@ -566,6 +635,10 @@ class FeedClient:
                 stream = await self._open(info, backfill=feed.replaces is None or (
                     self.standing.reports > 0 and self._kind(peer) is Kind.STRANGER))
                 if stream is None:
+                    return
+                if self._network_full(feed, stream):
+                    with trio.CancelScope(shield=True):
+                        await _close(stream)
                     return
                 self._opened(feed)
                 while stream is not None:

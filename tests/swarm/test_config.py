@@ -52,7 +52,8 @@ def _at(config: GossipConfig, dotted: str) -> object:
 
 
 ADDED_SINCE = {"feeds.probe_rounds", "feeds.probe_s", "relay.hole_punch", "relay.hole_punch_idle_s",
-               "relay.upnp", "relay.upnp_lease_s"}
+               "relay.upnp", "relay.upnp_lease_s", "feeds.max_per_network",
+               "feeds.network_prefix_v4", "feeds.network_prefix_v6", "feeds.loopback_networks"}
 """Sub-table keys added after the split (issues 32, 33): they never had a flat name."""
 
 
@@ -121,6 +122,8 @@ def test_config_round_trips_through_json_and_rejects_bad_values() -> None:
     ({"scoring": {"graylist_threshold": 1.0}}, "scoring.graylist_threshold: must be negative"),
     ({"feeds": {"sources": 0}}, "feeds.sources: must be positive, got 0"),
     ({"feeds": {"sources": 2, "explore_slots": 3}}, "feeds.explore_slots: must be <= sources"),
+    ({"feeds": {"network_prefix_v4": 33}}, r"feeds.network_prefix_v4: must be in \[8, 32\]"),
+    ({"feeds": {"max_per_network": -1}}, "feeds.max_per_network: must be >= 0"),
     ({"peers": {"target": 9, "max": 8}}, "peers.max: must be >= target"),
     ({"pubsub": {"degree": 2}}, "pubsub.degree: must be at least 3"),
     ({"announcements": {"min_gap_s": 6.0}}, "announcements.min_gap_s: must not exceed"),
