@@ -220,6 +220,12 @@ def main() -> None:
                     help="the last honest node joins this long after the others started, and "
                          "not before the farm is in the swarm (Plan.late_s: a node joining "
                          "where the farm already sits; its numbers are under 'late')")
+    ap.add_argument("--farm-ip", default="",
+                    help="the farm listens on and dials from this 127/8 address (e.g. "
+                         "127.0.1.1): a machine of its own, another network than the honest "
+                         "nodes (Plan.farm_ip; they count loopback networks then)")
+    ap.add_argument("--max-per-network", type=int, default=2,
+                    help="the honest nodes' [gossip.feeds] max_per_network (0: no cap)")
     ap.add_argument("--keep", action="store_true",
                     help="keep each run's directory (the nodes' logs and data; its path is "
                     "the run's base_dir)")
@@ -244,7 +250,8 @@ def main() -> None:
                     (Attack.FEED_SYBIL, {**extra, **model, "identities": sybils}),)
                 plan = Plan(rounds=args.rounds, attacks=attacks, honest=3,
                             rollout_mode="feeds", every_rounds=10**6, timeout_s=args.timeout_s,
-                            slowdown=args.slowdown, late_s=args.late_s, keep=args.keep)
+                            slowdown=args.slowdown, late_s=args.late_s, keep=args.keep,
+                            farm_ip=args.farm_ip, max_per_network=args.max_per_network)
                 t = time.monotonic()
                 loads.append(os.getloadavg()[0])
                 swarm = run_swarm(plan)
@@ -259,7 +266,8 @@ def main() -> None:
                 # written after every run: a long bench that dies still leaves its data
                 out = {"rounds": args.rounds, "sybils": args.sybils, "repeat": args.repeat,
                        "slowdown": args.slowdown, "farm_first": args.farm_first,
-                       "late_s": args.late_s,
+                       "late_s": args.late_s, "farm_ip": args.farm_ip,
+                       "max_per_network": args.max_per_network,
                        "summary": summary(runs), "runs": runs,
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                    "load_at_starts": [round(x, 2) for x in loads],

@@ -154,6 +154,11 @@ class Farm:
 
 async def run_feed_sybils(args: dict[str, Any]) -> dict[str, Any]:
     """Run the farm (see the module docstring); what it served."""
+    if args.get("listen_ip"):
+        # a farm on a machine of its own: its dials come from its address too (on loopback
+        # the kernel would pick 127.0.0.1 for every source), so a victim sees one network
+        trio.open_tcp_stream = partial(trio.open_tcp_stream,  # type: ignore[assignment]
+                                       local_address=str(args["listen_ip"]))
     ids = [Identity.generate() for _ in range(int(args["identities"]))]
     observer = Observer(own={ids[0].peer_id}, swarm_id=args["swarm_id"],
                         watched=frozenset(), own_ids=frozenset())

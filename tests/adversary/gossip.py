@@ -105,10 +105,12 @@ class Observer:
 
 
 async def _open(exit_stack: AsyncExitStack, me: Identity, args: dict[str, Any], i: int) -> Stack:
-    config = GossipConfig(data_dir=os.path.join(args["data_dir"], str(i)), listen=(LOOPBACK,),
+    """One identity's host, listening on ``args["listen_ip"]`` (default 127.0.0.1)."""
+    listen = LOOPBACK.replace("127.0.0.1", str(args.get("listen_ip", "127.0.0.1")))
+    config = GossipConfig(data_dir=os.path.join(args["data_dir"], str(i)), listen=(listen,),
                           swarm_id=args["swarm_id"])
     stack = build_stack(me, config)
-    await exit_stack.enter_async_context(stack.host.run([multiaddr.Multiaddr(LOOPBACK)]))
+    await exit_stack.enter_async_context(stack.host.run([multiaddr.Multiaddr(listen)]))
     await exit_stack.enter_async_context(background_trio_service(stack.pubsub))
     await exit_stack.enter_async_context(background_trio_service(stack.router))
     await stack.pubsub.wait_until_ready()

@@ -76,6 +76,13 @@ class Plan:
     rollout_mode: str = "flood"
     """The honest nodes' ``[gossip] rollout_mode``: the gossip attackers publish on the
     rollouts topic (flood); the feed farm (feeds.py) needs "feeds"."""
+    farm_ip: str = ""
+    """The attackers listen on, and dial from, this 127/8 address (e.g. 127.0.1.1): a farm
+    on a machine of its own, in another network (swarm.networks) than the honest nodes on
+    127.0.0.1, whose ``[gossip.feeds] loopback_networks`` is then on. "": 127.0.0.1, one
+    machine for all (no networks: loopback is none)."""
+    max_per_network: int = 2
+    """The honest nodes' ``[gossip.feeds] max_per_network`` (0: no cap)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.every_rounds < 1 or not self.timeout_s > 0 \
@@ -151,6 +158,8 @@ def _config(base: Path, plan: Plan) -> Path:
         # the gossip attackers publish rollouts on gossip (tests/adversary/gossip.py): flood
         # mode subscribes that topic; in feeds mode they would have to be picked as sources
         f"[gossip]\nrollout_mode = \"{plan.rollout_mode}\"\n\n"
+        f"[gossip.feeds]\nmax_per_network = {plan.max_per_network}\n"
+        f"loopback_networks = {'true' if plan.farm_ip else 'false'}\n\n"
         f"[outer]\nevery_rounds = {plan.every_rounds}\n"
         f"schedule = {{ join_window_s = 3.0, deadline_s = 20.0 }}\n")
     return path
@@ -270,7 +279,8 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
             args = {"data_dir": str(base / f"attacker-{i}"), "swarm_id": SWARM_ID,
                     "duration_s": plan.timeout_s, "marker_dir": str(marker_dir),
                     "victims": [v["swarm"] for v in victims.values()],
-                    "collective": [v["collective"] for v in victims.values()], **extra}
+                    "collective": [v["collective"] for v in victims.values()],
+                    **({"listen_ip": plan.farm_ip} if plan.farm_ip else {}), **extra}
             attackers.append(Attacker(attack, args, base / f"attacker-{i}.log"))
         for a in attackers:  # imports done before the nodes start: they attack from round 0
             a.wait_for("loaded", 180)
@@ -339,6 +349,7 @@ def run_swarm(plan: Plan) -> dict[str, Any]:
     out = {"plan": {"rounds": plan.rounds, "seed": plan.seed, "every_rounds": plan.every_rounds,
                     "slowdown": plan.slowdown, "late_s": plan.late_s,
                     "honest": plan.honest, "rollout_mode": plan.rollout_mode,
+                    "farm_ip": plan.farm_ip, "max_per_network": plan.max_per_network,
                     "attacks": [[a.value, extra] for a, extra in plan.attacks]},
            "nodes": nodes, "attackers": results, "timed_out": timed_out,
            "markers": sorted(p.name for p in marker_dir.iterdir()),
