@@ -490,8 +490,9 @@ def _with_peers(record: RoundRecord, bridge: Any) -> RoundRecord:
         # delivered groups with signal after our re-scoring; live: valid groups, no signal
         # yet; trial: nothing yet) and those holding their slot for nothing now (idle); the
         # running totals of feeds closed as idle or without signal, of slot-rounds held by
-        # idle sources, and of sources tried while searching (our own groups carried
-        # signal, no held feed brought any: FeedClient._search)
+        # idle sources, of sources tried while searching (our own groups carried
+        # signal, no held feed brought any: FeedClient._search), and of feeds not opened
+        # because their source's network already held its slots (swarm.networks)
         feeds={"proven": stats.get("feed_sources_proven", 0),
                "live": stats.get("feed_sources_live", 0),
                "trial": stats.get("feed_sources_trial", 0),
@@ -499,7 +500,8 @@ def _with_peers(record: RoundRecord, bridge: Any) -> RoundRecord:
                "dropped_idle": stats.get("feed_dropped_idle", 0),
                "dropped_no_signal": stats.get("feed_dropped_no_signal", 0),
                "idle_slot_rounds": stats.get("feed_idle_slot_rounds", 0),
-               "searched": stats.get("feed_search_rotations", 0)})
+               "searched": stats.get("feed_search_rotations", 0),
+               "network_full": stats.get("feed_network_full", 0)})
 
 
 if __name__ == "__main__":

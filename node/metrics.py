@@ -30,7 +30,9 @@ class Metrics:
                                   "those holding their slot for nothing now (idle)", ["kind"],
                                   registry=r)
         self.feeds_dropped = Gauge("swarm_node_feeds_dropped",
-                                   "Feeds closed for delivering nothing, total", ["reason"],
+                                   "Feeds closed for delivering nothing (idle, no_signal) or "
+                                   "for a source's network holding its slots already "
+                                   "(network_full), total", ["reason"],
                                    registry=r)
         self.feed_idle_slot_rounds = Gauge("swarm_node_feed_idle_slot_rounds",
                                            "Slot-rounds held by idle feed sources, total",
@@ -85,6 +87,7 @@ class Metrics:
                 self.feed_sources.labels(kind).set(int(feeds.get(kind) or 0))
             for reason in ("idle", "no_signal"):
                 self.feeds_dropped.labels(reason).set(int(feeds.get(f"dropped_{reason}") or 0))
+            self.feeds_dropped.labels("network_full").set(int(feeds.get("network_full") or 0))
             self.feed_idle_slot_rounds.set(int(feeds.get("idle_slot_rounds") or 0))
             self.feed_searched.set(int(feeds.get("searched") or 0))
 

@@ -22,7 +22,9 @@ with signal), ``live`` (valid groups, no signal yet), ``trial`` (nothing yet) 鈥
 feeds holding their slot for nothing now), and the running totals ``dropped_idle``,
 ``dropped_no_signal``, ``idle_slot_rounds`` (slot-rounds held by idle sources) and
 ``searched`` (sources tried while our own groups carried signal and no held feed brought any,
-swarm.feeds): a farm of identities shows as idle slots, drops and searches.
+swarm.feeds) and ``network_full`` (feeds not opened: their source's network already held
+``feeds.max_per_network`` slots, swarm.networks): a farm of identities shows as idle slots,
+drops, searches and full networks.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ circuit relay."""
 RATE_WINDOW = 10
 """Rounds over which rounds/s is measured."""
 FEED_KEYS = ("proven", "live", "trial", "idle", "dropped_idle", "dropped_no_signal",
-             "idle_slot_rounds", "searched")
+             "idle_slot_rounds", "searched", "network_full")
 """What ``feeds`` keeps of a round record's ``feeds`` (node/learner_process.py)."""
 
 
@@ -219,7 +221,8 @@ def feeds_text(feeds: Any) -> str:
     return (f"{n['proven']} proven 路 {n['live']} live 路 {n['trial']} on trial"
             f" 路 {n['idle']} idle now 路 dropped {n['dropped_idle']} idle,"
             f" {n['dropped_no_signal']} without signal 路 {n['idle_slot_rounds']} slot-rounds"
-            f" held by idle sources 路 {n['searched']} tried in searches")
+            f" held by idle sources 路 {n['searched']} tried in searches"
+            f" 路 {n['network_full']} refused for a full network")
 
 
 def feeds_alarm(feeds: Any) -> str | None:

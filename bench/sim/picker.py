@@ -43,7 +43,10 @@ nothing is ever judged, nothing is ever starved.
 Where the mirror differs, on purpose: a pick draws uniformly over the same set as ``_pick``
 (by rejection from the table, or over a listed set: the reported sources, the rested ones;
 the same distribution, other random numbers); bans, relayed addresses, dials that fail, invalid
-frames and streams that end (so resubscription) do not exist here; whether a feed asks for a backfill is decided when it starts (the
+frames and streams that end (so resubscription) do not exist here; nor do networks
+(``swarm.networks``, ``feeds.max_per_network``): every simulated peer is in no network, as
+on loopback, so the farm here is the worst case of one spread over as many networks as it
+has keys; whether a feed asks for a backfill is decided when it starts (the
 product decides it when ``_follow`` starts, in the same tick); ``rotation`` is passed the
 time ``_maintain`` read (the product reads ``trio.current_time()`` again, in the same tick).
 ``rotation_due`` is the simulation's own (when a tick may next rotate), not a mirror.

@@ -114,7 +114,7 @@ function render(data) {
   setText("feeds", f ? f.proven + " proven · " + f.live + " live · " + f.trial + " on trial" : "-");
   setText("feeds-detail", f ? f.idle + " idle now · dropped " + f.dropped_idle + " idle, "
     + f.dropped_no_signal + " without signal · " + f.idle_slot_rounds + " slot-rounds held by idle sources · "
-    + (f.searched || 0) + " tried in searches"
+    + (f.searched || 0) + " tried in searches · " + (f.network_full || 0) + " refused for a full network"
     : "not in feeds mode");
   $("feeds").className = f && (2 * f.idle > f.proven + f.live + f.trial
     || (!(f.proven + f.live) && f.dropped_idle)) ? "bad" : "";

@@ -83,7 +83,7 @@ def test_the_page_gets_the_heldout_scores_to_draw(tmp_path, dashboard):
 def test_the_page_gets_the_feed_sources_to_show(tmp_path, dashboard):
     board = StatusBoard(tmp_path / "status.json", log_rounds=False)
     feeds = {"proven": 1, "live": 0, "trial": 3, "idle": 3, "dropped_idle": 12,
-             "dropped_no_signal": 1, "idle_slot_rounds": 40, "searched": 2}
+             "dropped_no_signal": 1, "idle_slot_rounds": 40, "searched": 2, "network_full": 1}
     rounds = [{"round": 0, "mean_reward": 0.1, "feeds": feeds}]
     board.on_round(RoundRecord.from_dict(rounds[0]))
     dashboard.publish(board.flush(), rounds, [])
@@ -91,7 +91,7 @@ def test_the_page_gets_the_feed_sources_to_show(tmp_path, dashboard):
     page, js = _get(dashboard, "/")[2], _get(dashboard, "/dashboard.js")[2]
     assert b'id="feeds"' in page and b'id="feeds-detail"' in page
     assert b"s.feeds" in js and b"slot-rounds held by idle sources" in js
-    assert b"tried in searches" in js
+    assert b"tried in searches" in js and b"refused for a full network" in js
 
 
 def test_the_page_gets_each_peer_s_link_to_show(tmp_path, dashboard):

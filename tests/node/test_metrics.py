@@ -18,7 +18,7 @@ def test_metrics_endpoint_serves_round_counters():
                     "heldout": {"greedy_accuracy": 0.5, "sampled_accuracy": 0.375},
                     "feeds": {"proven": 1, "live": 2, "trial": 1, "idle": 1, "dropped_idle": 7,
                               "dropped_no_signal": 1, "idle_slot_rounds": 30,
-                              "searched": 6},
+                              "searched": 6, "network_full": 4},
                     "generator_busy": 0.875, "trainer_busy": 0.75, "dropped_stale": 8}))
         m.on_outer(StepRecord(step=0, status=Status.OK, version=1, param_hash="h",
                               observed={"blames_total": {"no_show": 3, "leader_stalled": 1,
@@ -42,6 +42,7 @@ def test_metrics_endpoint_serves_round_counters():
     assert 'swarm_node_feed_sources{kind="idle"} 1.0' in text
     assert 'swarm_node_feeds_dropped{reason="idle"} 7.0' in text
     assert "swarm_node_feed_idle_slot_rounds 30.0" in text
+    assert 'swarm_node_feeds_dropped{reason="network_full"} 4.0' in text
     assert "swarm_node_feed_searched 6.0" in text
     assert 'swarm_node_busy{part="generator"} 0.875' in text
     assert 'swarm_node_busy{part="trainer"} 0.75' in text

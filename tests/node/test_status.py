@@ -69,7 +69,7 @@ def test_the_newest_heldout_score_stays_in_the_status_and_its_line(tmp_path):
 
 
 FEEDS = {"proven": 1, "live": 0, "trial": 3, "idle": 3, "dropped_idle": 12,
-         "dropped_no_signal": 1, "idle_slot_rounds": 40, "searched": 5}
+         "dropped_no_signal": 1, "idle_slot_rounds": 40, "searched": 5, "network_full": 2}
 """A round record's feeds under a farm of idle identities (issue 32)."""
 
 
@@ -86,7 +86,8 @@ def test_the_feed_sources_by_kind_and_an_attacks_idle_slots_are_in_the_status_li
     healthy, summary = check_status(tmp_path, max_age_s=30)
     assert healthy  # an attack is shown, not a failure of this node
     assert ("feeds=1 proven · 0 live · 3 on trial · 3 idle now · dropped 12 idle, 1 without "
-            "signal · 40 slot-rounds held by idle sources · 5 tried in searches (most feed slots "
+            "signal · 40 slot-rounds held by idle sources · 5 tried in searches · 2 refused for "
+            "a full network (most feed slots "
             "are held by sources "
             "that deliver nothing") in summary, summary
     calm = {**FEEDS, "proven": 3, "trial": 1, "idle": 0}
