@@ -24,7 +24,6 @@ address decides, and a source whose real network was full is closed again at onc
 from __future__ import annotations
 
 import ipaddress
-import logging
 from dataclasses import dataclass
 
 import multiaddr
@@ -32,8 +31,6 @@ from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
 __all__ = ["UNKNOWN", "Networks"]
-
-logger = logging.getLogger(__name__)
 
 UNKNOWN = "unknown"
 """The network of a connection whose address cannot be read: all such share one network."""

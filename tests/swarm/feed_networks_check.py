@@ -29,6 +29,7 @@ from protocol import PeerAnnouncement
 from swarm.config import FeedsConfig, GossipConfig
 from swarm.feeds import FEED_PROTOCOL, FeedClient, FeedServer, _Feed
 from swarm.host import Stack
+from swarm.networks import Networks
 from swarm.peers import PeerTable
 from tests.swarm.feed_resubscribe_check import wait_for
 from tests.swarm.stacks import open_stacks
@@ -54,6 +55,12 @@ def client(sub: Stack, cfg: GossipConfig, table: PeerTable) -> FeedClient:
 
 async def main() -> dict[str, Any]:
     out: dict[str, Any] = {}
+    nets, looped = Networks(), Networks(loopback=True)
+    out["of"] = [nets.of_ip("203.0.113.77"), nets.of_ip("2001:db8:1:2::5"),
+                 nets.of_ip("::ffff:198.51.100.9"), nets.of_ip("127.0.1.1"),
+                 looped.of_ip("127.0.1.1"), nets.of_ip("not an ip"),
+                 nets.of_addr("/ip4/198.51.100.9/tcp/4001/p2p/R/p2p-circuit/p2p/X"),
+                 nets.of_addr("/dns4/example.org/tcp/4001")]
     async with AsyncExitStack() as ex:
         farm = await open_stacks(ex, FARM, ip=FARM_IP)
         honest = [(await open_stacks(ex, 1, ip=ip))[0] for ip in HONEST_IPS]

@@ -15,6 +15,10 @@ def test_a_farm_in_one_network_holds_at_most_its_cap_of_a_nodes_feed_slots() -> 
                          capture_output=True, text=True, timeout=240, env=os.environ.copy())
     assert out.returncode == 0, out.stderr[-4000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
+    # an IPv4 /24, an IPv6 /48 (a mapped IPv4 as IPv4), loopback none unless asked, a
+    # circuit's relay, and one shared network for what names no address
+    assert seen["of"] == ["203.0.113.0/24", "2001:db8:1::/48", "198.51.100.0/24", None,
+                          "127.0.1.0/24", "unknown", "198.51.100.0/24", "unknown"], seen
     # 1. 6 farm keys and 2 honest sources, 4 slots, 2 per network: both honest ones held
     assert seen["spread"]["honest"] == 2 and seen["spread"]["farm"] == 2, seen
     assert seen["spread"]["networks"] == ["127.0.1.0/24", "127.0.1.0/24", "127.0.2.0/24",
