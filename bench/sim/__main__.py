@@ -206,7 +206,7 @@ def sybil(args: argparse.Namespace, t0: float) -> None:
     if min(args.seeds, args.large_seeds) < 1 or args.rounds < 2:
         raise SystemExit("--seeds and --large-seeds must be >= 1, --rounds >= 2")
     runs = sybil_grid.grid(sizes=args.sizes, seeds=args.seeds, large_seeds=args.large_seeds,
-                           rounds=args.rounds)
+                           rounds=args.rounds, farm_networks=args.farm_networks)
     sc = SybilScenario(n=2, farm_size=0)  # the defaults every run used
     rows = sybil_grid.summarize(runs)
     result = {"command": "python -m bench.sim " + " ".join(sys.argv[1:]),
@@ -219,7 +219,8 @@ def sybil(args: argparse.Namespace, t0: float) -> None:
                         "own_signal": "new only: groups_per_batch local groups a round, "
                                       "each with signal with p_pass",
                         "picker_mirrors": f"swarm/feeds.py at {MIRRORED_AT}",
-                        "steady_state": f"rounds {args.rounds // 2 + 1}..{args.rounds}"},
+                        "steady_state": f"rounds {args.rounds // 2 + 1}..{args.rounds}",
+                        "farm_networks": args.farm_networks},
               "rows": rows,
               "runs": [{k: v for k, v in r.items() if k != "honest_slots_per_round"} for r in runs]}
     atomic_write_bytes(Path(args.out), json.dumps(result, indent=1).encode())
@@ -257,6 +258,9 @@ def main() -> None:
     sy.add_argument("--seeds", type=int, default=4, help="seeds 0 .. seeds-1 per cell")
     sy.add_argument("--large-seeds", type=int, default=3, help="--seeds from N = 1,000 on")
     sy.add_argument("--rounds", type=int, default=120, help="learner rounds (10 s) per run")
+    sy.add_argument("--farm-networks", type=int, default=0,
+                    help="networks the farm's keys sit in (1: one machine; 0: each key in its "
+                         "own, which feeds.max_per_network cannot bound)")
     sy.add_argument("--out", default=str(RESULTS / "sim_sybil.json"))
     sy.add_argument("--png", default=str(RESULTS / "sim_sybil.png"))
     args = ap.parse_args()

@@ -6,7 +6,7 @@ picker holds one, hands it the learner's reports and the frames its feeds bring,
 for kinds and verdicts. What still lives in ``FeedClient`` reads ``trio.current_time()`` and
 starts tasks in a nursery, so it cannot be called from a simulation; this module mirrors it,
 method for method, with time passed in and peers as ints (mirrored from ``swarm/feeds.py``
-at 3135542):
+at 50d4ce5):
 
 ====================  ==========================================================
 ``FeedPicker``        ``swarm.feeds.FeedClient``
@@ -24,10 +24,14 @@ at 3135542):
                       proven and open for the wait, by an unrested stranger
 ``rotation``          ``_rotation``: which feed a rotation replaces (a stranger's, a
                       silent live source's, the stalest beyond the reserved), by whom
+``network_full``      ``_network_full``: a feed whose network is full while a candidate
+                      elsewhere is left is not opened (``_cool``)
 ``opened``            ``_opened``: the trial starts; a rotation's old feed closes
 ``frame``             ``_follow``, per frame: the trial's count, ``Standing.frame``
 ``refused``           ``_open`` answered BUSY (``_cool``), then ``_follow`` ends
-``pick``              ``_pick`` over ``_candidates``, by ``Standing.rank``
+``pick``              ``_pick`` over ``_spread(_candidates)``, by ``Standing.rank``
+``full``              ``_full``: networks whose open feeds hold
+                      ``feeds.max_per_network`` slots
 ``cool``              ``_cool``: ``RETRY_S`` doubling per failure or idle strike
 ====================  ==========================================================
 
@@ -43,10 +47,9 @@ nothing is ever judged, nothing is ever starved.
 Where the mirror differs, on purpose: a pick draws uniformly over the same set as ``_pick``
 (by rejection from the table, or over a listed set: the reported sources, the rested ones;
 the same distribution, other random numbers); bans, relayed addresses, dials that fail, invalid
-frames and streams that end (so resubscription) do not exist here; nor do networks
-(``swarm.networks``, ``feeds.max_per_network``): every simulated peer is in no network, as
-on loopback, so the farm here is the worst case of one spread over as many networks as it
-has keys; whether a feed asks for a backfill is decided when it starts (the
+frames and streams that end (so resubscription) do not exist here; a peer's network
+(``swarm.networks``) is what ``network`` says, never a lie (``network_full`` still closes a
+feed that would take a full network's slot: several picks are in flight before any opens); whether a feed asks for a backfill is decided when it starts (the
 product decides it when ``_follow`` starts, in the same tick); ``rotation`` is passed the
 time ``_maintain`` read (the product reads ``trio.current_time()`` again, in the same tick).
 ``rotation_due`` is the simulation's own (when a tick may next rotate), not a mirror.
@@ -68,7 +71,7 @@ from swarm.peers import PeerTable
 __all__ = ["MIRRORED", "MIRRORED_AT", "Feed", "FeedPicker", "Kind", "MAX_SOURCES",
            "OPENS_PER_TICK", "RETRY_S", "TABLE_CAPACITY", "TICK_S", "Table"]
 
-MIRRORED_AT = "3135542"
+MIRRORED_AT = "50d4ce5"
 """The commit of ``swarm/feeds.py`` whose ``FeedClient`` this module mirrors (the docstring's)."""
 
 # swarm/feeds.py's constants, copied: importing it imports libp2p, which a test process that
@@ -148,8 +151,13 @@ class FeedPicker:
     they bring (``frame``), and hands it the learner's reports (``rate``) unless it models
     the picker before issue 32."""
 
-    def __init__(self, me: int, *, config: FeedsConfig, table: Table, rng: Random) -> None:
+    def __init__(self, me: int, *, config: FeedsConfig, table: Table, rng: Random,
+                 network: Callable[[int], int | None] = lambda _peer: None) -> None:
         self.me = me
+        self.network = network
+        """A peer's network (``swarm.networks``); None: in none (loopback), never capped."""
+        self._avoid: frozenset[int] = frozenset()
+        """The full networks a pick leaves out (``_spread``), for the pick under way."""
         self.config = config
         self.table = table
         self.rng = rng
@@ -359,7 +367,49 @@ class FeedPicker:
         """``FeedClient._pick``: ``want`` None, unrested then rested; ``STRANGER`` (and no
         ``at_least``), strangers first; then the best kind there is, at least ``at_least``;
         candidates by ``Standing.rank`` (while signal flows, a live one is a stranger);
-        ``unrested``: unrested strangers first."""
+        ``unrested``: unrested strangers first. All of it among the candidates outside
+        the full networks (``full``) while there is one (``_spread``)."""
+        self._avoid = self._outside(self.full())
+        try:
+            return self._pick(want=want, at_least=at_least, unrested=unrested)
+        finally:
+            self._avoid = frozenset()
+
+    def _outside(self, full: frozenset[int]) -> frozenset[int]:
+        """``full`` if a candidate outside it is left, else none (the cap gives way)."""
+        self._avoid = full
+        try:
+            return full if full and self._uniform(lambda p: True, listed=None) is not None \
+                else frozenset()
+        finally:
+            self._avoid = frozenset()
+
+    def full(self, *, besides: Feed | None = None) -> frozenset[int]:
+        """``FeedClient._full``: networks whose open feeds (not ``besides``, nor those a
+        rotation replaces) hold ``feeds.max_per_network`` slots."""
+        cap = self.config.max_per_network
+        if not cap:
+            return frozenset()
+        leaving = {f.replaces for f in self.feeds.values() if f.replaces is not None}
+        held = collections.Counter(
+            net for f in self.feeds.values()
+            if f.open and f is not besides and f.peer not in leaving
+            and (net := self.network(f.peer)) is not None)
+        return frozenset(net for net, n in held.items() if n >= cap)
+
+    def network_full(self, feed: Feed, now: float) -> bool:
+        """``FeedClient._network_full``: ``feed``'s network holds its slots while a candidate
+        elsewhere is left; then the feed ends, its source cooled (the caller opens nothing)."""
+        net = self.network(feed.peer)
+        if net is None or net not in self._outside(self.full(besides=feed)):
+            return False
+        self.cool(now, feed.peer, "feed_network_full")
+        if self.feeds.get(feed.peer) is feed:
+            del self.feeds[feed.peer]
+        return True
+
+    def _pick(self, *, want: Kind | None, at_least: Kind | None,
+              unrested: bool) -> int | None:
         if want is None:
             peer = self._uniform(lambda p: p not in self.rested, listed=None)
             if peer is None:
@@ -390,7 +440,8 @@ class FeedPicker:
         return self.standing.rank(peer) is Kind.STRANGER
 
     def _candidate(self, peer: int) -> bool:
-        return peer != self.me and peer not in self.feeds and peer not in self.cooldown
+        return peer != self.me and peer not in self.feeds and peer not in self.cooldown \
+            and (not self._avoid or self.network(peer) not in self._avoid)
 
     def _uniform(self, test: Callable[[int], bool], *, listed: Sequence[int] | None) -> int | None:
         """Uniform over the table's candidates that pass ``test``: over ``listed`` if given

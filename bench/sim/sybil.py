@@ -104,6 +104,10 @@ class SybilScenario:
     """A key of ``FARMS``."""
     policy: str = "new"
     """One of ``POLICIES``."""
+    farm_networks: int = 0
+    """The networks (``swarm.networks``) the farm's keys sit in, minted ones too, in turn:
+    1 = one machine or one /24; 0 = each key in a network of its own (what the cap,
+    ``feeds.max_per_network``, cannot bound). Each honest node is in a network of its own."""
     rounds: int = 60
     round_s: float = 10.0
     """The learner's round (``bench/sim``'s ``Scenario.round_s``)."""
@@ -118,6 +122,9 @@ class SybilScenario:
             raise ValueError(f"SybilScenario.n must be at least 2, got {self.n}")
         if self.farm_size < 0:
             raise ValueError(f"SybilScenario.farm_size must be >= 0, got {self.farm_size}")
+        if self.farm_networks < 0:
+            raise ValueError(f"SybilScenario.farm_networks must be >= 0, "
+                             f"got {self.farm_networks}")
         if self.farm not in FARMS:
             raise ValueError(f"SybilScenario.farm must be one of {sorted(FARMS)}, "
                              f"got {self.farm!r}")
@@ -147,7 +154,8 @@ class _Run:
         for p in range(n + sc.farm_size):
             self._new_offset(p)
         self.pickers = [FeedPicker(v, config=sc.feeds, table=self.table,
-                                   rng=random.Random(self.rng.getrandbits(64))) for v in range(n)]
+                                   rng=random.Random(self.rng.getrandbits(64)),
+                                   network=self.network) for v in range(n)]
         self.subs: dict[int, set[int]] = {}  # source -> subscribers with an open feed
         self.credited: list[dict[int, float]] = [{} for _ in range(n)]
         # the learner's running totals, sender -> groups with signal, valid groups
@@ -251,6 +259,8 @@ class _Run:
         subs = self.subs.setdefault(s, set())
         if s < self.sc.n and len(subs) >= self.sc.feeds.max_subscribers:
             picker.refused(feed, t)
+        elif picker.network_full(feed, t):
+            pass  # not opened: its network holds its slots (the picker cooled it)
         else:
             subs.add(v)
             self.credited[v][s] = t
@@ -309,6 +319,14 @@ class _Run:
         self._new_offset(p)
         self.push(t + self.farm.mint_every_s, MINT, -1)
 
+    def network(self, peer: int) -> int | None:
+        """``SybilScenario.farm_networks``: an honest node's network is its own; a farm
+        key's one of the farm's, or its own (no network: None) when that is 0."""
+        n, nets = self.sc.n, self.sc.farm_networks
+        if peer < n:
+            return peer
+        return n + peer % nets if nets else None
+
     def run(self) -> None:
         sc = self.sc
         reports_left = sc.n * sc.rounds
@@ -363,6 +381,7 @@ def run(sc: SybilScenario) -> dict[str, Any]:
             counters[name] = counters.get(name, 0) + c
     return {
         "n": sc.n, "farm_size": sc.farm_size, "farm": sc.farm, "policy": sc.policy,
+        "farm_networks": sc.farm_networks,
         "seed": sc.seed, "rounds": sc.rounds,
         "honest_slots": honest,
         "honest_slot_share": honest / k,

@@ -56,9 +56,10 @@ differ little (and one costs ~3 s of a core at N = 1,000, 120 rounds)."""
 
 
 def grid(*, sizes: Sequence[int], seeds: int, large_seeds: int,
-         rounds: int) -> list[dict[str, Any]]:
+         rounds: int, farm_networks: int = 0) -> list[dict[str, Any]]:
     """Every cell of every N, both policies, seeds 0 .. seeds - 1 (``large_seeds`` from N =
-    ``LARGE``): ``sybil.run``'s results."""
+    ``LARGE``), the farm in ``farm_networks`` networks (``SybilScenario``): ``sybil.run``'s
+    results."""
     out = []
     for n in sizes:
         t0 = time.monotonic()
@@ -66,7 +67,8 @@ def grid(*, sizes: Sequence[int], seeds: int, large_seeds: int,
             for f, farm in cells(n):
                 for seed in range(large_seeds if n >= LARGE else seeds):
                     sc = SybilScenario(n=n, farm_size=f, farm="idle" if farm == BASELINE else farm,
-                                       policy=policy, rounds=rounds, seed=seed)
+                                       policy=policy, rounds=rounds, seed=seed,
+                                       farm_networks=farm_networks)
                     res = run(sc)
                     res["farm"] = farm
                     out.append(res)

@@ -20,11 +20,28 @@ from swarm.feed_standing import MIN_WAIT_S, Kind, Verdict
 K = FeedsConfig().sources
 
 
-def honest_slots(farm: str, farm_size: int, policy: str, *, n: int = 16) -> float:
+def honest_slots(farm: str, farm_size: int, policy: str, *, n: int = 16,
+                 farm_networks: int = 0) -> float:
     """Mean over 3 seeds of the honest feeds a node holds in rounds 61..120."""
     return statistics.fmean(run(SybilScenario(n=n, farm_size=farm_size, farm=farm, policy=policy,
-                                              rounds=120, seed=s))["honest_slots"]
+                                              rounds=120, seed=s,
+                                              farm_networks=farm_networks))["honest_slots"]
                             for s in range(3))
+
+
+def test_a_farm_in_one_network_holds_at_most_its_cap_even_against_the_pick_by_keys() -> None:
+    """swarm.networks: with the farm on one machine, even the picker before issue 32 (uniform
+    over keys, fresh ones first) keeps k - max_per_network slots for honest sources, where
+    by keys it held 0.76 against 64 idle keys and nothing against a minting farm."""
+    cap = FeedsConfig().max_per_network
+    assert honest_slots("idle", 64, "old", farm_networks=1) >= K - cap - 0.05
+    assert honest_slots("mint", 4, "old", farm_networks=1) >= K - cap - 0.05
+    # spread over two networks, it holds up to twice the cap: by keys again here
+    assert honest_slots("mint", 4, "old", farm_networks=2) < K - cap
+    assert honest_slots("idle", 64, "new", farm_networks=1) >= K - 1.1
+    # a farm that delivers signal is proven and never rotated out for a stranger: only the
+    # check at the opening (several picks in flight before any opens) keeps it to its cap
+    assert honest_slots("signal", 64, "new", farm_networks=1) >= K - cap - 0.05
 
 
 def test_new_policy_keeps_all_but_the_exploration_slot_against_a_farm_of_4n() -> None:
