@@ -38,12 +38,18 @@ def test_drifting_peers_meet_on_the_clock_and_keep_the_rounds_made_meanwhile(
         for r in recs[n]:
             assert r.get("read_after_meet_s") is None or r["read_after_meet_s"] >= -0.005, r
     for n in names:  # every step after a peer's first averaged with others (but the last:
-        # the others may have stopped)
-        for r in recs[n][1:-1]:
-            assert (r["status"], r["peers"] >= 2) == ("ok", True), (n, r)
+        # the others may have stopped). A step, not an attempt: in a fresh-clone CI run the
+        # peer that starts 1.3 s late stored its first record 0.28 s late (not admitted),
+        # then met alone at the next meeting while the others applied their step, both at
+        # step 0, and averaged with both from step 1 on
+        first = recs[n][0]["step"]
+        for r in recs[n][:-1]:
+            if r["step"] != first:
+                assert (r["status"], r["peers"] >= 2) == ("ok", True), (n, r)
     # a peer's first step may find it still in its start-up drift, the last meeting may find
     # one past its end; every meeting between has all three, at equal hashes
-    settled = max(recs[n][1]["meet"] for n in names)
+    settled = max(next(r["meet"] for r in recs[n] if r["step"] != recs[n][0]["step"])
+                  for n in names)
     middle = [m for m in meets[:-1] if m >= settled]
     assert len(middle) >= 2, {m: {n: r["status"] for n, r in g.items()}
                               for m, g in by_meet.items()}
