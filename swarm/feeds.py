@@ -550,14 +550,16 @@ class FeedClient:
             return {self._networks[info.peer_id]}
         return {self.networks.of_addr(a) for a in info.addrs} or {None}
 
+    def _elsewhere(self, pool: list[PeerInfo], full: set[str]) -> list[PeerInfo]:
+        """The candidates of ``pool`` that may be in a network not in ``full``."""
+        return [i for i in pool if not self._placed(i) <= full]
+
     def _spread(self, pool: list[PeerInfo]) -> list[PeerInfo]:
         """``pool`` without the candidates whose every network is full (``_full``), unless
         that leaves none: a farm of keys in one network holds at most
         ``feeds.max_per_network`` slots while sources elsewhere are left to pick."""
         full = self._full()
-        if not full:
-            return pool
-        return [i for i in pool if not self._placed(i) <= full] or pool
+        return (self._elsewhere(pool, full) or pool) if full else pool
 
     def _network_full(self, feed: _Feed, stream: INetStream) -> bool:
         """Records the network ``feed``'s stream runs on; True when that network already
@@ -571,8 +573,7 @@ class FeedClient:
         full = self._full(besides=feed)
         if net is None or net not in full or self._self is None:
             return False
-        others = self._candidates(self._self)
-        if not any(not self._placed(i) <= full for i in others):
+        if not self._elsewhere(self._candidates(self._self), full):
             return False
         self._cool(feed.peer, "feed_network_full")
         logger.info("feed from %s not opened: its network %s holds %d slots already",
